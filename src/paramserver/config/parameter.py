@@ -1,0 +1,398 @@
+"""Declarative configuration after dmlc-core's ``Parameter``.
+
+One declaration gives parsing from text, defaults, checks, documentation and serialisation::
+
+    class FC(Parameter):
+        num_hidden: int = field(doc="Number of hidden units.", lower=1)
+        learning_rate: float = field(0.01, lower=0.0, doc="Learning rate.")
+        activation: str = field("relu", enum=("relu", "sigmoid"))
+
+    FC.parse({"num_hidden": "10"})   # FC(num_hidden=10, learning_rate=0.01, activation='relu')
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import json
+import typing
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, ClassVar, TypeVar
+
+from .errors import Location, ParamError, Problem
+from .tree import Block, Entry, Value, unwrap
+from .types import (
+    FieldType,
+    Invalid,
+    ListType,
+    NestedType,
+    OptionalType,
+    format_number,
+    shown,
+    type_for,
+)
+
+_MISSING: Any = type("MISSING", (), {"__repr__": lambda self: "MISSING"})()
+_BAD: Any = type("BAD", (), {})()
+P = TypeVar("P", bound="Parameter")
+Where = Location | str | None
+
+
+class Field:
+    """One declared field; made by :func:`field`, completed when its class is declared."""
+
+    def __init__(self, default: Any, factory: Callable[[], Any] | None, doc: str,
+                 lower: float | None, upper: float | None, lower_exclusive: bool,
+                 enum: Any, aliases: tuple[str, ...]):
+        self.default = default
+        self.factory = factory
+        self.doc = doc
+        self.lower = lower
+        self.upper = upper
+        self.lower_exclusive = lower_exclusive
+        self.enum = enum
+        self.aliases = aliases
+        self.name = ""
+        self.type: FieldType = FieldType()
+
+    @property
+    def required(self) -> bool:
+        return self.default is _MISSING and self.factory is None
+
+    def make_default(self) -> Any:
+        if self.factory is not None:
+            return self.factory()
+        return copy.deepcopy(self.default)
+
+    def convert(self, value: Value) -> Any:
+        """Parse and check one value; raises :class:`ParamError` with the dmlc message."""
+        try:
+            out = self.type.convert(value)
+        except Invalid as e:
+            raise ParamError(e.message or (
+                f"Invalid Parameter format for {self.name} expect {self.type.name} "
+                f"but value='{e.shown}'")) from None
+        self.check_bounds(out)
+        return out
+
+    def check_bounds(self, value: Any) -> None:
+        if self.lower is None and self.upper is None:
+            return
+        values = value if isinstance(self.type, ListType) else [value]
+        for v in values:
+            if v is None or isinstance(v, bool) or not isinstance(v, (int, float)):
+                continue
+            lo, hi = self.lower, self.upper
+            below = lo is not None and (v <= lo if self.lower_exclusive else v < lo)
+            above = hi is not None and v > hi
+            if not (below or above):
+                continue
+            if lo is not None and hi is not None:
+                bound = f"exceed bound [{format_number(lo)},{format_number(hi)}]"
+            elif lo is not None:
+                bound = ("should be greater than " if self.lower_exclusive
+                         else "should be greater equal to ") + format_number(lo)
+            else:
+                bound = f"should be less equal to {format_number(hi)}"
+            raise ParamError(f"value {format_number(v)} for Parameter {self.name} {bound}\n"
+                             f"{self.name}: {self.doc}")
+
+    def describe(self) -> str:
+        """This field's entry in the documentation, in dmlc's numpy-docstring layout."""
+        head = f"{self.name} : {self.type.name}, "
+        if self.required:
+            head += "required"
+        else:
+            value = self.make_default()
+            head += f"optional, default={self.type.show(value)}"
+        if self.doc:
+            head += "\n    " + self.doc.replace("\n", "\n    ")
+        return head
+
+
+def field(default: Any = _MISSING, *, doc: str = "", lower: float | None = None,
+          upper: float | None = None, lower_exclusive: bool = False,
+          enum: Any = None, aliases: Iterable[str] = (),
+          factory: Callable[[], Any] | None = None) -> Any:
+    """Declare a field of a :class:`Parameter`.
+
+    Args:
+        default: the value when the key is not given; leave it out for a required field.
+        doc: one line (or a few) describing the field; printed by ``doc()`` and in errors.
+        lower: inclusive lower bound (exclusive with ``lower_exclusive=True``).
+        upper: inclusive upper bound.
+        enum: the allowed names of a string field, or a :class:`Registry` whose names it takes.
+        aliases: other keys accepted for this field (e.g. SINGA's ``freq``).
+        factory: a callable giving the default, for nested configurations and lists.
+
+    Returns:
+        The field declaration, assigned to an annotated class attribute.
+    """
+    if isinstance(enum, str):
+        raise TypeError("enum= takes a tuple of names, not one string")
+    return Field(default, factory, doc, lower, upper, lower_exclusive,
+                 tuple(enum) if isinstance(enum, (list, tuple)) else enum, tuple(aliases))
+
+
+def _suggest(key: str, names: Iterable[str]) -> str:
+    close = difflib.get_close_matches(key, list(names), n=1, cutoff=0.6)
+    return f"\nDid you mean '{close[0]}'?" if close else ""
+
+
+class Parameter:
+    """Base class of every declared configuration; see the module docstring."""
+
+    __fields__: ClassVar[dict[str, Field]] = {}
+    __keys__: ClassVar[dict[str, str]] = {}   # name or alias -> field name
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        fields: dict[str, Field] = {}
+        for base in reversed(cls.__mro__[1:]):
+            fields.update(getattr(base, "__fields__", {}))
+        localns = {cls.__name__: cls, **dict(vars(cls))}
+        try:
+            hints = typing.get_type_hints(cls, None, localns)
+        except NameError as e:
+            raise TypeError(f"{cls.__name__}: cannot resolve a field type: {e}") from None
+        own = cls.__dict__.get("__annotations__", {})
+        problems = []
+        for name in own:
+            if typing.get_origin(hints[name]) is ClassVar:
+                continue
+            value = cls.__dict__.get(name, _MISSING)
+            f = value if isinstance(value, Field) else field(value)
+            f.name = name
+            f.type = _field_type(hints[name], f.enum)
+            fields[name] = f
+            if not f.required and f.factory is None:
+                try:
+                    f.check_bounds(f.default)
+                except ParamError as e:
+                    problems.append(f"{cls.__name__}.{name} default: {e}")
+            if name in cls.__dict__:
+                delattr(cls, name)
+        if problems:
+            raise ParamError(problems)
+        cls.__fields__ = fields
+        keys: dict[str, str] = {}
+        for f in fields.values():
+            for k in (f.name, *f.aliases):
+                if keys.get(k, f.name) != f.name:
+                    raise TypeError(f"{cls.__name__}: key {k!r} names two fields")
+                keys[k] = f.name
+        cls.__keys__ = keys
+
+    # -- construction -----------------------------------------------------------------------
+
+    def __init__(self, **kwargs: Any):
+        """Make a configuration from keyword arguments (typed or text), defaults elsewhere."""
+        built = type(self)._build(Block.from_mapping(kwargs))
+        object.__setattr__(self, "__dict__", built.__dict__)
+
+    @classmethod
+    def parse(cls: type[P], mapping: Mapping[str, Any] | Block, *,
+              allow_unknown: bool = False) -> Any:
+        """Make a configuration from a mapping of keys to values (text or already typed).
+
+        Explicit keys are parsed and checked, every other field takes its default. All
+        problems (unknown, missing, invalid keys) are reported together in one ParamError.
+
+        Returns:
+            The instance; with ``allow_unknown=True`` a pair ``(instance, unknown_dict)``.
+        """
+        block = mapping if isinstance(mapping, Block) else Block.from_mapping(mapping)
+        unknown: dict[str, Any] = {}
+        obj = cls._build(block, unknown if allow_unknown else None)
+        return (obj, unknown) if allow_unknown else obj
+
+    @classmethod
+    def _build(cls: type[P], block: Block, unknown: dict[str, Any] | None = None) -> P:
+        obj = cls.__new__(cls)
+        given, problems = cls._collect(block, unknown)
+        values: dict[str, Any] = {}
+        for name, f in cls.__fields__.items():
+            if name in given:
+                values[name] = given[name]
+            elif f.required:
+                problems.append(Problem(
+                    f"Required parameter {name} of {f.type.name} is not presented", block.where))
+            else:
+                values[name] = f.make_default()
+        values.update(given)  # dynamic fields, after the declared ones
+        object.__setattr__(obj, "__dict__", {k: v for k, v in values.items() if v is not _BAD})
+        if not problems:
+            problems.extend(Problem(m, block.where) for m in obj.check())
+        if problems:
+            raise ParamError(problems)
+        return obj
+
+    @classmethod
+    def _collect(cls, block: Block, unknown: dict[str, Any] | None
+                 ) -> tuple[dict[str, Any], list[Problem]]:
+        """Parse a block's entries into field values; problems are gathered, not raised."""
+        grouped: dict[str, list[Entry]] = {}
+        problems: list[Problem] = []
+        for entry in block.entries:
+            key = entry.key
+            if not entry.extension and key.startswith("__") and key.endswith("__"):
+                continue  # hidden keys, as dmlc passes them over
+            name = cls.__keys__.get(key) if not entry.extension else None
+            if name is None:
+                name = cls._dynamic_key(entry)
+            if name is None:
+                if unknown is not None:
+                    unknown[f"[{key}]" if entry.extension else key] = unwrap(entry.value)
+                else:
+                    problems.append(Problem(
+                        f"Cannot find argument '{key}', Possible Arguments:\n{'-' * 16}\n"
+                        f"{cls.doc()}{_suggest(key, cls.__keys__)}", entry.where))
+                continue
+            grouped.setdefault(name, []).append(entry)
+        values: dict[str, Any] = {}
+        for name, entries in grouped.items():
+            f = cls._field(name)
+            try:
+                values[name] = cls._convert_entries(f, entries)
+            except ParamError as e:
+                values[name] = _BAD  # given, though invalid: not also reported as missing
+                problems.extend(e.at(entries[-1].where).problems)
+        return values, problems
+
+    @classmethod
+    def _convert_entries(cls, f: Field, entries: list[Entry]) -> Any:
+        list_type = f.type if isinstance(f.type, ListType) else None
+        if list_type is None and isinstance(f.type, OptionalType) and isinstance(
+                f.type.inner, ListType):
+            list_type = f.type.inner
+        if list_type is None:
+            if len(entries) > 1:
+                where = entries[0].where
+                raise ParamError(f"{f.name} is given more than once"
+                                 + (f" (first at {where})" if where else ""))
+            return f.convert(entries[0].value)
+        items: list[Value] = []
+        for e in entries:
+            items.extend(list_type.items(e.value))
+        out, problems = [], []
+        for item in items:
+            try:
+                out.append(list_type.item.convert(item))
+            except Invalid as e:
+                problems.append(Problem(e.message or (
+                    f"Invalid Parameter format for {f.name} expect {list_type.item.name} "
+                    f"but value='{e.shown}'"), getattr(item, "where", None)))
+            except ParamError as e:
+                problems.extend(e.problems)
+        if problems:
+            raise ParamError(problems)
+        f.check_bounds(out)
+        return out
+
+    @classmethod
+    def _field(cls, name: str) -> Field:
+        f = cls.__fields__.get(name)
+        return f if f is not None else cls._dynamic_field(name)
+
+    @classmethod
+    def _dynamic_key(cls, entry: Entry) -> str | None:
+        """The field name for a key this class did not declare (None: unknown).
+
+        Subclasses whose keys depend on registered components (a layer's ``*_conf``) return
+        a name here and give its :class:`Field` from :meth:`_dynamic_field`.
+        """
+        return None
+
+    @classmethod
+    def _dynamic_field(cls, name: str) -> Field:
+        raise KeyError(name)
+
+    def check(self) -> list[str]:
+        """Checks across fields, run after every field is parsed; returns problem messages."""
+        return []
+
+    # -- update, copy, comparison -----------------------------------------------------------
+
+    def update(self, mapping: Mapping[str, Any], *, allow_unknown: bool = True
+               ) -> dict[str, Any]:
+        """Set only the keys given, checked; atomic. Returns the keys this class does not know."""
+        block = Block.from_mapping(mapping)
+        unknown: dict[str, Any] | None = {} if allow_unknown else None
+        values, problems = type(self)._collect(block, unknown)
+        if not problems:
+            trial = copy.copy(self)
+            trial.__dict__.update(values)
+            problems.extend(Problem(m) for m in trial.check())
+        if problems:
+            raise ParamError(problems)
+        self.__dict__.update(values)
+        return unknown or {}
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        f = self.__fields__.get(name)
+        if f is None and name not in self.__dict__:
+            raise AttributeError(f"{type(self).__name__} has no field {name!r}"
+                                 + _suggest(name, self.__keys__).replace("\n", " "))
+        self.update({name: value}, allow_unknown=False)
+
+    def copy(self: P) -> P:
+        return copy.deepcopy(self)
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other) and self.__dict__ == other.__dict__
+
+    def __hash__(self) -> int:
+        return hash(json.dumps(self.to_dict(), sort_keys=True))
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={v!r}" for k, v in self.__dict__.items())
+        return f"{type(self).__name__}({inner})"
+
+    # -- serialisation ----------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values (JSON-able): nested configurations as dicts, tuples as lists."""
+        return {k: self._field(k).type.plain(v) for k, v in self.__dict__.items()}
+
+    @classmethod
+    def from_dict(cls: type[P], d: Mapping[str, Any]) -> P:
+        return cls.parse(d)  # type: ignore[no-any-return]
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    @classmethod
+    def from_json(cls: type[P], text: str) -> P:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ParamError(f"invalid JSON for {cls.__name__}: {e}") from None
+        if not isinstance(data, dict):
+            raise ParamError(f"JSON for {cls.__name__} must be an object, not {type(data).__name__}")
+        return cls.parse(data)  # type: ignore[no-any-return]
+
+    # -- documentation ----------------------------------------------------------------------
+
+    @classmethod
+    def doc(cls) -> str:
+        """The documentation of every field, in declaration order, in dmlc's layout."""
+        return "\n".join(f.describe() for f in cls.__fields__.values())
+
+    @classmethod
+    def fields(cls) -> dict[str, Field]:
+        """The declared fields by name, in declaration order."""
+        return dict(cls.__fields__)
+
+
+def _field_type(annotation: Any, enum: Any) -> FieldType:
+    hook = getattr(enum, "field_type", None)
+    if hook is not None:  # a Registry: its names are the allowed values
+        inner = hook()
+        if annotation is str:
+            return inner  # type: ignore[no-any-return]
+        if typing.get_args(annotation) and type(None) in typing.get_args(annotation):
+            return OptionalType(inner)
+    return type_for(annotation, enum)
+
+
+__all__ = ["Field", "NestedType", "Parameter", "field", "shown"]

@@ -1,0 +1,114 @@
+"""Registries: name -> component class, shared by init methods, updaters, lr methods, layers.
+
+SINGA writes names as enum constants (``kSGD``, ``kUniformSqrtFanIn``); Python users write
+``"sgd"`` or ``"uniform_sqrt_fan_in"``. A lookup ignores a leading ``k`` before a capital,
+underscores, dashes and letter case, so every spelling finds the same component, and two
+registrations that would be found by the same spelling are refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar
+
+from .errors import ParamError
+from .tree import Value
+from .types import FieldType, Invalid, StrType
+
+T = TypeVar("T")
+
+
+def normalise(name: str) -> str:
+    """The lookup form of a name: ``kUniformSqrtFanIn`` == ``uniform_sqrt_fan_in``."""
+    if len(name) > 1 and name[0] == "k" and name[1].isupper():
+        name = name[1:]
+    return name.replace("_", "").replace("-", "").lower()
+
+
+class Registry(Generic[T]):
+    """Named components of one kind (``kind`` names it in messages, e.g. ``"updater"``)."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self._items: dict[str, T] = {}       # canonical name -> component
+        self._keys: dict[str, str] = {}      # normalised spelling -> canonical name
+
+    def register(self, name: str, *, aliases: tuple[str, ...] = ()) -> Callable[[T], T]:
+        """Decorator: register a component under ``name`` (and ``aliases``)."""
+
+        def decorate(obj: T) -> T:
+            self.add(name, obj, aliases=aliases)
+            return obj
+
+        return decorate
+
+    def add(self, name: str, obj: T, *, aliases: tuple[str, ...] = ()) -> None:
+        keys = [normalise(n) for n in (name, *aliases)]
+        for spelling, key in zip((name, *aliases), keys):
+            if not key:
+                raise ParamError(f"a {self.kind} name must not be empty")
+            taken = self._keys.get(key)
+            if taken is not None:
+                raise ParamError(f"{self.kind} name '{spelling}' is already registered "
+                                 f"(as '{taken}' for {_describe(self._items[taken])})")
+        self._items[name] = obj
+        for key in keys:
+            self._keys[key] = name
+
+    def remove(self, name: str) -> None:
+        """Forget a component (tests and interactive sessions re-register)."""
+        canonical = self.lookup(name)
+        del self._items[canonical]
+        self._keys = {k: v for k, v in self._keys.items() if v != canonical}
+
+    def lookup(self, name: str) -> str:
+        """The canonical name for any accepted spelling; ParamError listing names otherwise."""
+        canonical = self._keys.get(normalise(name)) if isinstance(name, str) else None
+        if canonical is None:
+            raise ParamError(f"Invalid Input: '{name}', valid values are: {self.choices()}")
+        return canonical
+
+    def get(self, name: str) -> T:
+        return self._items[self.lookup(name)]
+
+    def names(self) -> list[str]:
+        return list(self._items)
+
+    def items(self) -> Iterator[tuple[str, T]]:
+        return iter(list(self._items.items()))
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and normalise(name) in self._keys
+
+    def choices(self) -> str:
+        return "{" + ", ".join(repr(n) for n in sorted(self._items)) + "}"
+
+    def field_type(self) -> FieldType:
+        """A field type whose values are this registry's names (for ``field(enum=registry)``)."""
+        return _RegistryName(self)
+
+    @staticmethod
+    def extension_name(name: str) -> str:
+        """The extension block of a user component: ``FooParam`` -> ``fooparam_conf``."""
+        return f"{name.lower()}_conf"
+
+
+class _RegistryName(StrType):
+    def __init__(self, registry: Registry[Any]):
+        super().__init__(None)
+        self.registry = registry
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.registry.choices() if self.registry.names() else "string"
+
+    def convert(self, value: Value) -> str:
+        raw = self.scalar(value).raw
+        try:
+            return self.registry.lookup(raw)
+        except ParamError as e:
+            raise Invalid(str(raw), str(e)) from None
+
+
+def _describe(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"

@@ -1,0 +1,356 @@
+"""Field types: how a value is parsed from text or taken as typed, and how it is named.
+
+Each type is a small object with ``convert(value) -> python value`` (raising ``_Invalid``
+when the value does not fit), ``name`` (the type as messages and documentation print it) and
+``plain(value)`` (the JSON-able form). The declaration in :mod:`.parameter` picks one per
+field from its annotation.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+import types
+import typing
+from typing import Any
+
+from .tree import Block, ListValue, Scalar, Value
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+_INT_RE = re.compile(r"[+-]?\d+")
+_FLOAT_RE = re.compile(r"[+-]?(\d+\.?\d*([eE][+-]?\d+)?|\.\d+([eE][+-]?\d+)?)[fF]?")
+_SPECIAL_FLOATS = {"inf": math.inf, "+inf": math.inf, "-inf": -math.inf,
+                   "infinity": math.inf, "+infinity": math.inf, "-infinity": -math.inf,
+                   "nan": math.nan, "+nan": math.nan, "-nan": math.nan}
+
+
+class Invalid(Exception):
+    """A value that does not fit its type; the caller turns it into the dmlc message."""
+
+    def __init__(self, shown: str, message: str | None = None):
+        super().__init__(shown)
+        self.shown = shown          # the value as the message shows it
+        self.message = message      # a whole message, replacing the format message
+
+
+def format_number(x: Any) -> str:
+    """Numbers in their shortest form, as dmlc prints them: ``1``, ``0.5``, ``1e-08``."""
+    if isinstance(x, bool):
+        return str(x)
+    if isinstance(x, float):
+        if math.isnan(x):
+            return "nan"
+        if math.isinf(x):
+            return "inf" if x > 0 else "-inf"
+        if x.is_integer() and abs(x) < 1e16:
+            return str(int(x))
+        return repr(x)
+    return str(x)
+
+
+def shown(value: Any) -> str:
+    """A value as an error message shows it after ``value=``."""
+    if isinstance(value, Scalar):
+        value = value.raw
+    if isinstance(value, float):
+        return format_number(value)
+    if isinstance(value, (Block, ListValue)):
+        return "{...}" if isinstance(value, Block) else "[...]"
+    return str(value)
+
+
+class FieldType:
+    name = "value"
+
+    def convert(self, value: Value) -> Any:
+        raise NotImplementedError
+
+    def plain(self, value: Any) -> Any:
+        return value
+
+    def show(self, value: Any) -> str:
+        """A default as documentation prints it."""
+        return format_number(value)
+
+    @staticmethod
+    def scalar(value: Value) -> Scalar:
+        if not isinstance(value, Scalar):
+            raise Invalid(shown(value))
+        return value
+
+
+class IntType(FieldType):
+    name = "int"
+
+    def convert(self, value: Value) -> int:
+        raw = self.scalar(value).raw
+        if isinstance(raw, str):
+            text = raw.strip()
+            if not _INT_RE.fullmatch(text):
+                raise Invalid(raw)
+            out = int(text)
+        elif isinstance(raw, bool) or not isinstance(raw, typing.SupportsIndex):
+            raise Invalid(shown(raw))
+        else:
+            out = int(raw.__index__())
+        if not INT64_MIN <= out <= INT64_MAX:
+            raise Invalid(str(raw))
+        return out
+
+
+class FloatType(FieldType):
+    name = "float"
+
+    def convert(self, value: Value) -> float:
+        raw = self.scalar(value).raw
+        if isinstance(raw, str):
+            text = raw.strip()
+            special = _SPECIAL_FLOATS.get(text.lower())
+            if special is not None:
+                return special
+            if not _FLOAT_RE.fullmatch(text):
+                raise Invalid(raw)
+            out = float(text.rstrip("fF"))
+            if math.isinf(out):
+                raise Invalid(raw)  # overflow: 1e999 is a mistake, not infinity
+            return out
+        if isinstance(raw, bool) or not isinstance(raw, (int, float)) and not hasattr(
+            raw, "__float__"
+        ):
+            raise Invalid(shown(raw))
+        try:
+            return float(raw)
+        except (TypeError, ValueError, OverflowError):
+            raise Invalid(shown(raw)) from None
+
+
+class BoolType(FieldType):
+    name = "boolean"
+    _TEXT = {"true": True, "false": False, "1": True, "0": False}
+
+    def convert(self, value: Value) -> bool:
+        raw = self.scalar(value).raw
+        if isinstance(raw, str):
+            out = self._TEXT.get(raw.strip().lower())
+            if out is None:
+                raise Invalid(raw)
+            return out
+        if type(raw).__name__ in ("bool", "bool_"):
+            return bool(raw)
+        raise Invalid(shown(raw))
+
+    def show(self, value: Any) -> str:
+        return str(value)
+
+
+class StrType(FieldType):
+    """A string, optionally one of an enumeration of names (``enum=``)."""
+
+    def __init__(self, choices: tuple[str, ...] | None = None):
+        self.choices = choices
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        if self.choices is None:
+            return "string"
+        return "{" + ", ".join(repr(c) for c in sorted(self.choices)) + "}"
+
+    def convert(self, value: Value) -> str:
+        raw = self.scalar(value).raw
+        if not isinstance(raw, str):
+            raise Invalid(shown(raw))
+        if self.choices is not None and raw not in self.choices:
+            raise Invalid(raw, f"Invalid Input: '{raw}', valid values are: {self.name}")
+        return raw
+
+    def show(self, value: Any) -> str:
+        return repr(value)
+
+
+class EnumType(FieldType):
+    """A Python :class:`enum.Enum`; written as the member's name exactly as declared."""
+
+    def __init__(self, cls: type[enum.Enum]):
+        self.cls = cls
+        self.choices = tuple(cls.__members__)
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return "{" + ", ".join(repr(c) for c in sorted(self.choices)) + "}"
+
+    def convert(self, value: Value) -> enum.Enum:
+        raw = self.scalar(value).raw
+        if isinstance(raw, self.cls):
+            return raw
+        if isinstance(raw, str) and raw in self.cls.__members__:
+            return self.cls[raw]
+        raise Invalid(shown(raw), f"Invalid Input: '{shown(raw)}', valid values are: {self.name}")
+
+    def plain(self, value: Any) -> Any:
+        return value.name
+
+    def show(self, value: Any) -> str:
+        return repr(value.name)
+
+
+class OptionalType(FieldType):
+    """``X | None``; the text ``None`` means no value."""
+
+    def __init__(self, inner: FieldType):
+        self.inner = inner
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return f"{self.inner.name} or None"
+
+    def convert(self, value: Value) -> Any:
+        if isinstance(value, Scalar) and (
+            value.raw is None or (value.raw == "None" and not value.quoted)
+        ):
+            return None
+        return self.inner.convert(value)
+
+    def plain(self, value: Any) -> Any:
+        return None if value is None else self.inner.plain(value)
+
+    def show(self, value: Any) -> str:
+        return "None" if value is None else self.inner.show(value)
+
+
+class TupleType(FieldType):
+    """A shape: ``(1, 2)``, ``[1,2]``, ``(3,)``, ``()``, or a bare ``5`` meaning ``(5,)``."""
+
+    _TEXT = re.compile(r"\s*[(\[]\s*(.*?)\s*[)\]]\s*")
+
+    def __init__(self, item: FieldType):
+        self.item = item
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return "Shape(tuple)" if isinstance(self.item, IntType) else f"tuple of {self.item.name}"
+
+    def convert(self, value: Value) -> tuple[Any, ...]:
+        if isinstance(value, ListValue):
+            return tuple(self._item(v, value) for v in value.items)
+        raw = self.scalar(value).raw
+        if isinstance(raw, (tuple, list)):
+            return tuple(self._item(Scalar(v), value) for v in raw)
+        if not isinstance(raw, str):
+            return (self._item(value, value),)
+        m = self._TEXT.fullmatch(raw)
+        if m is None:
+            if "," in raw or " " in raw.strip():
+                raise Invalid(raw)
+            return (self._item(Scalar(raw), value),)
+        if (raw.strip()[0] == "(") != (raw.strip()[-1] == ")"):
+            raise Invalid(raw)
+        body = m.group(1)
+        if not body:
+            return ()
+        parts = body.split(",")
+        if parts[-1].strip() == "":
+            parts = parts[:-1]
+        if any(p.strip() == "" or " " in p.strip() for p in parts):
+            raise Invalid(raw)
+        return tuple(self._item(Scalar(p.strip()), value) for p in parts)
+
+    def _item(self, v: Value, whole: Value) -> Any:
+        try:
+            return self.item.convert(v)
+        except Invalid:
+            raise Invalid(shown(whole)) from None
+
+    def plain(self, value: Any) -> Any:
+        return [self.item.plain(v) for v in value]
+
+    def show(self, value: Any) -> str:
+        inner = ",".join(self.item.show(v) for v in value)
+        return f"({inner},)" if len(value) == 1 else f"({inner})"
+
+
+class ListType(FieldType):
+    """A repeated field: repetition in a file, list syntax, or a Python list."""
+
+    def __init__(self, item: FieldType):
+        self.item = item
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return f"list of {self.item.name}"
+
+    def items(self, value: Value) -> list[Value]:
+        """The separate values of a repeated field (one written value may hold several)."""
+        if isinstance(value, ListValue):
+            return list(value.items)
+        if isinstance(value, Scalar) and isinstance(value.raw, tuple):
+            return [Scalar(v, value.where) for v in value.raw]
+        return [value]
+
+    def convert(self, value: Value) -> list[Any]:
+        return [self.item.convert(v) for v in self.items(value)]
+
+    def plain(self, value: Any) -> Any:
+        return [self.item.plain(v) for v in value]
+
+    def show(self, value: Any) -> str:
+        return "[" + ", ".join(self.item.show(v) for v in value) + "]"
+
+
+class NestedType(FieldType):
+    """A nested configuration (a :class:`~paramserver.config.Parameter` subclass)."""
+
+    def __init__(self, cls: type):
+        self.cls = cls
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return str(self.cls.__name__)
+
+    def convert(self, value: Value) -> Any:
+        if isinstance(value, Scalar) and isinstance(value.raw, self.cls):
+            return value.raw.copy()
+        if not isinstance(value, Block):
+            raise Invalid(shown(value))
+        return self.cls._build(value)
+
+    def plain(self, value: Any) -> Any:
+        return value.to_dict()
+
+    def show(self, value: Any) -> str:
+        return "{...}"
+
+
+def type_for(annotation: Any, choices: tuple[str, ...] | None) -> FieldType:
+    """The field type for an annotation such as ``int``, ``tuple[int, ...]`` or ``X | None``."""
+    from .parameter import Parameter
+
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1 and len(args) == 2:
+            return OptionalType(type_for(rest[0], choices))
+        raise TypeError(f"unsupported union type {annotation!r}: only X | None")
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return TupleType(type_for(args[0], None))
+        if args and all(a == args[0] for a in args):
+            return TupleType(type_for(args[0], None))
+        raise TypeError(f"unsupported tuple type {annotation!r}: use tuple[T, ...]")
+    if origin is list:
+        return ListType(type_for(args[0], choices))
+    if annotation is bool:
+        return BoolType()
+    if annotation is int:
+        return IntType()
+    if annotation is float:
+        return FloatType()
+    if annotation is str:
+        return StrType(choices)
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return EnumType(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, Parameter):
+        return NestedType(annotation)
+    raise TypeError(f"unsupported field type {annotation!r}")
