@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import copy
 import difflib
+import inspect
 import json
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar, TypeVar
 
 from .errors import Location, ParamError, Problem
-from .tree import Block, Entry, Value, unwrap
+from .tree import Block, Entry, Value, unwrap, wrap
 from .types import (
     FieldType,
     Invalid,
@@ -78,17 +79,18 @@ class Field:
     def check_bounds(self, value: Any) -> None:
         if self.lower is None and self.upper is None:
             return
-        values = value if isinstance(self.type, ListType) else [value]
+        values = value if isinstance(value, (list, tuple)) else [value]  # each element
         for v in values:
             if v is None or isinstance(v, bool) or not isinstance(v, (int, float)):
                 continue
             lo, hi = self.lower, self.upper
-            below = lo is not None and (v <= lo if self.lower_exclusive else v < lo)
-            above = hi is not None and v > hi
+            below = lo is not None and not (v > lo if self.lower_exclusive else v >= lo)
+            above = hi is not None and not v <= hi  # nan is within no bound
             if not (below or above):
                 continue
             if lo is not None and hi is not None:
-                bound = f"exceed bound [{format_number(lo)},{format_number(hi)}]"
+                bound = (f"exceed bound {'(' if self.lower_exclusive else '['}"
+                         f"{format_number(lo)},{format_number(hi)}]")
             elif lo is not None:
                 bound = ("should be greater than " if self.lower_exclusive
                          else "should be greater equal to ") + format_number(lo)
@@ -155,19 +157,26 @@ class Parameter:
             hints = typing.get_type_hints(cls, None, localns)
         except NameError as e:
             raise TypeError(f"{cls.__name__}: cannot resolve a field type: {e}") from None
-        own = cls.__dict__.get("__annotations__", {})
+        own = inspect.get_annotations(cls)
+        for name, value in vars(cls).items():
+            if isinstance(value, Field) and name not in own:
+                raise TypeError(f"{cls.__name__}.{name}: a field needs a type annotation "
+                                f"({name}: int = field(...))")
         problems = []
         for name in own:
-            if typing.get_origin(hints[name]) is ClassVar:
+            if hints[name] is ClassVar or typing.get_origin(hints[name]) is ClassVar:
                 continue
             value = cls.__dict__.get(name, _MISSING)
             f = value if isinstance(value, Field) else field(value)
             f.name = name
             f.type = _field_type(hints[name], f.enum)
             fields[name] = f
-            if not f.required and f.factory is None:
+            if not f.required and f.factory is None and not hasattr(f.enum, "field_type"):
+                # The default goes through the field's own parsing and checks (type, enum,
+                # bounds), and is kept in its typed form (0 -> 0.0 for a float field).
+                # Registry names are left: registries fill after their classes are declared.
                 try:
-                    f.check_bounds(f.default)
+                    f.default = f.convert(wrap(f.default, None))
                 except ParamError as e:
                     problems.append(f"{cls.__name__}.{name} default: {e}")
             if name in cls.__dict__:
@@ -201,7 +210,7 @@ class Parameter:
         Returns:
             The instance; with ``allow_unknown=True`` a pair ``(instance, unknown_dict)``.
         """
-        block = mapping if isinstance(mapping, Block) else Block.from_mapping(mapping)
+        block = _block(cls, mapping)
         unknown: dict[str, Any] = {}
         obj = cls._build(block, unknown if allow_unknown else None)
         return (obj, unknown) if allow_unknown else obj
@@ -235,7 +244,8 @@ class Parameter:
         problems: list[Problem] = []
         for entry in block.entries:
             key = entry.key
-            if not entry.extension and key.startswith("__") and key.endswith("__"):
+            if (not entry.extension and len(key) > 4 and key.startswith("__")
+                    and key.endswith("__")):
                 continue  # hidden keys, as dmlc passes them over
             name = cls.__keys__.get(key) if not entry.extension else None
             if name is None:
@@ -316,7 +326,7 @@ class Parameter:
     def update(self, mapping: Mapping[str, Any], *, allow_unknown: bool = True
                ) -> dict[str, Any]:
         """Set only the keys given, checked; atomic. Returns the keys this class does not know."""
-        block = Block.from_mapping(mapping)
+        block = _block(type(self), mapping)
         unknown: dict[str, Any] | None = {} if allow_unknown else None
         values, problems = type(self)._collect(block, unknown)
         if not problems:
@@ -368,7 +378,8 @@ class Parameter:
         except json.JSONDecodeError as e:
             raise ParamError(f"invalid JSON for {cls.__name__}: {e}") from None
         if not isinstance(data, dict):
-            raise ParamError(f"JSON for {cls.__name__} must be an object, not {type(data).__name__}")
+            raise ParamError(f"JSON for {cls.__name__} must be an object, "
+                             f"not {type(data).__name__}")
         return cls.parse(data)  # type: ignore[no-any-return]
 
     # -- documentation ----------------------------------------------------------------------
@@ -382,6 +393,15 @@ class Parameter:
     def fields(cls) -> dict[str, Field]:
         """The declared fields by name, in declaration order."""
         return dict(cls.__fields__)
+
+
+def _block(cls: type, mapping: Any) -> Block:
+    if isinstance(mapping, Block):
+        return mapping
+    if not isinstance(mapping, Mapping):
+        raise ParamError(f"{cls.__name__} is configured by a mapping of keys to values, "
+                         f"not {type(mapping).__name__}")
+    return Block.from_mapping(mapping)
 
 
 def _field_type(annotation: Any, enum: Any) -> FieldType:

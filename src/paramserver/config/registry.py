@@ -8,6 +8,7 @@ registrations that would be found by the same spelling are refused.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -44,7 +45,7 @@ class Registry(Generic[T]):
 
     def add(self, name: str, obj: T, *, aliases: tuple[str, ...] = ()) -> None:
         keys = [normalise(n) for n in (name, *aliases)]
-        for spelling, key in zip((name, *aliases), keys):
+        for spelling, key in zip((name, *aliases), keys, strict=True):
             if not key:
                 raise ParamError(f"a {self.kind} name must not be empty")
             taken = self._keys.get(key)
@@ -65,7 +66,10 @@ class Registry(Generic[T]):
         """The canonical name for any accepted spelling; ParamError listing names otherwise."""
         canonical = self._keys.get(normalise(name)) if isinstance(name, str) else None
         if canonical is None:
-            raise ParamError(f"Invalid Input: '{name}', valid values are: {self.choices()}")
+            close = difflib.get_close_matches(normalise(str(name)), list(self._keys), n=1)
+            hint = f"\nDid you mean '{self._keys[close[0]]}'?" if close else ""
+            raise ParamError(
+                f"Invalid Input: '{name}', valid values are: {self.choices()}{hint}")
         return canonical
 
     def get(self, name: str) -> T:

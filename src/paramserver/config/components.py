@@ -1,0 +1,198 @@
+"""Configurations that select a registered component by name (``type`` / ``user_type``).
+
+SINGA writes such a block as ``updater { type: kRMSProp rmsprop_conf { rho: 0.9 } }``: the
+common fields, plus one ``*_conf`` block read by the selected component. A user's component is
+chosen with ``user_type: "Foo"`` and configured in an extension block ``[foo_conf] { ... }``.
+:class:`ComponentConf` gives every such configuration that behaviour once.
+
+Components are registered in the four registries below by the modules that define them,
+imported on first look-up (so this layer imports nothing of the layers above it).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+from typing import Any, ClassVar, TypeVar
+
+from .errors import ParamError, Problem
+from .parameter import Field, Parameter, _suggest, field
+from .registry import Registry
+from .tree import Block, Entry, Scalar
+from .types import NestedType
+
+P = TypeVar("P", bound="ComponentConf")
+
+
+class ComponentRegistry(Registry[Any]):
+    """A registry whose built-in components are defined in ``builtins`` (a module name)."""
+
+    def __init__(self, kind: str, builtins: tuple[str, ...] = ()):
+        super().__init__(kind)
+        self._builtins = builtins
+        self._loading = False
+
+    def load(self) -> None:
+        if self._builtins and not self._loading:
+            self._loading = True
+            for module in self._builtins:
+                try:
+                    importlib.import_module(module)
+                except ModuleNotFoundError as e:  # a layer not installed: none registered
+                    if e.name != module:
+                        raise
+
+    def lookup(self, name: str) -> str:
+        self.load()
+        return super().lookup(name)
+
+    def names(self) -> list[str]:
+        self.load()
+        return super().names()
+
+    def items(self) -> Iterator[tuple[str, Any]]:
+        self.load()
+        return super().items()
+
+    def choices(self) -> str:
+        self.load()
+        return super().choices()
+
+    def conf_name(self, name: str) -> str | None:
+        """The key of the component's own configuration block (``step_conf``), if it has one."""
+        component = self.get(name)
+        if getattr(component, "Config", None) is None:
+            return None
+        explicit: str | None = getattr(component, "conf_name", None)
+        canonical = self.lookup(name)
+        if len(canonical) > 1 and canonical[0] == "k" and canonical[1].isupper():
+            canonical = canonical[1:]
+        return explicit or self.extension_name(canonical)
+
+    def by_conf_name(self, key: str) -> str | None:
+        for name, _ in self.items():
+            if self.conf_name(name) == key:
+                return name
+        return None
+
+
+param_generators = ComponentRegistry("init method", ("paramserver.init",))
+updaters = ComponentRegistry("updater", ("paramserver.updaters",))
+lr_methods = ComponentRegistry("learning-rate method", ("paramserver.schedules",))
+layers = ComponentRegistry("layer", ("paramserver.train.layers",))
+
+
+class ComponentConf(Parameter):
+    """Common fields of a component's configuration, plus the selected component's own block.
+
+    Subclasses set ``registry`` and declare ``type`` (with a default) and ``user_type``.
+    After parsing, :attr:`component` is the canonical name of the selected component and
+    :attr:`own` its own configuration (an instance of the component's ``Config``) or None.
+    """
+
+    registry: ClassVar[ComponentRegistry]
+    type: str
+    user_type: str | None
+
+    @property
+    def component(self) -> str:
+        return self.registry.lookup(self.user_type or self.type)
+
+    @property
+    def own(self) -> Any:
+        key = self.registry.conf_name(self.component)
+        return None if key is None else self.__dict__.get(key)
+
+    @classmethod
+    def _dynamic_key(cls, entry: Entry) -> str | None:
+        if not entry.key.endswith("_conf"):
+            return None
+        if entry.extension:
+            return entry.key
+        return entry.key if cls.registry.by_conf_name(entry.key) is not None else None
+
+    @classmethod
+    def _dynamic_field(cls, name: str) -> Field:
+        component = cls.registry.by_conf_name(name)
+        if component is None:
+            raise KeyError(name)
+        f = field(doc=f"configuration of {component}")
+        f.name = name
+        f.type = NestedType(cls.registry.get(component).Config)
+        return f
+
+    @classmethod
+    def _build(cls: type[P], block: Block, unknown: dict[str, Any] | None = None) -> P:
+        extensions = [e for e in block.entries if e.extension]
+        known = [e for e in block.entries if not e.extension]
+        loose: dict[str, Any] = {}
+        obj = super()._build(Block(known, block.where), loose)
+        problems: list[Problem] = []
+        try:
+            component = obj.component
+        except ParamError as e:
+            key = "user_type" if obj.user_type else "type"
+            where = next((x.where for x in known if x.key == key), block.where)
+            raise e.at(where) from None
+        conf_key = cls.registry.conf_name(component)
+        # Every *_conf block must belong to the component selected.
+        for name in [k for k in obj.__dict__ if k not in cls.__fields__]:
+            if name != conf_key:
+                entry = next(e for e in known if e.key == name)
+                problems.append(Problem(
+                    f"{name} is given but the {cls.registry.kind} is '{component}'"
+                    + (f", which reads {conf_key}" if conf_key else ", which has no *_conf"),
+                    entry.where))
+        for e in extensions:
+            if e.key != conf_key:
+                problems.append(Problem(
+                    f"extension block [{e.key}] does not belong to {cls.registry.kind} "
+                    f"'{component}'" + (f" (expected [{conf_key}])" if conf_key else ""),
+                    e.where))
+        own_entries = [e for e in extensions if e.key == conf_key]
+        if conf_key is not None and conf_key not in obj.__dict__:
+            # Loose keys (Python keyword arguments) go to the component's own configuration.
+            config = cls.registry.get(component).Config
+            here = block.where if not isinstance(block.where, (str, type(None))) else ".".join(
+                x for x in (block.where, conf_key) if x)
+            own_block = own_entries[0].value if own_entries else Block([], here)
+            if loose:
+                if own_entries:
+                    problems.append(Problem(f"give {conf_key} either as a block or as keys, "
+                                            f"not both: {sorted(loose)}", block.where))
+                else:
+                    own_block = Block([Entry(k, _wrap(v, block.where), block.where)
+                                       for k, v in loose.items()], block.where)
+                    loose = {}
+            if not isinstance(own_block, Block):
+                problems.append(Problem(f"[{conf_key}] must be a block {{ ... }}", block.where))
+            else:
+                try:
+                    obj.__dict__[conf_key] = config._build(own_block)
+                except ParamError as e:
+                    problems.extend(e.at(block.where).problems)
+        if loose:
+            if unknown is not None:
+                unknown.update(loose)
+            else:
+                doc = cls.doc()
+                for key in loose:
+                    where = next((x.where for x in known if x.key == key), block.where)
+                    problems.append(Problem(
+                        f"Cannot find argument '{key}', Possible Arguments:\n{'-' * 16}\n{doc}"
+                        + _suggest(key, cls.__keys__), where))
+        if problems:
+            raise ParamError(problems)
+        return obj
+
+
+def _wrap(value: Any, where: Any) -> Any:
+    from .tree import wrap
+    out = wrap(value, None)
+    if isinstance(out, Scalar):
+        out.where = where
+    return out
+
+
+__all__ = ["ComponentConf", "ComponentRegistry", "layers", "lr_methods", "param_generators",
+           "updaters"]

@@ -1,0 +1,263 @@
+"""Initialisation methods (SPEC §4) and the ``fill(param, rng)`` interface users extend.
+
+Every method reads the common fields of ``init { ... }`` (``value``, ``mean``, ``std``,
+``low``, ``high``); a user's method may declare its own ``Config``, read from the extension
+block ``[<name>_conf] { ... }``.
+
+Seeding: each Param draws from its own counter-based stream whose key is a stable hash of
+``(job seed, Param name)``; element ``i`` of a fill is a function of ``(key, i)`` alone. So
+one seed gives the same values on every run, whatever the number of threads, workers or
+servers, and whatever the order Params are made in.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+import numpy as np
+
+from .config import ParamError, Parameter
+from .config.components import param_generators
+from .config.job import ParamGenConf, conf_from
+from .params import Param
+
+T = TypeVar("T", bound=type)
+
+
+@dataclass(frozen=True)
+class Stream:
+    """The random stream of one Param: fast fills keyed by ``key``, or a NumPy generator."""
+
+    key: int
+
+    def uniform(self, out: np.ndarray, low: float = -1.0, high: float = 1.0) -> None:
+        """Fill ``out`` with U[low, high)."""
+        from .rng import fill_uniform
+
+        fill_uniform(out, self.key, low, high)
+
+    def normal(self, out: np.ndarray, mean: float = 0.0, std: float = 1.0) -> None:
+        """Fill ``out`` with N(mean, std²)."""
+        from .rng import fill_normal
+
+        fill_normal(out, self.key, mean, std)
+
+    def truncated_normal(self, out: np.ndarray, mean: float = 0.0, std: float = 1.0,
+                         a: float = -2.0, b: float = 2.0) -> None:
+        """Fill ``out`` with N(mean, std²) kept within [mean + a·std, mean + b·std]."""
+        from .rng import fill_truncated_normal
+
+        fill_truncated_normal(out, self.key, mean, std, a, b)
+
+    def numpy(self) -> np.random.Generator:
+        """A NumPy generator on the same key, for fills the fast ones do not cover."""
+        return np.random.Generator(np.random.Philox(key=self.key))
+
+
+def stream(seed: int, name: str) -> Stream:
+    """The stream of Param ``name`` in a job seeded with ``seed``."""
+    from .rng import param_key
+
+    return Stream(param_key(seed, name))
+
+
+class ParamGenerator:
+    """Base of initialisation methods: ``fill(param, rng)`` writes ``param.data``.
+
+    Args:
+        conf: the ``init`` configuration; ``conf.own`` is the method's own ``Config``
+            instance (None for methods without one).
+    """
+
+    Config: ClassVar[type[Parameter] | None] = None
+
+    def __init__(self, conf: ParamGenConf):
+        self.conf = conf
+        self.own: Any = conf.own
+
+    def fill(self, param: Param, rng: Stream) -> None:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.conf!r})"
+
+
+def register_param_generator(name: str, *, aliases: tuple[str, ...] = ()
+                             ) -> Callable[[T], T]:
+    """Register an initialisation method class under ``name`` (SPEC §8)."""
+    return param_generators.register(name, aliases=aliases)  # type: ignore[return-value]
+
+
+def create_param_generator(x: ParamGenConf | dict[str, Any] | str) -> ParamGenerator:
+    """An initialisation method from its configuration, a nested dict, or an ``init`` block."""
+    conf = conf_from(ParamGenConf, x, "init")
+    generator: ParamGenerator = param_generators.get(conf.component)(conf)
+    return generator
+
+
+def _fans(param: Param) -> tuple[int, int]:
+    """``(fan_in, fan_out)`` of an N-D Param (N >= 2), receptive field included."""
+    if len(param.shape) < 2:
+        raise ParamError(f"Param '{param.name}' has shape {param.shape}: this method needs "
+                         "a Param of 2 or more dimensions")
+    receptive = int(np.prod(param.shape[2:], dtype=np.int64))
+    return param.shape[1] * receptive, param.shape[0] * receptive
+
+
+@register_param_generator("kConstant", aliases=("kConst",))
+class Constant(ParamGenerator):
+    """Every element = ``value``."""
+
+    def fill(self, param: Param, rng: Stream) -> None:
+        param.data.fill(self.conf.value)
+
+
+class _Scaled(ParamGenerator):
+    """A Gaussian or uniform fill multiplied by ``value × factor(param)``."""
+
+    gaussian: ClassVar[bool]
+
+    def factor(self, param: Param) -> float:
+        return 1.0
+
+    def fill(self, param: Param, rng: Stream) -> None:
+        c = self.conf
+        scale = c.value * self.factor(param)
+        if self.gaussian:
+            rng.normal(param.data, c.mean * scale, c.std * abs(scale))
+        else:
+            lo, hi = sorted((c.low * scale, c.high * scale))
+            rng.uniform(param.data, lo, hi)
+
+
+@register_param_generator("kGaussian", aliases=("normal",))
+class Gaussian(_Scaled):
+    """N(mean, std), then × ``value``."""
+
+    gaussian = True
+
+
+@register_param_generator("kUniform", aliases=("uniform",))
+class Uniform(_Scaled):
+    """U[low, high), then × ``value``."""
+
+    gaussian = False
+
+
+@register_param_generator("kGaussianSqrtFanIn")
+class GaussianSqrtFanIn(_Scaled):
+    """kGaussian, then × 1/sqrt(fan_in); fan_in = shape[1] of a 2-D Param."""
+
+    gaussian = True
+
+    def factor(self, param: Param) -> float:
+        return 1.0 / math.sqrt(param.fan_in)
+
+
+@register_param_generator("kUniformSqrtFanIn")
+class UniformSqrtFanIn(_Scaled):
+    """kUniform, then × sqrt(3/fan_in); fan_in = shape[1] of a 2-D Param."""
+
+    gaussian = False
+
+    def factor(self, param: Param) -> float:
+        return math.sqrt(3.0 / param.fan_in)
+
+
+@register_param_generator("kUniformSqrtFanInOut", aliases=("kUniformFanInOut",))
+class UniformSqrtFanInOut(_Scaled):
+    """kUniform, then × sqrt(6/(fan_in + fan_out)) (Glorot's factor; SPEC §4 Decision)."""
+
+    gaussian = False
+
+    def factor(self, param: Param) -> float:
+        return math.sqrt(6.0 / (param.fan_in + param.fan_out))
+
+
+class _FanBased(ParamGenerator):
+    """Zero-mean fills whose spread depends on the fans; ``value`` is the gain."""
+
+    gaussian: ClassVar[bool]
+
+    def spread(self, fan_in: int, fan_out: int) -> float:
+        raise NotImplementedError
+
+    def fill(self, param: Param, rng: Stream) -> None:
+        fan_in, fan_out = _fans(param)
+        s = abs(self.conf.value) * self.spread(fan_in, fan_out)
+        if self.gaussian:
+            rng.normal(param.data, 0.0, s)
+        else:
+            rng.uniform(param.data, -s, s)
+
+
+@register_param_generator("glorot_uniform", aliases=("xavier_uniform",))
+class GlorotUniform(_FanBased):
+    """U(-a, a), a = value · sqrt(6/(fan_in + fan_out)) (Glorot & Bengio 2010)."""
+
+    gaussian = False
+
+    def spread(self, fan_in: int, fan_out: int) -> float:
+        return math.sqrt(6.0 / (fan_in + fan_out))
+
+
+@register_param_generator("glorot_normal", aliases=("xavier_normal",))
+class GlorotNormal(_FanBased):
+    """N(0, std), std = value · sqrt(2/(fan_in + fan_out))."""
+
+    gaussian = True
+
+    def spread(self, fan_in: int, fan_out: int) -> float:
+        return math.sqrt(2.0 / (fan_in + fan_out))
+
+
+@register_param_generator("he_uniform", aliases=("kaiming_uniform",))
+class HeUniform(_FanBased):
+    """U(-b, b), b = value · sqrt(6/fan_in) (He et al. 2015; value=1 is ReLU's gain² / 2)."""
+
+    gaussian = False
+
+    def spread(self, fan_in: int, fan_out: int) -> float:
+        return math.sqrt(6.0 / fan_in)
+
+
+@register_param_generator("he_normal", aliases=("kaiming_normal",))
+class HeNormal(_FanBased):
+    """N(0, std), std = value · sqrt(2/fan_in)."""
+
+    gaussian = True
+
+    def spread(self, fan_in: int, fan_out: int) -> float:
+        return math.sqrt(2.0 / fan_in)
+
+
+@register_param_generator("orthogonal")
+class Orthogonal(ParamGenerator):
+    """A (semi-)orthogonal matrix × ``value`` (Saxe et al. 2014); trailing dims flattened."""
+
+    def fill(self, param: Param, rng: Stream) -> None:
+        _fans(param)
+        rows = param.shape[0]
+        cols = param.size // rows
+        a = rng.numpy().standard_normal((max(rows, cols), min(rows, cols)))
+        q, r = np.linalg.qr(a)
+        q *= np.sign(np.diag(r))  # a unique, uniformly distributed factor
+        if rows < cols:
+            q = q.T
+        param.data[...] = (self.conf.value * q).reshape(param.shape)
+
+
+@register_param_generator("truncated_normal")
+class TruncatedNormal(ParamGenerator):
+    """N(mean, std) kept within two std of the mean, then × ``value``."""
+
+    def fill(self, param: Param, rng: Stream) -> None:
+        c = self.conf
+        rng.truncated_normal(param.data, c.mean * c.value, c.std * abs(c.value))
+
+
+__all__ = ["ParamGenerator", "Stream", "create_param_generator", "register_param_generator",
+           "stream"]

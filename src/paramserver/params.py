@@ -1,0 +1,305 @@
+"""Param and ParamSet (SPEC §3): named arrays, their gradients, sharing, flat memory.
+
+A :class:`ParamSet` keeps every owner Param's values in one contiguous buffer and every
+Param's gradient in another (owners first, in the same layout as the values, then the
+sharers'), with each Param a view into them. A slice of the job is then a ``(start, stop)``
+range of the buffers, an update over many Params one kernel call, and a checkpoint a few
+arrays.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .config import ParamError
+from .config.job import ParamConf
+
+_DTYPES = {np.dtype(np.float32), np.dtype(np.float64)}
+
+
+def _dtype(dtype: Any) -> np.dtype[Any]:
+    dt = np.dtype(dtype)
+    if dt not in _DTYPES:
+        raise ParamError(f"Param dtype must be float32 or float64, not {dt}")
+    return dt
+
+
+def _shape(shape: Any, name: str) -> tuple[int, ...]:
+    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    if not all(isinstance(d, (int, np.integer)) and d >= 0 for d in shape):
+        raise ParamError(f"Param '{name}': shape must be non-negative integers, not {shape}")
+    return tuple(int(d) for d in shape)
+
+
+class Param:
+    """A named array of parameters with its gradient.
+
+    ``Param("w", (3, 4))`` makes one on its own, with its own memory; a :class:`ParamSet`
+    makes them as views of its flat buffers. A sharer (``share_from``) views its owner's
+    values and has its own gradient.
+    """
+
+    def __init__(self, name: str, shape: Sequence[int] | int, dtype: Any = np.float32,
+                 conf: ParamConf | None = None, *, data: np.ndarray | None = None,
+                 grad: np.ndarray | None = None, owner: Param | None = None):
+        self.name = name
+        self.shape = _shape(shape, name)
+        self.dtype = _dtype(dtype)
+        self.conf = conf if conf is not None else ParamConf(name=name)
+        self.owner = owner
+        self.data = np.zeros(self.shape, self.dtype) if data is None else data
+        self.grad = np.zeros(self.shape, self.dtype) if grad is None else grad
+        self._version = 0
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def lr_scale(self) -> float:
+        return float(self.conf.lr_scale)
+
+    @property
+    def wd_scale(self) -> float:
+        return float(self.conf.wd_scale)
+
+    @property
+    def is_owner(self) -> bool:
+        return self.owner is None
+
+    @property
+    def version(self) -> int:
+        """Updates applied to the values; a sharer reports its owner's."""
+        return self.owner.version if self.owner is not None else self._version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        if self.owner is not None:
+            raise ParamError(f"Param '{self.name}' shares '{self.owner.name}': "
+                             "its version is the owner's")
+        self._version = int(value)
+
+    @property
+    def fan_in(self) -> int:
+        """``shape[1]`` of a 2-D Param, as SINGA counts it."""
+        return self._require_2d("fan_in")[1]
+
+    @property
+    def fan_out(self) -> int:
+        """``shape[0]`` of a 2-D Param."""
+        return self._require_2d("fan_out")[0]
+
+    def _require_2d(self, what: str) -> tuple[int, ...]:
+        if len(self.shape) != 2:
+            raise ParamError(f"Param '{self.name}' has shape {self.shape}: {what} needs a 2-D "
+                             "Param (rows = fan_out, columns = fan_in)")
+        return self.shape
+
+    def __repr__(self) -> str:
+        share = f", owner={self.owner.name!r}" if self.owner is not None else ""
+        return (f"Param({self.name!r}, shape={self.shape}, dtype={self.dtype.name}, "
+                f"version={self.version}{share})")
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """What a Param needs before memory exists: name, shape, configuration, and its place."""
+
+    name: str
+    shape: tuple[int, ...]
+    conf: ParamConf
+    place: str  # e.g. "layer 'fc1', param 0": where errors point
+
+
+class ParamSet:
+    """The Params of a job in flat buffers; see the module docstring.
+
+    Attributes:
+        params: every Param, in declaration order.
+        owners: the Params that own values (not sharers), in declaration order.
+        values: one flat array with every owner's values.
+        grads: one flat array with every Param's gradient, owners first.
+        offsets: int64 array, ``offsets[i]:offsets[i + 1]`` is owner i's range of ``values``.
+        num_shares: int64 array, for owner i the number of Params using its values (>= 1).
+    """
+
+    def __init__(self, specs: Iterable[ParamSpec | tuple[Any, ...]], dtype: Any = np.float32):
+        self.dtype = _dtype(dtype)
+        specs = [s if isinstance(s, ParamSpec) else _spec(s, i) for i, s in enumerate(specs)]
+        owner_of = _resolve_sharing(specs)
+        owners = [s for s in specs if owner_of[s.name] == s.name]
+        sharers = [s for s in specs if owner_of[s.name] != s.name]
+        sizes = np.array([int(np.prod(s.shape, dtype=np.int64)) for s in owners], np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        total = int(self.offsets[-1])
+        sharer_total = sum(int(np.prod(s.shape, dtype=np.int64)) for s in sharers)
+        self.values = np.zeros(total, self.dtype)
+        self.grads = np.zeros(total + sharer_total, self.dtype)
+        by_name: dict[str, Param] = {}
+        for i, s in enumerate(owners):
+            lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
+            by_name[s.name] = Param(s.name, s.shape, self.dtype, s.conf,
+                                    data=self.values[lo:hi].reshape(s.shape),
+                                    grad=self.grads[lo:hi].reshape(s.shape))
+        pos = total
+        for s in sharers:
+            owner = by_name[owner_of[s.name]]
+            conf = owner.conf.copy()
+            conf.__dict__["name"] = s.name   # the sharer keeps only its own name
+            conf.__dict__["share_from"] = owner.name
+            n = int(np.prod(s.shape, dtype=np.int64))
+            by_name[s.name] = Param(s.name, s.shape, self.dtype, conf,
+                                    data=owner.data.reshape(s.shape),
+                                    grad=self.grads[pos:pos + n].reshape(s.shape), owner=owner)
+            pos += n
+        self.params = [by_name[s.name] for s in specs]
+        self.owners = [by_name[s.name] for s in owners]
+        self._by_name = by_name
+        self._index = {p.name: i for i, p in enumerate(self.owners)}
+        self.num_shares = np.ones(len(owners), np.int64)
+        for s in sharers:
+            self.num_shares[self._index[owner_of[s.name]]] += 1
+
+    # -- access -----------------------------------------------------------------------------
+
+    def __getitem__(self, name: str) -> Param:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise ParamError(f"no Param named '{name}'{_did_you_mean(name, self._by_name)}"
+                             ) from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    def __iter__(self) -> Iterator[Param]:
+        return iter(self.params)
+
+    def __len__(self) -> int:
+        return len(self.params)
+
+    @property
+    def names(self) -> list[str]:
+        return [p.name for p in self.params]
+
+    def owner_index(self, name: str) -> int:
+        """Position of a Param's owner among :attr:`owners`."""
+        p = self[name]
+        return self._index[(p.owner or p).name]
+
+    @property
+    def lr_scales(self) -> np.ndarray:
+        return np.array([p.lr_scale for p in self.owners], np.float64)
+
+    @property
+    def wd_scales(self) -> np.ndarray:
+        return np.array([p.wd_scale for p in self.owners], np.float64)
+
+    @property
+    def versions(self) -> np.ndarray:
+        return np.array([p.version for p in self.owners], np.int64)
+
+    # -- gradients --------------------------------------------------------------------------
+
+    def owner_grads(self) -> np.ndarray:
+        """The owners' gradient range of :attr:`grads` (a view)."""
+        return self.grads[: int(self.offsets[-1])]
+
+    def sum_shared_grads(self) -> None:
+        """Add every sharer's gradient into its owner's (in declaration order)."""
+        for p in self.params:
+            if p.owner is not None:
+                p.owner.grad += p.grad.reshape(p.owner.shape)
+
+    def zero_grads(self) -> None:
+        self.grads.fill(0)
+
+    # -- initialisation ---------------------------------------------------------------------
+
+    def init(self, seed: int = 0) -> None:
+        """Initialise every owner with its method; the same seed gives the same values always.
+
+        Each Param draws from its own stream, keyed by ``(seed, name)``, so values do not
+        depend on the order Params are made in, nor on threads, workers or servers.
+        """
+        from .init import create_param_generator, stream
+
+        generators: dict[int, Any] = {}
+        for p in self.owners:
+            key = id(p.conf.init)
+            gen = generators.get(key) or create_param_generator(p.conf.init)
+            generators[key] = gen
+            gen.fill(p, stream(seed, p.name))
+            p.version = 0
+
+    def __repr__(self) -> str:
+        return (f"ParamSet({len(self.params)} params, {len(self.owners)} owners, "
+                f"{self.values.size} values, {self.dtype.name})")
+
+
+def _spec(item: tuple[Any, ...], index: int) -> ParamSpec:
+    """A spec from ``(name, shape)`` or ``(name, shape, conf)``; conf a ParamConf or dict."""
+    if len(item) not in (2, 3):
+        raise ParamError(f"param {index}: expected (name, shape) or (name, shape, conf)")
+    name, shape = item[0], item[1]
+    conf = item[2] if len(item) == 3 else None
+    if isinstance(conf, dict):
+        conf = ParamConf.parse(conf)
+    conf = conf if conf is not None else ParamConf()
+    name = name or conf.name
+    if not name:
+        raise ParamError(f"param {index}: a name is needed")
+    conf = conf.copy()
+    conf.__dict__["name"] = name
+    return ParamSpec(name, _shape(shape, name), conf, f"param {index}")
+
+
+def _did_you_mean(name: str, names: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(names), n=1)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def _resolve_sharing(specs: list[ParamSpec]) -> dict[str, str]:
+    """Each Param's owner name (its own for owners); every sharing error at once."""
+    problems: list[str] = []
+    place: dict[str, str] = {}
+    for s in specs:
+        if s.name in place:
+            problems.append(f"Param name '{s.name}' is used twice: {place[s.name]} and {s.place}")
+        else:
+            place[s.name] = s.place
+    spec_of = {s.name: s for s in specs}
+    owner_of: dict[str, str] = {}
+    for s in specs:
+        chain, cur = [s.name], s
+        while cur.conf.share_from is not None:
+            target = cur.conf.share_from
+            if target not in spec_of:
+                problems.append(f"Param '{cur.name}' ({cur.place}) shares from unknown Param "
+                                f"'{target}'{_did_you_mean(target, spec_of)}")
+                break
+            if target in chain:
+                problems.append("share_from cycle: " + " -> ".join([*chain[chain.index(target):],
+                                                                     target]))
+                break
+            chain.append(target)
+            cur = spec_of[target]
+        else:
+            owner_of[s.name] = cur.name
+            size = int(np.prod(s.shape, dtype=np.int64))
+            owner_size = int(np.prod(cur.shape, dtype=np.int64))
+            if size != owner_size:
+                problems.append(f"Param '{s.name}' ({s.place}) has shape {s.shape} "
+                                f"({size} elements) but shares from '{cur.name}' with shape "
+                                f"{cur.shape} ({owner_size} elements); the counts must be equal")
+    if problems:
+        raise ParamError(dict.fromkeys(problems))
+    return owner_of
+
+
+__all__ = ["Param", "ParamSet", "ParamSpec"]
