@@ -17,10 +17,35 @@ _EXPORTS: dict[str, str] = {
     "ParamError": "paramserver.config",
     "Registry": "paramserver.config",
     "Location": "paramserver.config",
+    "JobConf": "paramserver.config.job",
+    "load_job": "paramserver.config.job",
+    "parse_job": "paramserver.config.job",
+    "Param": "paramserver.params",
+    "ParamSet": "paramserver.params",
+    "ParamGenerator": "paramserver.init",
+    "create_param_generator": "paramserver.init",
+    "register_param_generator": "paramserver.init",
+    "LRMethod": "paramserver.schedules",
+    "create_lr_method": "paramserver.schedules",
+    "register_lr_method": "paramserver.schedules",
+    "Updater": "paramserver.updaters",
+    "create_updater": "paramserver.updaters",
+    "register_updater": "paramserver.updaters",
+    "Cluster": "paramserver.cluster",
+    "ClusterError": "paramserver.cluster",
+    "save_checkpoint": "paramserver.checkpoint",
+    "load_checkpoint": "paramserver.checkpoint",
 }
 
 if TYPE_CHECKING:
+    from .checkpoint import load_checkpoint, save_checkpoint
+    from .cluster import Cluster, ClusterError
     from .config import Location, ParamError, Parameter, Registry, field
+    from .config.job import JobConf, load_job, parse_job
+    from .init import ParamGenerator, create_param_generator, register_param_generator
+    from .params import Param, ParamSet
+    from .schedules import LRMethod, create_lr_method, register_lr_method
+    from .updaters import Updater, create_updater, register_updater
 
 
 def __getattr__(name: str) -> Any:
@@ -36,4 +61,29 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_EXPORTS])
 
 
-__all__ = ["Location", "ParamError", "Parameter", "Registry", "__version__", "field"]
+__all__ = [
+    "Cluster",
+    "ClusterError",
+    "JobConf",
+    "LRMethod",
+    "Location",
+    "Param",
+    "ParamError",
+    "ParamGenerator",
+    "ParamSet",
+    "Parameter",
+    "Registry",
+    "Updater",
+    "__version__",
+    "create_lr_method",
+    "create_param_generator",
+    "create_updater",
+    "field",
+    "load_checkpoint",
+    "load_job",
+    "parse_job",
+    "register_lr_method",
+    "register_param_generator",
+    "register_updater",
+    "save_checkpoint",
+]

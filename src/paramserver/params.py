@@ -128,9 +128,9 @@ class ParamSet:
         num_shares: int64 array, for owner i the number of Params using its values (>= 1).
     """
 
-    def __init__(self, specs: Iterable[ParamSpec | tuple[Any, ...]], dtype: Any = np.float32):
+    def __init__(self, items: Iterable[ParamSpec | tuple[Any, ...]], dtype: Any = np.float32):
         self.dtype = _dtype(dtype)
-        specs = [s if isinstance(s, ParamSpec) else _spec(s, i) for i, s in enumerate(specs)]
+        specs = [s if isinstance(s, ParamSpec) else _spec(s, i) for i, s in enumerate(items)]
         owner_of = _resolve_sharing(specs)
         owners = [s for s in specs if owner_of[s.name] == s.name]
         sharers = [s for s in specs if owner_of[s.name] != s.name]

@@ -178,10 +178,10 @@ class Updater:
         if problems:
             raise ParamError(problems)
         for name, st in parsed.items():
-            current = self._state.get(name)
-            if current is not None:
+            held = self._state.get(name)
+            if held is not None:
                 for role, arr in st.items():
-                    current[role][...] = arr
+                    held[role][...] = arr
             else:
                 self._state[name] = st
 

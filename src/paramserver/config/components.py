@@ -11,6 +11,7 @@ imported on first look-up (so this layer imports nothing of the layers above it)
 
 from __future__ import annotations
 
+import builtins
 import importlib
 from collections.abc import Iterator
 from typing import Any, ClassVar, TypeVar
@@ -39,7 +40,7 @@ class ComponentRegistry(Registry[Any]):
                 try:
                     importlib.import_module(module)
                 except ModuleNotFoundError as e:  # a layer not installed: none registered
-                    if e.name != module:
+                    if e.name is None or not module.startswith(e.name):
                         raise
 
     def lookup(self, name: str) -> str:
@@ -122,7 +123,8 @@ class ComponentConf(Parameter):
         return f
 
     @classmethod
-    def _build(cls: type[P], block: Block, unknown: dict[str, Any] | None = None) -> P:
+    def _build(cls: builtins.type[P], block: Block, unknown: dict[str, Any] | None = None
+               ) -> P:
         extensions = [e for e in block.entries if e.extension]
         known = [e for e in block.entries if not e.extension]
         loose: dict[str, Any] = {}
@@ -130,10 +132,10 @@ class ComponentConf(Parameter):
         problems: list[Problem] = []
         try:
             component = obj.component
-        except ParamError as e:
+        except ParamError as err:
             key = "user_type" if obj.user_type else "type"
             where = next((x.where for x in known if x.key == key), block.where)
-            raise e.at(where) from None
+            raise err.at(where) from None
         conf_key = cls.registry.conf_name(component)
         # Every *_conf block must belong to the component selected.
         for name in [k for k in obj.__dict__ if k not in cls.__fields__]:
@@ -143,12 +145,12 @@ class ComponentConf(Parameter):
                     f"{name} is given but the {cls.registry.kind} is '{component}'"
                     + (f", which reads {conf_key}" if conf_key else ", which has no *_conf"),
                     entry.where))
-        for e in extensions:
-            if e.key != conf_key:
+        for ext in extensions:
+            if ext.key != conf_key:
                 problems.append(Problem(
-                    f"extension block [{e.key}] does not belong to {cls.registry.kind} "
+                    f"extension block [{ext.key}] does not belong to {cls.registry.kind} "
                     f"'{component}'" + (f" (expected [{conf_key}])" if conf_key else ""),
-                    e.where))
+                    ext.where))
         own_entries = [e for e in extensions if e.key == conf_key]
         if conf_key is not None and conf_key not in obj.__dict__:
             # Loose keys (Python keyword arguments) go to the component's own configuration.
