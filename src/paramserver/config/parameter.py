@@ -166,6 +166,10 @@ class Parameter:
         for name in own:
             if hints[name] is ClassVar or typing.get_origin(hints[name]) is ClassVar:
                 continue
+            hidden = next((b for b in cls.__mro__[1:] if name in vars(b)), None)
+            if hidden is not None:  # a field named update or check would break the class
+                raise TypeError(f"{cls.__name__}.{name}: a field may not hide "
+                                f"{hidden.__name__}.{name}")
             value = cls.__dict__.get(name, _MISSING)
             f = value if isinstance(value, Field) else field(value)
             f.name = name

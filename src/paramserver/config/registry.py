@@ -47,7 +47,7 @@ class Registry(Generic[T]):
         keys = [normalise(n) for n in (name, *aliases)]
         for spelling, key in zip((name, *aliases), keys, strict=True):
             if not key:
-                raise ParamError(f"a {self.kind} name must not be empty")
+                raise ParamError(f"{self.kind} names must not be empty")
             taken = self._keys.get(key)
             if taken is not None:
                 raise ParamError(f"{self.kind} name '{spelling}' is already registered "

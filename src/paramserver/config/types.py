@@ -19,8 +19,9 @@ from .tree import Block, ListValue, Scalar, Value
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
-_INT_RE = re.compile(r"[+-]?\d+")
-_FLOAT_RE = re.compile(r"[+-]?(\d+\.?\d*([eE][+-]?\d+)?|\.\d+([eE][+-]?\d+)?)[fF]?")
+# ASCII digits only: Python's \d and int() also take other scripts' digits, dmlc does not.
+_INT_RE = re.compile(r"([+-]?)0*([0-9]+)")
+_FLOAT_RE = re.compile(r"[+-]?([0-9]+\.?[0-9]*([eE][+-]?[0-9]+)?|\.[0-9]+([eE][+-]?[0-9]+)?)[fF]?")
 _SPECIAL_FLOATS = {"inf": math.inf, "+inf": math.inf, "-inf": -math.inf,
                    "infinity": math.inf, "+infinity": math.inf, "-infinity": -math.inf,
                    "nan": math.nan, "+nan": math.nan, "-nan": math.nan}
@@ -51,14 +52,25 @@ def format_number(x: Any) -> str:
 
 
 def shown(value: Any) -> str:
-    """A value as an error message shows it after ``value=``."""
+    """A value as an error message shows it after ``value=``: as given, so a typed ``10.0``
+    shows as ``10.0`` (``expect int but value='10'`` would puzzle)."""
     if isinstance(value, Scalar):
         value = value.raw
-    if isinstance(value, float):
-        return format_number(value)
-    if isinstance(value, (Block, ListValue)):
-        return "{...}" if isinstance(value, Block) else "[...]"
+    if isinstance(value, ListValue):
+        return "[" + ", ".join(shown(v) for v in value.items) + "]"
+    if isinstance(value, Block):
+        return "{...}"
     return str(value)
+
+
+def _typed_int(raw: Any) -> int | None:
+    """The integer a typed value stands for (a Python or numpy integer), else None."""
+    if isinstance(raw, bool) or not isinstance(raw, typing.SupportsIndex):
+        return None
+    try:
+        return int(raw.__index__())
+    except (TypeError, ValueError):  # an array of several elements has __index__ too
+        return None
 
 
 class FieldType:
@@ -87,14 +99,15 @@ class IntType(FieldType):
     def convert(self, value: Value) -> int:
         raw = self.scalar(value).raw
         if isinstance(raw, str):
-            text = raw.strip()
-            if not _INT_RE.fullmatch(text):
+            m = _INT_RE.fullmatch(raw.strip())
+            if m is None or len(m.group(2)) > 19:  # more digits can only overflow int64
                 raise Invalid(raw)
-            out = int(text)
-        elif isinstance(raw, bool) or not isinstance(raw, typing.SupportsIndex):
-            raise Invalid(shown(raw))
+            out = int(m.group(1) + m.group(2))
         else:
-            out = int(raw.__index__())
+            typed = _typed_int(raw)
+            if typed is None:
+                raise Invalid(shown(raw))
+            out = typed
         if not INT64_MIN <= out <= INT64_MAX:
             raise Invalid(str(raw))
         return out
@@ -116,9 +129,7 @@ class FloatType(FieldType):
             if math.isinf(out):
                 raise Invalid(raw)  # overflow: 1e999 is a mistake, not infinity
             return out
-        if isinstance(raw, bool) or not isinstance(raw, (int, float)) and not hasattr(
-            raw, "__float__"
-        ):
+        if isinstance(raw, bool) or not hasattr(raw, "__float__"):
             raise Invalid(shown(raw))
         try:
             return float(raw)
@@ -128,7 +139,7 @@ class FloatType(FieldType):
 
 class BoolType(FieldType):
     name = "boolean"
-    _TEXT = {"true": True, "false": False, "1": True, "0": False}
+    _TEXT: typing.ClassVar[dict[str, bool]] = {"true": True, "false": False, "1": True, "0": False}
 
     def convert(self, value: Value) -> bool:
         raw = self.scalar(value).raw
@@ -139,6 +150,8 @@ class BoolType(FieldType):
             return out
         if type(raw).__name__ in ("bool", "bool_"):
             return bool(raw)
+        if _typed_int(raw) in (0, 1):
+            return bool(raw)  # the typed form of the text "1" / "0"
         raise Invalid(shown(raw))
 
     def show(self, value: Any) -> str:
@@ -159,10 +172,11 @@ class StrType(FieldType):
 
     def convert(self, value: Value) -> str:
         raw = self.scalar(value).raw
+        if self.choices is not None and (not isinstance(raw, str) or raw not in self.choices):
+            raise Invalid(shown(raw),
+                          f"Invalid Input: '{shown(raw)}', valid values are: {self.name}")
         if not isinstance(raw, str):
             raise Invalid(shown(raw))
-        if self.choices is not None and raw not in self.choices:
-            raise Invalid(raw, f"Invalid Input: '{raw}', valid values are: {self.name}")
         return raw
 
     def show(self, value: Any) -> str:
@@ -207,7 +221,8 @@ class OptionalType(FieldType):
 
     def convert(self, value: Value) -> Any:
         if isinstance(value, Scalar) and (
-            value.raw is None or (value.raw == "None" and not value.quoted)
+            value.raw is None or (isinstance(value.raw, str) and value.raw == "None"
+                                  and not value.quoted)
         ):
             return None
         return self.inner.convert(value)
@@ -222,7 +237,7 @@ class OptionalType(FieldType):
 class TupleType(FieldType):
     """A shape: ``(1, 2)``, ``[1,2]``, ``(3,)``, ``()``, or a bare ``5`` meaning ``(5,)``."""
 
-    _TEXT = re.compile(r"\s*[(\[]\s*(.*?)\s*[)\]]\s*")
+    _TEXT = re.compile(r"\s*[(\[]\s*(.*?)\s*[)\]]\s*", re.DOTALL)
 
     def __init__(self, item: FieldType):
         self.item = item
@@ -241,7 +256,7 @@ class TupleType(FieldType):
             return (self._item(value, value),)
         m = self._TEXT.fullmatch(raw)
         if m is None:
-            if "," in raw or " " in raw.strip():
+            if "," in raw or re.search(r"\s", raw.strip()):
                 raise Invalid(raw)
             return (self._item(Scalar(raw), value),)
         if (raw.strip()[0] == "(") != (raw.strip()[-1] == ")"):
@@ -252,7 +267,7 @@ class TupleType(FieldType):
         parts = body.split(",")
         if parts[-1].strip() == "":
             parts = parts[:-1]
-        if any(p.strip() == "" or " " in p.strip() for p in parts):
+        if any(p.strip() == "" or re.search(r"\s", p.strip()) for p in parts):
             raise Invalid(raw)
         return tuple(self._item(Scalar(p.strip()), value) for p in parts)
 
@@ -301,8 +316,8 @@ class ListType(FieldType):
 class NestedType(FieldType):
     """A nested configuration (a :class:`~paramserver.config.Parameter` subclass)."""
 
-    def __init__(self, cls: type):
-        self.cls = cls
+    def __init__(self, cls: Any):
+        self.cls = cls  # a Parameter subclass (not imported here: parameter imports types)
 
     @property
     def name(self) -> str:  # type: ignore[override]
