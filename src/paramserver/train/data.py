@@ -1,0 +1,396 @@
+"""Datasets for the training job: loading, a deterministic train/test split, and batches.
+
+Sources:
+
+* ``"digits"``: scikit-learn's bundled 8×8 digits (1,797 samples, 64 features, 10 classes);
+  no download. Imported on first use only.
+* a path to an ``.npz`` archive with a feature array (``x``) and a label array (``y``), read
+  with ``allow_pickle=False`` so that loading cannot run code. When the archive also holds
+  ``x_test`` and ``y_test`` these are the test split and ``test_fraction`` is not used.
+
+Everything random is a pure function of a seed and a few tags (:func:`derive_rng`): the
+split of a dataset, the order of each epoch, so a run is the same every time, and a worker
+can compute its share of any step's batch without talking to the others.
+
+Batching: step ``s`` of a training run reads batch ``s mod steps_per_epoch`` of epoch
+``s // steps_per_epoch``; an epoch is a permutation of the training split (or its stored
+order without ``shuffle``) cut into ``len(train) // batchsize`` full batches (the remainder
+of each epoch is left out). That global batch is split among ``num_workers`` workers into
+contiguous, disjoint shards (``numpy.array_split``: sizes differ by at most one).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import zipfile
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..config import ParamError
+
+DIGITS = "digits"
+
+
+def derive_rng(seed: int, *tags: int | str) -> np.random.Generator:
+    """A NumPy generator that depends on ``seed`` and ``tags`` only.
+
+    The key is BLAKE2b of the seed and tags, so any int seed (negative or beyond 64 bits)
+    works and different tags give independent streams.
+
+    Args:
+        seed: the job seed.
+        tags: what the stream is for, e.g. ``("data", "epoch", 3)``.
+
+    Returns:
+        A Philox-based generator.
+    """
+    text = "/".join(str(t) for t in (int(seed), *tags))
+    key = int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest(),
+                         "little")
+    return np.random.Generator(np.random.Philox(key=key))
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One worker's share of one step's batch.
+
+    Attributes:
+        x: the features, shape ``(size,) + sample_shape`` (float, or int64 ids).
+        y: the labels, int64, shape ``(size,)``.
+        step: the training step (for test batches, the batch's index in the test split).
+        epoch: the epoch the batch belongs to (0 for test batches).
+        rank: the worker this shard is for.
+        num_workers: the number of workers the global batch is split among.
+        global_size: the size of the whole batch, all shards together.
+    """
+
+    x: np.ndarray
+    y: np.ndarray
+    step: int
+    epoch: int = 0
+    rank: int = 0
+    num_workers: int = 1
+    global_size: int = 0
+
+    @property
+    def size(self) -> int:
+        return int(self.y.shape[0])
+
+
+class Dataset:
+    """Features and labels, split into a training and a test part. Arrays are read-only.
+
+    Attributes:
+        source: where the data came from (``"digits"`` or the file's path).
+        x_train, y_train, x_test, y_test: the splits, in stored order.
+        num_classes: one more than the largest label.
+        sample_shape: the shape of one sample's features.
+        integer_input: whether the features are integers (ids for kEmbedding).
+    """
+
+    def __init__(self, source: str, x_train: np.ndarray, y_train: np.ndarray,
+                 x_test: np.ndarray, y_test: np.ndarray):
+        self.source = source
+        self.x_train, self.y_train = x_train, y_train
+        self.x_test, self.y_test = x_test, y_test
+        for a in (x_train, y_train, x_test, y_test):
+            a.setflags(write=False)
+        labels = [int(y.max()) for y in (y_train, y_test) if y.size]
+        self.num_classes = max(labels) + 1 if labels else 0
+        self.sample_shape: tuple[int, ...] = tuple(x_train.shape[1:])
+        self.integer_input = bool(np.issubdtype(x_train.dtype, np.integer))
+        self._orders: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @property
+    def num_train(self) -> int:
+        return int(self.y_train.shape[0])
+
+    @property
+    def num_test(self) -> int:
+        return int(self.y_test.shape[0])
+
+    def id_range(self) -> tuple[int, int] | None:
+        """``(min, max)`` of integer features over both splits (None for float features)."""
+        if not self.integer_input:
+            return None
+        parts = [x for x in (self.x_train, self.x_test) if x.size]
+        return (min(int(x.min()) for x in parts), max(int(x.max()) for x in parts))
+
+    def steps_per_epoch(self, batchsize: int) -> int:
+        """Full batches in one pass over the training split."""
+        if batchsize < 1:
+            raise ParamError(f"batchsize must be at least 1, got {batchsize}")
+        return self.num_train // batchsize
+
+    def epoch_order(self, epoch: int, seed: int, shuffle: bool = True) -> np.ndarray:
+        """The order of the training samples in ``epoch``: a permutation keyed by the seed."""
+        if not shuffle:
+            return np.arange(self.num_train)
+        key = (int(seed), int(epoch))
+        with self._lock:
+            order = self._orders.get(key)
+            if order is not None:
+                self._orders.move_to_end(key)
+                return order
+        order = derive_rng(seed, "data", "epoch", epoch).permutation(self.num_train)
+        order.setflags(write=False)
+        with self._lock:
+            self._orders[key] = order
+            while len(self._orders) > 4:  # workers are at most a few epochs apart
+                self._orders.popitem(last=False)
+        return order
+
+    def train_batch(self, step: int, batchsize: int, *, seed: int, shuffle: bool = True,
+                    rank: int = 0, num_workers: int = 1) -> Batch:
+        """Worker ``rank``'s shard of the global batch of ``step``.
+
+        Args:
+            step: the training step, from 0.
+            batchsize: the size of the global batch (all workers together).
+            seed: the job seed; it fixes the order of every epoch.
+            shuffle: a new permutation each epoch; otherwise the stored order.
+            rank: the worker, ``0 <= rank < num_workers``.
+            num_workers: the number of workers sharing the batch.
+
+        Returns:
+            The shard; shards of the same step are disjoint and together the global batch.
+        """
+        if step < 0:
+            raise ParamError(f"step must not be negative, got {step}")
+        if num_workers < 1 or not 0 <= rank < num_workers:
+            raise ParamError(f"worker rank {rank} is not in [0, {num_workers})")
+        if batchsize < num_workers:
+            raise ParamError(f"batchsize {batchsize} is smaller than the number of workers "
+                             f"({num_workers}): some workers would get no samples")
+        per_epoch = self.steps_per_epoch(batchsize)
+        if per_epoch == 0:
+            raise ParamError(f"batchsize {batchsize} is larger than the training split of "
+                             f"{self.source} ({self.num_train} samples)")
+        epoch, j = divmod(int(step), per_epoch)
+        idx = self.epoch_order(epoch, seed, shuffle)[j * batchsize:(j + 1) * batchsize]
+        shard = np.array_split(idx, num_workers)[rank]
+        return Batch(self.x_train[shard], self.y_train[shard], int(step), epoch, rank,
+                     num_workers, batchsize)
+
+    def test_batches(self, batchsize: int, steps: int = 0) -> Iterator[Batch]:
+        """The test split in stored order, ``batchsize`` at a time (the last may be smaller).
+
+        Args:
+            batchsize: samples per batch.
+            steps: at most this many batches (0: the whole split).
+        """
+        if batchsize < 1:
+            raise ParamError(f"batchsize must be at least 1, got {batchsize}")
+        n = self.num_test
+        count = -(-n // batchsize)
+        if steps > 0:
+            count = min(count, steps)
+        for i in range(count):
+            sl = slice(i * batchsize, min((i + 1) * batchsize, n))
+            yield Batch(self.x_test[sl], self.y_test[sl], i, 0, 0, 1, sl.stop - sl.start)
+
+    def __repr__(self) -> str:
+        return (f"Dataset({self.source!r}, train={self.num_train}, test={self.num_test}, "
+                f"sample_shape={self.sample_shape}, classes={self.num_classes})")
+
+
+# -- loading --------------------------------------------------------------------------------
+
+_cache: OrderedDict[tuple[Any, ...], Dataset] = OrderedDict()
+_cache_lock = threading.Lock()
+_CACHE_SIZE = 4
+
+
+def load_dataset(source: str, *, test_fraction: float = 0.2, split_seed: int = 0,
+                 normalize: bool = True, x_key: str = "x", y_key: str = "y",
+                 x_test_key: str = "x_test", y_test_key: str = "y_test",
+                 dtype: Any = np.float32, base_dir: str | os.PathLike[str] | None = None
+                 ) -> Dataset:
+    """Load a dataset and split it; the same arguments give the same (shared) Dataset.
+
+    Args:
+        source: ``"digits"`` or the path of an ``.npz`` file (relative to ``base_dir`` when
+            given, else to the working directory).
+        test_fraction: the share of samples put in the test split, in ``[0, 1)``; not used
+            when the file holds its own test arrays.
+        split_seed: the seed of the split.
+        normalize: digits only: scale the pixel values 0..16 into [0, 1]. A file's features
+            are read as stored.
+        x_key, y_key: the names of the feature and label arrays in the file.
+        x_test_key, y_test_key: the names of an optional test split in the file.
+        dtype: the dtype of float features (integer features stay int64, for kEmbedding).
+        base_dir: the folder relative paths start from (e.g. the job file's).
+
+    Raises:
+        ParamError: naming the file and what is wrong with it.
+    """
+    if not 0.0 <= test_fraction < 1.0:
+        raise ParamError(f"test_fraction must be in [0, 1), got {test_fraction}")
+    dt = np.dtype(dtype)
+    options = (float(test_fraction), int(split_seed), bool(normalize), x_key, y_key,
+               x_test_key, y_test_key, dt.str)
+    if source == DIGITS:
+        ident: tuple[Any, ...] = (DIGITS,)
+        path = None
+    else:
+        path = Path(source)
+        if base_dir is not None and not path.is_absolute():
+            path = Path(base_dir) / path
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            raise ParamError(f"data file '{path}' does not exist") from None
+        except OSError as e:
+            raise ParamError(f"data file '{path}' cannot be read: {e.strerror or e}") from None
+        if path.is_dir():
+            raise ParamError(f"data file '{path}' is a folder, not an .npz file")
+        ident = (str(path.resolve()), st.st_mtime_ns, st.st_size)
+    key = (*ident, *options)
+    with _cache_lock:
+        cached = _cache.get(key)
+        if cached is not None:
+            _cache.move_to_end(key)
+            return cached
+    if path is None:
+        x, y = _load_digits(normalize)
+        x_test = y_test = None
+        name = DIGITS
+    else:
+        x, y, x_test, y_test = _load_npz(path, x_key, y_key, x_test_key, y_test_key)
+        name = str(path)
+    x = x if np.issubdtype(x.dtype, np.integer) else x.astype(dt)
+    if x_test is not None and y_test is not None:
+        x_test = x_test if np.issubdtype(x.dtype, np.integer) else x_test.astype(dt)
+        dataset = Dataset(name, x, y, x_test, y_test)
+    else:
+        train, test = split_indices(len(y), test_fraction, split_seed)
+        if train.size == 0:
+            raise ParamError(f"{name}: test_fraction {test_fraction:g} leaves no training "
+                             f"samples of {len(y)}")
+        dataset = Dataset(name, x[train], y[train], x[test], y[test])
+    with _cache_lock:
+        _cache[key] = dataset
+        while len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
+    return dataset
+
+
+def split_indices(n: int, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Indices of the training and the test split, each sorted; chosen at random by ``seed``.
+
+    The test split has ``round(n * test_fraction)`` samples (at least one when the fraction
+    is above 0 and there are at least two samples).
+    """
+    n_test = round(n * test_fraction)
+    if test_fraction > 0 and n_test == 0 and n > 1:
+        n_test = 1
+    perm = derive_rng(seed, "data", "split").permutation(n)
+    return np.sort(perm[n_test:]), np.sort(perm[:n_test])
+
+
+def _load_digits(normalize: bool) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise ParamError("the data source 'digits' needs scikit-learn "
+                         "(pip install scikit-learn)") from None
+    x, y = load_digits(return_X_y=True)
+    x = np.asarray(x, np.float64)
+    if normalize:
+        x = x / 16.0
+    return x, np.asarray(y, np.int64)
+
+
+def _load_npz(path: Path, x_key: str, y_key: str, x_test_key: str, y_test_key: str
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    where = f"data file '{path}'"
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise ParamError(f"{where} cannot be read as an .npz file: {e}") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise ParamError(f"{where} holds a single array (.npy); expected an .npz archive "
+                         f"with arrays '{x_key}' and '{y_key}' (numpy.savez)")
+    with archive:
+        names = list(archive.files)
+
+        def get(key: str) -> np.ndarray:
+            try:
+                return np.asarray(archive[key])
+            except ValueError as e:
+                if "allow_pickle" in str(e):
+                    raise ParamError(f"{where}: array '{key}' holds Python objects, which "
+                                     "are not read (allow_pickle=False)") from None
+                raise ParamError(f"{where}: array '{key}' cannot be read: {e}") from None
+            except (OSError, EOFError, zipfile.BadZipFile) as e:
+                raise ParamError(f"{where}: array '{key}' cannot be read: {e}") from None
+
+        missing = [k for k in (x_key, y_key) if k not in names]
+        if missing:
+            raise ParamError(f"{where} has no array {' or '.join(repr(k) for k in missing)}; "
+                             f"it holds: {', '.join(repr(k) for k in names) or 'nothing'}")
+        x, y = _check_xy(where, get(x_key), get(y_key), x_key, y_key)
+        has = [k in names for k in (x_test_key, y_test_key)]
+        if any(has) and not all(has):
+            given, absent = (x_test_key, y_test_key) if has[0] else (y_test_key, x_test_key)
+            raise ParamError(f"{where} has '{given}' but no '{absent}'")
+        if not all(has):
+            return x, y, None, None
+        x_test, y_test = _check_xy(where, get(x_test_key), get(y_test_key), x_test_key,
+                                   y_test_key)
+        if x_test.shape[1:] != x.shape[1:]:
+            raise ParamError(f"{where}: samples of '{x_test_key}' have shape "
+                             f"{x_test.shape[1:]} but those of '{x_key}' {x.shape[1:]}")
+        if np.issubdtype(x.dtype, np.integer) != np.issubdtype(x_test.dtype, np.integer):
+            raise ParamError(f"{where}: '{x_key}' and '{x_test_key}' must both be integers "
+                             "or both be numbers with a fraction")
+        return x, y, x_test, y_test
+
+
+def _check_xy(where: str, x: np.ndarray, y: np.ndarray, x_key: str, y_key: str
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """Features and labels, checked: samples along axis 0, labels non-negative integers."""
+    if x.dtype == np.bool_:
+        x = x.astype(np.float64)
+    if not (np.issubdtype(x.dtype, np.integer) or np.issubdtype(x.dtype, np.floating)):
+        raise ParamError(f"{where}: '{x_key}' must hold numbers, not {x.dtype}")
+    if x.ndim < 1 or x.shape[0] == 0:
+        raise ParamError(f"{where}: '{x_key}' has no samples (shape {x.shape})")
+    if np.issubdtype(x.dtype, np.floating) and not np.isfinite(x).all():
+        raise ParamError(f"{where}: '{x_key}' holds NaN or infinite values")
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if y.ndim != 1:
+        raise ParamError(f"{where}: '{y_key}' must be 1-D (one class label per sample), "
+                         f"not of shape {y.shape}")
+    if y.shape[0] != x.shape[0]:
+        raise ParamError(f"{where}: '{x_key}' has {x.shape[0]} samples but '{y_key}' "
+                         f"{y.shape[0]} labels")
+    if np.issubdtype(y.dtype, np.floating):
+        if not (np.isfinite(y).all() and (y == np.round(y)).all()):
+            raise ParamError(f"{where}: '{y_key}' must hold whole class labels 0, 1, 2, ...")
+    elif not np.issubdtype(y.dtype, np.integer):
+        raise ParamError(f"{where}: '{y_key}' must hold integer class labels, not {y.dtype}")
+    if y.size and y.min() < 0:
+        raise ParamError(f"{where}: '{y_key}' holds a negative label ({y.min():g}); labels "
+                         "are 0, 1, 2, ...")
+    x = x.astype(np.int64) if np.issubdtype(x.dtype, np.integer) else x
+    return x, y.astype(np.int64)
+
+
+def clear_cache() -> None:
+    """Forget the datasets loaded so far (they are kept for workers that load the same)."""
+    with _cache_lock:
+        _cache.clear()
+
+
+__all__ = ["DIGITS", "Batch", "Dataset", "clear_cache", "derive_rng", "load_dataset",
+           "split_indices"]
