@@ -10,6 +10,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from . import __version__
@@ -29,6 +30,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ParamError as e:
         print(f"paramserver {args.command}: error:\n{e}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except RuntimeError as e:
+        from .cluster import ClusterError
+
+        if not isinstance(e, ClusterError):
+            raise
+        print(f"paramserver {args.command}: the run failed:\n{e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("paramserver: interrupted", file=sys.stderr)
         return 130
@@ -129,7 +137,7 @@ def _train(args: argparse.Namespace) -> int:
             job.cluster.update(cluster, allow_unknown=False)
     except ParamError as e:
         raise ParamError(f"command-line option: {e}") from None
-    trainer = Trainer(job, progress=not args.quiet)
+    trainer = Trainer(job, progress=not args.quiet, base_dir=Path(args.job).parent)
     trainer.train(resume=args.resume)
     return 0
 

@@ -105,8 +105,8 @@ def job_report(job: JobConf) -> str:
     loads = server_loads(pset, c)
     total = max(pset.values.size, 1)
     out.append(table(["server", "slices", "values", "share"], [
-        [s, _ranges(ids), f"{n:,}", f"{100 * n / total:.1f}%"] for s, (ids, n) in
-        enumerate(loads)]))
+        [x.server, _ranges(x.slice_ids), f"{x.num_values:,}",
+         f"{100 * x.num_values / total:.1f}%"] for x in loads]))
     return "\n".join(out)
 
 

@@ -85,12 +85,18 @@ class LayerConf(ComponentConf):
 
     registry: ClassVar = layers
     name: str = field(doc="Unique name of the layer.")
-    type: str = field(enum=layers, doc="Layer type.")
+    type: str | None = field(None, enum=layers, doc="Layer type (or give user_type).")
     user_type: str | None = field(None, enum=layers, doc="A user-registered layer type.")
     srclayers: list[str] = field(factory=list, doc="Names of the layers this one reads.")
     param: list[ParamConf] = field(factory=list, doc="The layer's Params, in order.")
     exclude: list[str] = field(factory=list, enum=("kTrain", "kTest", "kVal"),
                                doc="Phases in which this layer is left out.")
+
+    def check(self) -> list[str]:
+        if self.type is None and self.user_type is None:
+            return [f"layer '{self.name}' needs a type (or a user_type); known types: "
+                    f"{layers.choices()}"]
+        return []
 
 
 class NetConf(Parameter):
@@ -202,8 +208,8 @@ def conf_from(cls: type[Any], x: Any, block_name: str) -> Any:
         return cls._build(block)
     if isinstance(x, dict):
         return cls.parse(x)
-    raise ParamError(f"expected a {cls.__name__}, a dict or the text of a {block_name} block, "
-                     f"not {type(x).__name__}")
+    raise ParamError(f"expected a configuration ({cls.__name__}), a dict or the text of the "
+                     f"{block_name} block, not {type(x).__name__}")
 
 
 __all__ = ["ClusterConf", "JobConf", "LRGenConf", "LayerConf", "NetConf", "ParamConf",

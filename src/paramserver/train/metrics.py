@@ -1,0 +1,106 @@
+"""What a training run leaves for a person to look at: ``metrics.csv`` and ``metrics.png``.
+
+The CSV holds only what is a function of the job and the step (no timings), so a resumed
+run writes exactly the file a straight run writes.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+COLUMNS = ("step", "phase", "loss", "accuracy", "lr")
+
+
+@dataclass(frozen=True)
+class Row:
+    step: int
+    phase: str      # "train" (the mean over the display window) or "test"
+    loss: float
+    accuracy: float
+    lr: float
+
+    def cells(self) -> list[str]:
+        return [str(self.step), self.phase, repr(float(self.loss)), repr(float(self.accuracy)),
+                repr(float(self.lr))]
+
+
+class MetricsLog:
+    """The rows of ``metrics.csv``; :meth:`resume_at` forgets rows of steps not yet redone."""
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = Path(path)
+        self.rows: list[Row] = []
+
+    def load(self) -> None:
+        self.rows = []
+        if not self.path.exists():
+            return
+        with self.path.open(newline="") as f:
+            for rec in csv.DictReader(f):
+                self.rows.append(Row(int(rec["step"]), rec["phase"], float(rec["loss"]),
+                                     float(rec["accuracy"]), float(rec["lr"])))
+
+    def resume_at(self, step: int) -> None:
+        """Keep the rows of a run that stopped at ``step`` (train rows up to it, tests
+        before it)."""
+        self.load()
+        self.rows = [r for r in self.rows if r.step < step or (r.phase == "train"
+                                                               and r.step == step)]
+        self.write()
+
+    def add(self, row: Row) -> None:
+        self.rows.append(row)
+
+    def write(self) -> None:
+        """Write the whole file atomically (it is small)."""
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(COLUMNS)
+        for r in self.rows:
+            w.writerow(r.cells())
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        tmp.write_text(buf.getvalue())
+        os.replace(tmp, self.path)
+
+    def plot(self, path: str | os.PathLike[str], title: str) -> Path | None:
+        """A PNG of loss and accuracy against the step, train and test; None without
+        matplotlib (the ``examples`` extra)."""
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg", force=True)
+            import matplotlib.pyplot as plt
+        except ImportError:
+            warnings.warn("matplotlib is not installed (pip install 'paramserver[examples]'): "
+                          "no plot written", RuntimeWarning, stacklevel=2)
+            return None
+        fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
+        for phase, style in (("train", "-"), ("test", "o-")):
+            rows = [r for r in self.rows if r.phase == phase]
+            if not rows:
+                continue
+            steps = [r.step for r in rows]
+            ax_loss.plot(steps, [r.loss for r in rows], style, label=phase, markersize=3)
+            ax_acc.plot(steps, [r.accuracy for r in rows], style, label=phase, markersize=3)
+        ax_loss.set(xlabel="step", ylabel="loss", title="loss")
+        ax_acc.set(xlabel="step", ylabel="accuracy", title="accuracy", ylim=(0, 1))
+        for ax in (ax_loss, ax_acc):
+            ax.grid(alpha=0.3)
+            ax.legend()
+        fig.suptitle(title)
+        fig.tight_layout()
+        out = Path(path)
+        tmp = out.with_name(f".{out.name}.tmp.png")
+        fig.savefig(tmp, dpi=100)
+        plt.close(fig)
+        os.replace(tmp, out)
+        return out
+
+
+__all__ = ["COLUMNS", "MetricsLog", "Row"]

@@ -1,0 +1,214 @@
+"""The main job: train a job file's net on the embedded cluster (``paramserver train``).
+
+The run is cut into chunks at every test and checkpoint step; between chunks every worker
+has stopped, so tests see one consistent model and a checkpoint is a consistent cut of the
+servers (values, updater state, versions, step). Everything a step computes is a function
+of (seed, step, worker), so a run resumed from a checkpoint continues exactly as if it had
+not stopped.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+from ..checkpoint import (
+    CheckpointError,
+    checkpoint_name,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+)
+from ..cluster import Cluster, Worker
+from ..config.job import JobConf
+from ..params import ParamSet
+from .metrics import MetricsLog, Row
+from .net import Net
+from .progress import Progress
+
+FORMAT = "paramserver-checkpoint/1"
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """How a run ended: the step reached, the last test (if any), and where files are."""
+
+    step: int
+    test_loss: float | None
+    test_accuracy: float | None
+    seconds: float
+    workspace: Path
+
+
+class Trainer:
+    """Builds the net, the Params and the cluster of a job, and trains it.
+
+    Args:
+        job: the job.
+        progress: show a progress bar (or, off a terminal, a line per display step).
+        stream: where progress goes (default stderr).
+        base_dir: folder that relative data paths are read from (the job file's folder).
+    """
+
+    def __init__(self, job: JobConf, *, progress: bool = True, stream: TextIO | None = None,
+                 base_dir: str | os.PathLike[str] | None = None):
+        self.job = job
+        self.workspace = Path(job.workspace_dir)
+        self.show = progress
+        self.stream = stream
+        c = job.cluster
+        nworkers = c.nworker_groups * c.nworkers_per_group
+        self.nets = [Net(job.neuralnet, seed=job.seed, base_dir=base_dir)
+                     for _ in range(nworkers)]
+        self.params = ParamSet(self.nets[0].param_specs())
+        self.params.init(job.seed)
+        self.cluster = Cluster(job, self.params)
+        for worker, net in zip(self.cluster.workers, self.nets):
+            net.bind(worker.params)
+        self.eval_net = Net(job.neuralnet, seed=job.seed, base_dir=base_dir)
+        self.eval_net.bind(self.params)
+        self.log = MetricsLog(self.workspace / "metrics.csv")
+        steps = job.train_steps
+        self.disp_freq = job.disp_freq or max(1, steps // 30)
+
+    # -- one step on one worker -------------------------------------------------------------
+
+    def _grad_fn(self, worker: Worker, step: int) -> Mapping[str, Any]:
+        c = self.job.cluster
+        net = self.nets[worker.rank]
+        # Groups read different data: group g takes batch step * G + g of the data order.
+        batch = net.batch(step * c.nworker_groups + worker.group, rank=worker.index,
+                          num_workers=c.nworkers_per_group)
+        return net.train_step(batch, net.step_rng(step, worker.rank))
+
+    # -- the run ----------------------------------------------------------------------------
+
+    def train(self, resume: bool = False) -> TrainResult:
+        """Train to ``job.train_steps``; with ``resume`` from the newest checkpoint."""
+        job = self.job
+        t0 = time.perf_counter()
+        start = self._resume() if resume else self._fresh()
+        progress = Progress(job.train_steps, start, self.stream, self.show)
+        if start >= job.train_steps:
+            progress.message(f"nothing to do: the job is at step {start} of {job.train_steps}")
+        window: list[tuple[float, float]] = []
+        test: dict[str, float] | None = None
+
+        def on_step(step: int, metrics: list[Mapping[str, Any] | None]) -> None:
+            live = [m for m in metrics if m is not None]
+            window.append((float(np.mean([m["loss"] for m in live])),
+                           float(np.mean([m["accuracy"] for m in live]))))
+            done = step + 1
+            if done % self.disp_freq == 0 or done == job.train_steps:
+                loss, acc = (float(v) for v in np.mean(window, axis=0))
+                lr = self.cluster.updater.lr(step)
+                self.log.add(Row(done, "train", loss, acc, lr))
+                progress.update(done, loss, acc, lr, force=True)
+                window.clear()
+            elif progress.tty:
+                progress.update(done, *window[-1], self.cluster.updater.lr(step))
+
+        step = start
+        for stop in self._boundaries(start):
+            self.cluster.run(self._grad_fn, stop - step, start_step=step, on_step=on_step)
+            step = stop
+            if self._due(step, job.test_freq, job.test_after) or step == job.train_steps:
+                test = self.eval_net.evaluate(steps=job.test_steps)
+                self.log.add(Row(step, "test", test["loss"], test["accuracy"],
+                                 self.cluster.updater.lr(step - 1)))
+                progress.message(f"step {step}: test loss {test['loss']:.4f}, "
+                                 f"accuracy {test['accuracy']:.2%}")
+            self.log.write()
+            if self._due(step, job.checkpoint_freq, job.checkpoint_after) or (
+                    job.checkpoint_freq and step == job.train_steps):
+                path = self.save(step)
+                progress.message(f"step {step}: checkpoint {path}")
+        progress.close()
+        self.log.write()
+        plot = self.log.plot(self.workspace / "metrics.png", f"{job.name}")
+        seconds = time.perf_counter() - t0
+        if self.show:
+            where = ", ".join(str(p) for p in (self.log.path, plot) if p is not None)
+            progress.message(f"done: {step} steps in {seconds:.1f} s; {where}")
+        return TrainResult(step, None if test is None else test["loss"],
+                           None if test is None else test["accuracy"], seconds,
+                           self.workspace)
+
+    def _boundaries(self, start: int) -> list[int]:
+        job = self.job
+        stops = {job.train_steps}
+        for freq, after in ((job.test_freq, job.test_after),
+                            (job.checkpoint_freq, job.checkpoint_after)):
+            if freq:
+                stops.update(s for s in range(freq, job.train_steps, freq) if s >= after)
+        return sorted(s for s in stops if s > start)
+
+    @staticmethod
+    def _due(step: int, freq: int, after: int) -> bool:
+        return bool(freq) and step % freq == 0 and step >= after
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    def _layout(self) -> list[list[Any]]:
+        return [[p.name, p.size] for p in self.params.owners]
+
+    def save(self, step: int) -> Path:
+        """Write the checkpoint of ``step`` into ``<workspace>/checkpoints``."""
+        meta = {"format": FORMAT, "job": self.job.name, "step": step,
+                "params": self._layout(), "dtype": self.params.dtype.name}
+        return save_checkpoint(self.workspace / "checkpoints" / checkpoint_name(step),
+                               self.cluster.state_dict(), meta)
+
+    def _fresh(self) -> int:
+        """A new run: forget the metrics and checkpoints of an earlier run of this workspace,
+        so that a later ``--resume`` cannot pick up one of them."""
+        self.log.rows = []
+        stale = list_checkpoints(self.workspace / "checkpoints")
+        for _, path in stale:
+            path.unlink()
+        if stale and self.show:
+            Progress(1, stream=self.stream).message(
+                f"a new run: removed {len(stale)} checkpoint(s) of an earlier run in "
+                f"{self.workspace / 'checkpoints'} (use --resume to continue one)")
+        return 0
+
+    def _resume(self) -> int:
+        folder = self.workspace / "checkpoints"
+        path = latest_checkpoint(folder)
+        if path is None:
+            if self.show:
+                Progress(1, stream=self.stream).message(
+                    f"no checkpoint in {folder}: starting from step 0")
+            self.log.rows = []
+            return 0
+        self.load(path)
+        step = self.cluster.step
+        self.log.resume_at(step)
+        if self.show:
+            Progress(1, stream=self.stream).message(f"resuming from {path} (step {step})")
+        return step
+
+    def load(self, path: str | os.PathLike[str]) -> None:
+        """Restore a checkpoint of this job; refused whole if it does not fit."""
+        arrays, meta = load_checkpoint(path)
+        if meta.get("format") != FORMAT:
+            raise CheckpointError(f"{path}: not a paramserver training checkpoint")
+        if meta.get("params") != self._layout() or meta.get("dtype") != self.params.dtype.name:
+            raise CheckpointError(f"{path}: the checkpoint's Params do not match the job's "
+                                  "(was the net changed?)")
+        try:
+            self.cluster.load_state_dict(arrays)
+        except CheckpointError:
+            raise
+        except Exception as e:
+            raise CheckpointError(f"{path}: {e}") from None
+
+
+__all__ = ["TrainResult", "Trainer"]
