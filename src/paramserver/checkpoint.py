@@ -37,7 +37,7 @@ def save_checkpoint(path: str | os.PathLike[str], arrays: dict[str, np.ndarray],
     """Write ``arrays`` and JSON-able ``meta`` to ``path`` atomically; returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
+    payload = {k: np.asarray(v, order="C") for k, v in arrays.items()}  # keeps 0-d arrays
     if META in payload:
         raise ValueError(f"'{META}' is reserved for the checkpoint's metadata")
     for key, arr in payload.items():

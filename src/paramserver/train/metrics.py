@@ -10,6 +10,7 @@ import csv
 import io
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,12 +46,11 @@ class MetricsLog:
                 self.rows.append(Row(int(rec["step"]), rec["phase"], float(rec["loss"]),
                                      float(rec["accuracy"]), float(rec["lr"])))
 
-    def resume_at(self, step: int) -> None:
-        """Keep the rows of a run that stopped at ``step`` (train rows up to it, tests
-        before it)."""
+    def resume_at(self, step: int, keep: Callable[[Row], bool]) -> None:
+        """Read the file of a run that stopped at ``step``, keeping the rows ``keep`` says
+        a straight run has there, and dropping every row after ``step``."""
         self.load()
-        self.rows = [r for r in self.rows if r.step < step or (r.phase == "train"
-                                                               and r.step == step)]
+        self.rows = [r for r in self.rows if r.step <= step and keep(r)]
         self.write()
 
     def add(self, row: Row) -> None:

@@ -75,6 +75,7 @@ class Trainer:
         self.eval_net = Net(job.neuralnet, seed=job.seed, base_dir=base_dir)
         self.eval_net.bind(self.params)
         self.log = MetricsLog(self.workspace / "metrics.csv")
+        self._window: list[list[float]] = []  # train metrics since the last display row
         steps = job.train_steps
         self.disp_freq = job.disp_freq or max(1, steps // 30)
 
@@ -98,22 +99,24 @@ class Trainer:
         progress = Progress(job.train_steps, start, self.stream, self.show)
         if start >= job.train_steps:
             progress.message(f"nothing to do: the job is at step {start} of {job.train_steps}")
-        window: list[tuple[float, float]] = []
+        window = self._window
         test: dict[str, float] | None = None
 
         def on_step(step: int, metrics: list[Mapping[str, Any] | None]) -> None:
             live = [m for m in metrics if m is not None]
-            window.append((float(np.mean([m["loss"] for m in live])),
-                           float(np.mean([m["accuracy"] for m in live]))))
+            window.append([float(np.mean([m["loss"] for m in live])),
+                           float(np.mean([m["accuracy"] for m in live]))])
             done = step + 1
             if done % self.disp_freq == 0 or done == job.train_steps:
                 loss, acc = (float(v) for v in np.mean(window, axis=0))
                 lr = self.cluster.updater.lr(step)
                 self.log.add(Row(done, "train", loss, acc, lr))
                 progress.update(done, loss, acc, lr, force=True)
-                window.clear()
+                if done % self.disp_freq == 0:
+                    window.clear()  # else kept: a resumed run goes on with the same window
             elif progress.tty:
-                progress.update(done, *window[-1], self.cluster.updater.lr(step))
+                loss, acc = window[-1]
+                progress.update(done, loss, acc, self.cluster.updater.lr(step))
 
         step = start
         for stop in self._boundaries(start):
@@ -162,7 +165,8 @@ class Trainer:
     def save(self, step: int) -> Path:
         """Write the checkpoint of ``step`` into ``<workspace>/checkpoints``."""
         meta = {"format": FORMAT, "job": self.job.name, "step": step,
-                "params": self._layout(), "dtype": self.params.dtype.name}
+                "params": self._layout(), "dtype": self.params.dtype.name,
+                "window": self._window}
         return save_checkpoint(self.workspace / "checkpoints" / checkpoint_name(step),
                                self.cluster.state_dict(), meta)
 
@@ -190,7 +194,12 @@ class Trainer:
             return 0
         self.load(path)
         step = self.cluster.step
-        self.log.resume_at(step)
+        job = self.job
+        # Keep what a straight run has at this step: rows of the steps before, and the
+        # display and test rows due at it (not the extra rows of a run that ended here).
+        self.log.resume_at(step, lambda r: r.step < step or (
+            (r.phase == "train" and step % self.disp_freq == 0)
+            or (r.phase == "test" and self._due(step, job.test_freq, job.test_after))))
         if self.show:
             Progress(1, stream=self.stream).message(f"resuming from {path} (step {step})")
         return step
@@ -203,8 +212,10 @@ class Trainer:
         if meta.get("params") != self._layout() or meta.get("dtype") != self.params.dtype.name:
             raise CheckpointError(f"{path}: the checkpoint's Params do not match the job's "
                                   "(was the net changed?)")
+        window = meta.get("window", [])
         try:
             self.cluster.load_state_dict(arrays)
+            self._window[:] = [[float(a), float(b)] for a, b in window]
         except CheckpointError:
             raise
         except Exception as e:

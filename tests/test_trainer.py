@@ -1,0 +1,147 @@
+"""The main job: training, exact resumption, checkpoints that survive a crash."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from paramserver.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+from paramserver.config.job import parse_job
+from paramserver.train.trainer import Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+JOB = """
+name: "tiny"
+train_steps: {steps}
+disp_freq: 7
+test_freq: 10
+test_steps: 2
+checkpoint_freq: {ckpt}
+workspace: "{ws}"
+seed: 5
+updater {{
+  type: kSGD momentum: 0.9 weight_decay: 0.001
+  learning_rate {{ type: kStep base_lr: 0.05 step_conf {{ change_freq: 15 gamma: 0.5 }} }}
+}}
+neuralnet {{
+  layer {{ name: "data" type: kData data_conf {{ source: "digits" batchsize: 16 }} }}
+  layer {{ name: "fc1" type: kInnerProduct srclayers: "data"
+          innerproduct_conf {{ num_output: 16 }} }}
+  layer {{ name: "drop" type: kDropout srclayers: "fc1" dropout_conf {{ dropout_ratio: 0.2 }} }}
+  layer {{ name: "act" type: kTanh srclayers: "drop" }}
+  layer {{ name: "fc2" type: kInnerProduct srclayers: "act"
+          innerproduct_conf {{ num_output: 10 }} }}
+  layer {{ name: "loss" type: kSoftmaxLoss srclayers: "fc2" srclayers: "data" }}
+}}
+cluster {{ nworkers_per_group: 2 nservers_per_group: 2 timeout: 30 }}
+"""
+
+
+def job(ws: Path, steps: int, ckpt: int = 20):  # type: ignore[no-untyped-def]
+    return parse_job(JOB.format(steps=steps, ckpt=ckpt, ws=ws))
+
+
+def test_resume_is_exact(tmp_path: Path) -> None:
+    straight = Trainer(job(tmp_path / "a", 40), progress=False)
+    straight.train()
+
+    first = Trainer(job(tmp_path / "b", 20), progress=False)
+    first.train()
+    second = Trainer(job(tmp_path / "b", 40), progress=False)
+    second.train(resume=True)
+
+    assert np.array_equal(straight.params.values, second.params.values)
+    a = (tmp_path / "a" / "metrics.csv").read_bytes()
+    b = (tmp_path / "b" / "metrics.csv").read_bytes()
+    assert a == b
+    arrays_a, _ = load_checkpoint(tmp_path / "a" / "checkpoints" / "step-00000040.ckpt.npz")
+    arrays_b, _ = load_checkpoint(tmp_path / "b" / "checkpoints" / "step-00000040.ckpt.npz")
+    assert arrays_a.keys() == arrays_b.keys()
+    for key in arrays_a:
+        assert np.array_equal(arrays_a[key], arrays_b[key]), key
+
+
+def test_workspace_files(tmp_path: Path) -> None:
+    result = Trainer(job(tmp_path, 20, ckpt=10), progress=False).train()
+    assert result.step == 20 and result.test_accuracy is not None
+    lines = (tmp_path / "metrics.csv").read_text().splitlines()
+    assert lines[0] == "step,phase,loss,accuracy,lr"
+    assert [line.split(",")[:2] for line in lines[1:]] == [
+        ["7", "train"], ["10", "test"], ["14", "train"], ["20", "train"], ["20", "test"]]
+    assert (tmp_path / "metrics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [s for s, _ in list_checkpoints(tmp_path / "checkpoints")] == [10, 20]
+    # A new run (not --resume) forgets the old checkpoints.
+    Trainer(job(tmp_path, 5, ckpt=0), progress=False).train()
+    assert list_checkpoints(tmp_path / "checkpoints") == []
+
+
+CRASH = """
+import os, sys
+import numpy as np
+from paramserver.config.job import parse_job
+from paramserver.train.trainer import Trainer
+
+real = np.savez
+calls = []
+
+def dying(f, **arrays):
+    calls.append(1)
+    if len(calls) == 2:          # the second checkpoint: die half-way through the write
+        f.write(b"PK\\x03\\x04" + b"x" * 1000)
+        f.flush()
+        os._exit(17)
+    return real(f, **arrays)
+
+np.savez = dying
+Trainer(parse_job(sys.stdin.read()), progress=False).train()
+"""
+
+
+def test_crash_during_checkpoint_write_keeps_previous(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    text = JOB.format(steps=20, ckpt=10, ws=ws)
+    proc = subprocess.run([sys.executable, "-c", CRASH], input=text, text=True,
+                          capture_output=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert proc.returncode == 17, proc.stderr
+    # The interrupted write left a temporary file, never a checkpoint under its final name.
+    assert [s for s, _ in list_checkpoints(ws / "checkpoints")] == [10]
+    assert latest_checkpoint(ws / "checkpoints") == ws / "checkpoints" / "step-00000010.ckpt.npz"
+    resumed = Trainer(parse_job(text), progress=False)
+    resumed.train(resume=True)
+    straight = Trainer(job(tmp_path / "straight", 20, ckpt=10), progress=False)
+    straight.train()
+    assert np.array_equal(resumed.params.values, straight.params.values)
+
+
+def test_resume_refuses_a_checkpoint_of_another_net(tmp_path: Path) -> None:
+    Trainer(job(tmp_path, 10, ckpt=10), progress=False).train()
+    other = parse_job(JOB.format(steps=20, ckpt=10, ws=tmp_path).replace(
+        "num_output: 16", "num_output: 8"))
+    with pytest.raises(Exception, match="do not match"):
+        Trainer(other, progress=False).train(resume=True)
+
+
+def test_digits_mlp_example_reaches_95_percent(tmp_path: Path) -> None:
+    text = (ROOT / "examples" / "digits_mlp.conf").read_text()
+    conf = parse_job(text, "digits_mlp.conf")
+    conf.update({"workspace": str(tmp_path)})
+    result = Trainer(conf, progress=False).train()
+    assert result.test_accuracy is not None and result.test_accuracy >= 0.95
+
+
+@pytest.mark.parametrize("name", ["digits_async.conf", "digits_shared.conf"])
+def test_other_examples_train(tmp_path: Path, name: str) -> None:
+    conf = parse_job((ROOT / "examples" / name).read_text(), name)
+    conf.update({"workspace": str(tmp_path), "train_steps": 300, "test_freq": 300,
+                 "checkpoint_freq": 0})
+    result = Trainer(conf, progress=False).train()
+    assert result.test_accuracy is not None and result.test_accuracy > 0.8
+    assert textwrap.dedent("step,phase") in (tmp_path / "metrics.csv").read_text()
