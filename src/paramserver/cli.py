@@ -23,7 +23,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
-        for module in args.imports:
+        for module in [*args.imports, *args.sub_imports]:
             _import_user_module(module)
         status: int = args.run(args)
         return status
@@ -53,13 +53,18 @@ def _import_user_module(name: str) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--import", dest="imports", action="append", default=[],
-                        metavar="MODULE",
-                        help="import a module that registers your own components "
-                             "(repeatable)")
+    def with_import(default: Any, dest: str) -> argparse.ArgumentParser:
+        p = argparse.ArgumentParser(add_help=False)
+        p.add_argument("--import", dest=dest, action="append", default=default,
+                       metavar="MODULE",
+                       help="import a module that registers your own components (repeatable)")
+        return p
+
+    # Before or after the command: the two lists are joined (a subparser's default would
+    # otherwise replace what was given before the command).
+    top, common = with_import([], "imports"), with_import([], "sub_imports")
     parser = argparse.ArgumentParser(
-        prog="paramserver", parents=[common],
+        prog="paramserver", parents=[top],
         description="Parameters of machine-learning training, after Apache SINGA.")
     parser.add_argument("--version", action="version", version=f"paramserver {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

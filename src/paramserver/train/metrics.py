@@ -92,7 +92,8 @@ class MetricsLog:
         ax_acc.set(xlabel="step", ylabel="accuracy", title="accuracy", ylim=(0, 1))
         for ax in (ax_loss, ax_acc):
             ax.grid(alpha=0.3)
-            ax.legend()
+            if ax.lines:
+                ax.legend()
         fig.suptitle(title)
         fig.tight_layout()
         out = Path(path)
