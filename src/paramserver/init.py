@@ -98,13 +98,29 @@ def create_param_generator(x: ParamGenConf | dict[str, Any] | str) -> ParamGener
     return generator
 
 
-def _fans(param: Param) -> tuple[int, int]:
-    """``(fan_in, fan_out)`` of an N-D Param (N >= 2), receptive field included."""
-    if len(param.shape) < 2:
-        raise ParamError(f"Param '{param.name}' has shape {param.shape}: this method needs "
-                         "a Param of 2 or more dimensions")
+def _fans(param: Param, method: str, *, exactly_2d: bool = False) -> tuple[int, int]:
+    """``(fan_in, fan_out)``: ``(shape[1], shape[0])``, times the receptive field of N-D Params.
+
+    SINGA's fan methods (``exactly_2d``) take 2-D Params only; the others any N >= 2.
+    """
+    ndim = len(param.shape)
+    if (ndim != 2) if exactly_2d else (ndim < 2):
+        need = "a 2-D Param" if exactly_2d else "a Param of 2 or more dimensions"
+        raise ParamError(f"Param '{param.name}' has shape {param.shape}: {method} needs {need} "
+                         "(fan_in = shape[1], fan_out = shape[0])")
     receptive = int(np.prod(param.shape[2:], dtype=np.int64))
     return param.shape[1] * receptive, param.shape[0] * receptive
+
+
+def _fill_times(data: np.ndarray, scale: float, fill: Callable[[float], None]) -> None:
+    """``fill(|scale|)``, negated when ``scale < 0``: exactly the fill for 1, × ``scale``.
+
+    The random fills take a non-negative spread; negating afterwards keeps "then × value"
+    true element by element for negative values too (not only in distribution).
+    """
+    fill(abs(scale))
+    if scale < 0:
+        np.negative(data, out=data)
 
 
 @register_param_generator("kConstant", aliases=("kConst",))
@@ -116,21 +132,32 @@ class Constant(ParamGenerator):
 
 
 class _Scaled(ParamGenerator):
-    """A Gaussian or uniform fill multiplied by ``value × factor(param)``."""
+    """A Gaussian or uniform fill multiplied by ``value × factor(fan_in, fan_out)``.
+
+    ``fans``: the factor depends on the fans, and the Param must be 2-D (SPEC §4).
+    """
 
     gaussian: ClassVar[bool]
+    fans: ClassVar[bool] = False
 
-    def factor(self, param: Param) -> float:
+    def factor(self, fan_in: int, fan_out: int) -> float:
         return 1.0
 
     def fill(self, param: Param, rng: Stream) -> None:
         c = self.conf
-        scale = c.value * self.factor(param)
+        factor = 1.0
+        if self.fans:
+            fan_in, fan_out = _fans(param, self.conf.component, exactly_2d=True)
+            if param.size == 0:
+                return  # no elements, and a zero fan would divide by zero
+            factor = self.factor(fan_in, fan_out)
+        data = param.data
         if self.gaussian:
-            rng.normal(param.data, c.mean * scale, c.std * abs(scale))
+            _fill_times(data, c.value * factor,
+                        lambda s: rng.normal(data, c.mean * s, c.std * s))
         else:
-            lo, hi = sorted((c.low * scale, c.high * scale))
-            rng.uniform(param.data, lo, hi)
+            _fill_times(data, c.value * factor,
+                        lambda s: rng.uniform(data, c.low * s, c.high * s))
 
 
 @register_param_generator("kGaussian", aliases=("normal",))
@@ -152,9 +179,10 @@ class GaussianSqrtFanIn(_Scaled):
     """kGaussian, then × 1/sqrt(fan_in); fan_in = shape[1] of a 2-D Param."""
 
     gaussian = True
+    fans = True
 
-    def factor(self, param: Param) -> float:
-        return 1.0 / math.sqrt(param.fan_in)
+    def factor(self, fan_in: int, fan_out: int) -> float:
+        return 1.0 / math.sqrt(fan_in)
 
 
 @register_param_generator("kUniformSqrtFanIn")
@@ -162,9 +190,10 @@ class UniformSqrtFanIn(_Scaled):
     """kUniform, then × sqrt(3/fan_in); fan_in = shape[1] of a 2-D Param."""
 
     gaussian = False
+    fans = True
 
-    def factor(self, param: Param) -> float:
-        return math.sqrt(3.0 / param.fan_in)
+    def factor(self, fan_in: int, fan_out: int) -> float:
+        return math.sqrt(3.0 / fan_in)
 
 
 @register_param_generator("kUniformSqrtFanInOut", aliases=("kUniformFanInOut",))
@@ -172,9 +201,10 @@ class UniformSqrtFanInOut(_Scaled):
     """kUniform, then × sqrt(6/(fan_in + fan_out)) (Glorot's factor; SPEC §4 Decision)."""
 
     gaussian = False
+    fans = True
 
-    def factor(self, param: Param) -> float:
-        return math.sqrt(6.0 / (param.fan_in + param.fan_out))
+    def factor(self, fan_in: int, fan_out: int) -> float:
+        return math.sqrt(6.0 / (fan_in + fan_out))
 
 
 class _FanBased(ParamGenerator):
@@ -186,12 +216,15 @@ class _FanBased(ParamGenerator):
         raise NotImplementedError
 
     def fill(self, param: Param, rng: Stream) -> None:
-        fan_in, fan_out = _fans(param)
-        s = abs(self.conf.value) * self.spread(fan_in, fan_out)
+        fan_in, fan_out = _fans(param, self.conf.component)
+        if param.size == 0:
+            return
+        data = param.data
+        s = self.conf.value * self.spread(fan_in, fan_out)
         if self.gaussian:
-            rng.normal(param.data, 0.0, s)
+            _fill_times(data, s, lambda a: rng.normal(data, 0.0, a))
         else:
-            rng.uniform(param.data, -s, s)
+            _fill_times(data, s, lambda a: rng.uniform(data, -a, a))
 
 
 @register_param_generator("glorot_uniform", aliases=("xavier_uniform",))
@@ -239,7 +272,9 @@ class Orthogonal(ParamGenerator):
     """A (semi-)orthogonal matrix × ``value`` (Saxe et al. 2014); trailing dims flattened."""
 
     def fill(self, param: Param, rng: Stream) -> None:
-        _fans(param)
+        _fans(param, self.conf.component)
+        if param.size == 0:
+            return
         rows = param.shape[0]
         cols = param.size // rows
         a = rng.numpy().standard_normal((max(rows, cols), min(rows, cols)))
@@ -256,7 +291,8 @@ class TruncatedNormal(ParamGenerator):
 
     def fill(self, param: Param, rng: Stream) -> None:
         c = self.conf
-        rng.truncated_normal(param.data, c.mean * c.value, c.std * abs(c.value))
+        data = param.data
+        _fill_times(data, c.value, lambda s: rng.truncated_normal(data, c.mean * s, c.std * s))
 
 
 __all__ = ["ParamGenerator", "Stream", "create_param_generator", "register_param_generator",

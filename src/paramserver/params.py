@@ -9,6 +9,7 @@ arrays.
 
 from __future__ import annotations
 
+import copy
 import difflib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -52,9 +53,25 @@ class Param:
         self.dtype = _dtype(dtype)
         self.conf = conf if conf is not None else ParamConf(name=name)
         self.owner = owner
-        self.data = np.zeros(self.shape, self.dtype) if data is None else data
-        self.grad = np.zeros(self.shape, self.dtype) if grad is None else grad
+        self.data = np.zeros(self.shape, self.dtype) if data is None else self._fit(data, "data")
+        self.grad = np.zeros(self.shape, self.dtype) if grad is None else self._fit(grad, "grad")
         self._version = 0
+
+    def _fit(self, a: np.ndarray, role: str) -> np.ndarray:
+        """Memory given for ``role``: fills and updates work on it in place, as one block."""
+        if not isinstance(a, np.ndarray):
+            raise ParamError(f"Param '{self.name}': {role} must be a numpy array, "
+                             f"not {type(a).__name__}")
+        if a.shape != self.shape:
+            raise ParamError(f"Param '{self.name}': {role} has shape {a.shape}, "
+                             f"expected {self.shape}")
+        if a.dtype != self.dtype:
+            raise ParamError(f"Param '{self.name}': {role} has dtype {a.dtype}, "
+                             f"expected {self.dtype}")
+        if not a.flags.c_contiguous:
+            raise ParamError(f"Param '{self.name}': {role} must be C-contiguous (it is "
+                             "filled and updated in place as one block)")
+        return a
 
     @property
     def size(self) -> int:
@@ -219,6 +236,43 @@ class ParamSet:
     def zero_grads(self) -> None:
         self.grads.fill(0)
 
+    def replica(self, values: np.ndarray | None = None) -> ParamSet:
+        """A worker's copy: the same Params, layout and configurations, viewing ``values``
+        (by default this set's own, the same memory) and with its own zeroed gradients.
+
+        Versions start at this set's. Nothing of this set changes.
+        """
+        values = self.values if values is None else values
+        if (not isinstance(values, np.ndarray) or values.shape != self.values.shape
+                or values.dtype != self.dtype or not values.flags.c_contiguous):
+            what = (f"{values.dtype} array of shape {values.shape}"
+                    if isinstance(values, np.ndarray) else type(values).__name__)
+            raise ParamError(f"replica values must be a C-contiguous {self.dtype} array of "
+                             f"shape {self.values.shape}, not {what}")
+        rep = copy.copy(self)  # every attribute as it is; then what the replica has its own
+        rep.values = values
+        rep.grads = np.zeros_like(self.grads)
+        by_name: dict[str, Param] = {}
+        for i, p in enumerate(self.owners):
+            lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
+            q = by_name[p.name] = Param(p.name, p.shape, self.dtype, p.conf,
+                                        data=values[lo:hi].reshape(p.shape),
+                                        grad=rep.grads[lo:hi].reshape(p.shape))
+            q.version = p.version
+        pos = int(self.offsets[-1])
+        for p in self.params:  # sharers' gradients follow in declaration order, as made
+            if p.owner is not None:
+                owner = by_name[p.owner.name]
+                by_name[p.name] = Param(p.name, p.shape, self.dtype, p.conf,
+                                        data=owner.data.reshape(p.shape),
+                                        grad=rep.grads[pos:pos + p.size].reshape(p.shape),
+                                        owner=owner)
+                pos += p.size
+        rep.params = [by_name[p.name] for p in self.params]
+        rep.owners = [by_name[p.name] for p in self.owners]
+        rep._by_name = by_name
+        return rep
+
     # -- initialisation ---------------------------------------------------------------------
 
     def init(self, seed: int = 0) -> None:
@@ -229,6 +283,9 @@ class ParamSet:
         """
         from .init import create_param_generator, stream
 
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not (
+                0 <= seed < 1 << 64):
+            raise ParamError(f"seed must be an int in [0, 2**64), not {seed!r}")
         generators: dict[int, Any] = {}
         for p in self.owners:
             key = id(p.conf.init)
@@ -274,6 +331,7 @@ def _resolve_sharing(specs: list[ParamSpec]) -> dict[str, str]:
         else:
             place[s.name] = s.place
     spec_of = {s.name: s for s in specs}
+    order = {name: i for i, name in reversed(list(enumerate(s.name for s in specs)))}
     owner_of: dict[str, str] = {}
     for s in specs:
         chain, cur = [s.name], s
@@ -284,8 +342,10 @@ def _resolve_sharing(specs: list[ParamSpec]) -> dict[str, str]:
                                 f"'{target}'{_did_you_mean(target, spec_of)}")
                 break
             if target in chain:
-                problems.append("share_from cycle: " + " -> ".join([*chain[chain.index(target):],
-                                                                     target]))
+                cycle = chain[chain.index(target):]
+                first = min(range(len(cycle)), key=lambda i: order[cycle[i]])
+                cycle = cycle[first:] + cycle[:first]  # one spelling per cycle, reported once
+                problems.append("share_from cycle: " + " -> ".join([*cycle, cycle[0]]))
                 break
             chain.append(target)
             cur = spec_of[target]

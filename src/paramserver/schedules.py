@@ -98,7 +98,8 @@ class Exponential(LRMethod):
     Config = ExponentialConf
 
     def __call__(self, step: int) -> float:
-        return float(self.base_lr / 2.0 ** (step / self.own.change_freq))
+        # 2 ** -x underflows to 0 on long runs, where base_lr / 2 ** x would overflow
+        return float(self.base_lr * 2.0 ** (-step / self.own.change_freq))
 
 
 class InverseTConf(Parameter):

@@ -92,12 +92,15 @@ class ComponentConf(Parameter):
     """
 
     registry: ClassVar[ComponentRegistry]
-    type: str
+    type: str | None  # a subclass may leave it out when user_type is given (a layer)
     user_type: str | None
 
     @property
     def component(self) -> str:
-        return self.registry.lookup(self.user_type or self.type)
+        name = self.user_type or self.type
+        if name is None:
+            raise ParamError(f"no {self.registry.kind} given: set type or user_type")
+        return self.registry.lookup(name)
 
     @property
     def own(self) -> Any:
@@ -152,20 +155,24 @@ class ComponentConf(Parameter):
                     f"'{component}'" + (f" (expected [{conf_key}])" if conf_key else ""),
                     ext.where))
         own_entries = [e for e in extensions if e.key == conf_key]
+        if conf_key is not None and loose and (own_entries or conf_key in obj.__dict__):
+            # The own configuration given as a block, and some of its keys loose as well.
+            own_keys = cls.registry.get(component).Config.__keys__
+            mixed = sorted(k for k in loose if k in own_keys)
+            if mixed:
+                problems.append(Problem(f"give {conf_key} either as a block or as keys, "
+                                        f"not both: {mixed}", block.where))
+                loose = {k: v for k, v in loose.items() if k not in own_keys}
         if conf_key is not None and conf_key not in obj.__dict__:
             # Loose keys (Python keyword arguments) go to the component's own configuration.
             config = cls.registry.get(component).Config
             here = block.where if not isinstance(block.where, (str, type(None))) else ".".join(
                 x for x in (block.where, conf_key) if x)
             own_block = own_entries[0].value if own_entries else Block([], here)
-            if loose:
-                if own_entries:
-                    problems.append(Problem(f"give {conf_key} either as a block or as keys, "
-                                            f"not both: {sorted(loose)}", block.where))
-                else:
-                    own_block = Block([Entry(k, _wrap(v, block.where), block.where)
-                                       for k, v in loose.items()], block.where)
-                    loose = {}
+            if loose and not own_entries:
+                own_block = Block([Entry(k, _wrap(v, block.where), block.where)
+                                   for k, v in loose.items()], block.where)
+                loose = {}
             if not isinstance(own_block, Block):
                 problems.append(Problem(f"[{conf_key}] must be a block {{ ... }}", block.where))
             else:

@@ -158,7 +158,8 @@ class JobConf(Parameter):
     checkpoint_after: int = field(0, lower=0, doc="First step at which checkpoints are written.")
     checkpoint_path: list[str] = field(factory=list, doc="Checkpoints to start from.")
     workspace: str | None = field(None, doc="Folder for checkpoints, metrics and plots.")
-    seed: int = field(0, doc="Seed of every random choice of the job (init, data order).")
+    seed: int = field(0, lower=0, doc="Seed of every random choice of the job (init, data "
+                                      "order).")
     debug: bool = field(False, doc="Extra checks while training.")
     train_one_batch: TrainOneBatchConf = field(factory=TrainOneBatchConf,
                                                doc="Algorithm of one step.")
