@@ -1,0 +1,28 @@
+"""PyTorch models on paramserver: a module's parameters as Params, SINGA's updaters as a
+``torch.optim.Optimizer``, and training with several workers on paramserver's cluster.
+
+Needs PyTorch (``pip install paramserver[torch]``); ``import paramserver`` alone never
+imports it. See ``docs/torch.md``.
+
+- :func:`bind` puts a module's parameters into paramserver's flat memory (tensors view it),
+  configured per parameter by name pattern;
+- :class:`Optimizer` is a ``torch.optim.Optimizer`` that updates them with an updater;
+- :func:`train_on_cluster` trains replicas of a module with several workers.
+"""
+
+from __future__ import annotations
+
+try:
+    import torch as _torch  # noqa: F401  (the real PyTorch: imports here are absolute)
+except ImportError as e:  # pragma: no cover - depends on the installation
+    raise ImportError("paramserver.torch needs PyTorch: pip install 'paramserver[torch]'"
+                      ) from e
+
+from ._bind import TorchParams, bind, binding_of
+from ._cluster import LossFn, TorchCluster, TorchJob, load_job, parse_job, train_on_cluster
+from ._optim import Optimizer
+from ._rules import ParamRule, parse_rules, rules_from_text
+
+__all__ = ["LossFn", "Optimizer", "ParamRule", "TorchCluster", "TorchJob", "TorchParams",
+           "bind", "binding_of", "load_job", "parse_job", "parse_rules", "rules_from_text",
+           "train_on_cluster"]

@@ -1,0 +1,327 @@
+"""A torch module's parameters as paramserver Params, in one memory.
+
+:func:`bind` lays the parameters out in a :class:`~paramserver.params.ParamSet` (one flat
+buffer of owner values, one of gradients) and points every ``torch.nn.Parameter`` at its
+place there: ``p.data`` becomes a view of the values and ``p.grad`` a view of the gradients.
+Autograd then accumulates into paramserver's gradient buffer in place, and an update of the
+flat values is seen by the module at once. Nothing is copied after binding.
+
+Sharing (``share_from``) makes the sharer's tensor a view of its owner's values, reshaped
+(row-major) to the sharer's shape, with a gradient of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.weak import WeakIdKeyDictionary
+
+from ..config import ParamError
+from ..config.errors import Problem
+from ..config.job import ParamConf
+from ..params import Param, ParamSet, ParamSpec
+from ._rules import RulesLike, parse_rules, resolve
+
+NamedParams = Iterable[tuple[str, torch.Tensor]]
+
+_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
+
+#: The binding each tensor belongs to now (a tensor is in at most one).
+_BOUND: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+class TorchParams:
+    """Torch tensors whose values and gradients live in a :class:`ParamSet`'s flat buffers.
+
+    Made by :func:`bind`. Every tensor's ``.data`` views :attr:`values` (a sharer's its
+    owner's part) and its ``.grad`` views :attr:`grads`.
+
+    Attributes:
+        pset: the ParamSet; its Params are named as the tensors are.
+        names: the tensors' names, in the ParamSet's declaration order.
+        tensors: the tensors, in the same order.
+        values: the flat values as a torch tensor (shares memory with ``pset.values``).
+        grads: the flat gradients as a torch tensor (shares memory with ``pset.grads``).
+    """
+
+    pset: ParamSet
+
+    def __init__(self, named: Sequence[tuple[str, torch.Tensor]],
+                 confs: Mapping[str, ParamConf] | None = None, *,
+                 initialise: Collection[str] = (), seed: int = 0,
+                 pset: ParamSet | None = None):
+        names = [n for n, _ in named]
+        tensors = [t for _, t in named]
+        dtype = _check_tensors(names, tensors)
+        keep_grads = pset is None
+        if pset is not None:  # adopt a ParamSet's memory: the tensors take its values
+            _check_same(pset, names, tensors)
+        else:
+            confs = confs or {}
+            specs = [ParamSpec(n, tuple(t.shape), confs.get(n) or ParamConf(name=n),
+                               f"parameter '{n}'") for n, t in named]
+            pset = ParamSet(specs, dtype)
+            by_name = dict(named)
+            with torch.no_grad():
+                for p in pset.owners:
+                    p.data[...] = by_name[p.name].detach().numpy()
+            _init(pset, set(initialise), seed)
+        self.pset = pset
+        self.names = names
+        self.tensors = tensors
+        self._index = {id(t): i for i, t in enumerate(tensors)}
+        self.values = torch.from_numpy(pset.values)
+        self.grads = torch.from_numpy(pset.grads)
+        self._value_views = [torch.from_numpy(pset[n].data) for n in names]
+        self._grad_views = [torch.from_numpy(pset[n].grad) for n in names]
+        self._ptrs = [v.data_ptr() for v in self._value_views]
+        # The owners whose gradients the sharers' are added into, by range of the owner
+        # gradients; with their saved copy, :meth:`restore_grads` leaves ``.grad`` as it was.
+        self._shared = [(int(pset.offsets[i]), int(pset.offsets[i + 1]))
+                        for i, k in enumerate(pset.num_shares) if k > 1]
+        with torch.no_grad():
+            for t, v, g in zip(tensors, self._value_views, self._grad_views, strict=True):
+                old = t.grad
+                if keep_grads and old is not None and old.shape == g.shape:
+                    g.copy_(old.detach())  # a gradient already there is kept
+                t.data = v
+                t.grad = g
+        for t in tensors:
+            _BOUND[t] = self
+
+    # -- access -----------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter(zip(self.names, self.tensors, strict=True))
+
+    def name_of(self, tensor: torch.Tensor) -> str:
+        """The name a tensor of this binding has."""
+        i = self._index.get(id(tensor))
+        if i is None or self.tensors[i] is not tensor:
+            raise ParamError("the tensor is not one of this binding's")
+        return self.names[i]
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        try:
+            return self.tensors[self.names.index(name)]
+        except ValueError:
+            self.pset[name]  # raises with a did-you-mean
+            raise
+
+    def param(self, name: str) -> Param:
+        """The Param named ``name``."""
+        return self.pset[name]
+
+    @property
+    def num_owner_values(self) -> int:
+        return int(self.pset.offsets[-1])
+
+    # -- keeping the tensors on the flat memory ---------------------------------------------
+
+    def check(self) -> None:
+        """Raise if a tensor no longer views the flat values (moved, cast, or re-assigned)."""
+        for name, t, ptr, v in zip(self.names, self.tensors, self._ptrs, self._value_views,
+                                   strict=True):
+            if t.data_ptr() != ptr or t.shape != v.shape or t.dtype != v.dtype:
+                raise ParamError(
+                    f"parameter '{name}' no longer views paramserver's memory (was the module "
+                    f"moved with .to()/.cuda(), cast, or the parameter re-assigned after "
+                    f"binding?); bind the module again")
+
+    def attach_grads(self) -> list[bool]:
+        """Make every ``.grad`` a view of :attr:`grads` again, keeping its gradient.
+
+        A ``.grad`` that torch allocated anew (after it was set to None, or with
+        ``create_graph=True``) is copied in; one that is None reads as zero.
+
+        Returns:
+            For each tensor, whether its ``.grad`` was None (torch.optim skips those).
+        """
+        missing = [False] * len(self.tensors)
+        with torch.no_grad():
+            for i, (t, g) in enumerate(zip(self.tensors, self._grad_views, strict=True)):
+                cur = t.grad
+                if cur is g:
+                    continue
+                if cur is None:
+                    g.zero_()
+                    missing[i] = True
+                elif cur.data_ptr() != g.data_ptr() or cur.stride() != g.stride():
+                    g.copy_(cur.detach())
+                t.grad = g
+        return missing
+
+    def zero_grad(self) -> None:
+        """Zero every gradient in place (one pass over the flat buffer)."""
+        self.attach_grads()
+        self.grads.zero_()
+
+    def owner_grads(self) -> np.ndarray:
+        """The owners' gradients with every sharer's gradient added in.
+
+        Without sharers this is the owners' range of :attr:`grads` itself; with sharers, the
+        sums are made in that range and :meth:`restore_grads` puts the owners' own
+        gradients back after the update, so that ``.grad`` keeps what autograd computed.
+        """
+        pset = self.pset
+        if self._shared:
+            self._saved = [pset.grads[lo:hi].copy() for lo, hi in self._shared]
+            pset.sum_shared_grads()
+        return pset.owner_grads()
+
+    def restore_grads(self) -> None:
+        """Undo :meth:`owner_grads`'s sums (see there)."""
+        saved = getattr(self, "_saved", None)
+        if saved:
+            for (lo, hi), arr in zip(self._shared, saved, strict=True):
+                self.pset.grads[lo:hi] = arr
+            self._saved = []
+
+    # -- replicas ---------------------------------------------------------------------------
+
+    def replica(self, module_or_params: torch.nn.Module | NamedParams,
+                values: np.ndarray | None = None) -> TorchParams:
+        """Bind another instance of the module (same names and shapes) as a worker's copy.
+
+        The replica's tensors view ``values`` -- by default this binding's own values, the
+        same memory (an in-process worker) -- and have their own gradient buffer, laid out
+        like :attr:`grads` (:meth:`ParamSet.replica`).
+        """
+        return TorchParams(_named(module_or_params), pset=self.pset.replica(values))
+
+    @classmethod
+    def on(cls, pset: ParamSet, module_or_params: torch.nn.Module | NamedParams) -> TorchParams:
+        """Bind a module to an existing ParamSet (a cluster worker's replica, say).
+
+        The module's parameters must have the ParamSet's names and shapes; they take its
+        values (the same memory) and its gradients.
+        """
+        return cls(_named(module_or_params), pset=pset)
+
+    def __repr__(self) -> str:
+        return (f"TorchParams({len(self.tensors)} tensors, {len(self.pset.owners)} owners, "
+                f"{self.num_owner_values} values, {self.values.dtype})")
+
+
+def bind(module_or_params: torch.nn.Module | NamedParams, param_conf: RulesLike = None, *,
+         seed: int = 0) -> TorchParams:
+    """Put a module's parameters into paramserver's flat memory, configured by name pattern.
+
+    Args:
+        module_or_params: a ``torch.nn.Module`` (its ``named_parameters()``) or an iterable
+            of ``(name, tensor)`` pairs. Tensors must be leaf, float32 or float64, on the
+            CPU, all of one dtype.
+        param_conf: per-parameter configuration (``lr_scale``, ``wd_scale``, ``init``,
+            ``share_from``) by glob pattern over the names: a dict such as
+            ``{"*.bias": {"lr_scale": 2, "wd_scale": 0}}``, a list of ``ParamConf``, the
+            text of ``param { name: "*.bias" ... }`` blocks or a job file's, or a path.
+        seed: the seed of paramserver's initialisation, used for the parameters a rule gives
+            an ``init``; the others keep the module's values.
+
+    Returns:
+        The binding. Tensors keep their identity (``module.parameters()`` yields the same
+        objects), so optimizers, hooks and ``state_dict`` go on working.
+
+    Raises:
+        ParamError: for a pattern that matches nothing, an unknown or cyclic ``share_from``,
+            a sharer whose element count differs from its owner's, or a tensor that cannot
+            live in host memory as float32/float64.
+    """
+    named = _named(module_or_params)
+    resolved = resolve([n for n, _ in named], parse_rules(param_conf))
+    return TorchParams(named, resolved.confs, initialise=resolved.initialised, seed=seed)
+
+
+def binding_of(tensor: torch.Tensor) -> TorchParams | None:
+    """The binding a tensor belongs to, if any."""
+    found: TorchParams | None = _BOUND.get(tensor)
+    return found
+
+
+def _named(x: torch.nn.Module | NamedParams) -> list[tuple[str, torch.Tensor]]:
+    if isinstance(x, torch.nn.Module):
+        return list(x.named_parameters())
+    out = []
+    for i, item in enumerate(x):
+        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], torch.Tensor)):
+            raise ParamError(f"item {i}: expected a (name, tensor) pair, "
+                             f"not {type(item).__name__}")
+        out.append((str(item[0]), item[1]))
+    return out
+
+
+def _check_tensors(names: list[str], tensors: list[torch.Tensor]) -> Any:
+    problems = []
+    if not tensors:
+        problems.append("no parameters to bind")
+    seen: dict[int, str] = {}
+    for n, t in zip(names, tensors, strict=True):
+        if id(t) in seen:
+            problems.append(f"parameter '{n}' is the same tensor as '{seen[id(t)]}'; give it "
+                            f"once (torch's own tying) or use share_from")
+        seen[id(t)] = n
+        if t.device.type != "cpu":
+            problems.append(f"parameter '{n}' is on {t.device}: paramserver keeps parameters "
+                            f"in host memory (bind the module before moving it, or keep it "
+                            f"on the CPU)")
+        elif t.dtype not in _DTYPES:
+            problems.append(f"parameter '{n}' is {t.dtype}: paramserver's Params are float32 "
+                            f"or float64")
+        elif not t.is_leaf:
+            problems.append(f"parameter '{n}' is not a leaf tensor")
+    dtypes = {t.dtype for t in tensors if t.dtype in _DTYPES}
+    if len(dtypes) > 1:
+        problems.append(f"parameters of several dtypes {sorted(str(d) for d in dtypes)}: "
+                        f"bind them separately or convert the module to one")
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        problems.append(f"parameter names used twice: {dup}")
+    if problems:
+        raise ParamError(problems)
+    return _DTYPES[tensors[0].dtype]
+
+
+def _init(pset: ParamSet, names: set[str], seed: int) -> None:
+    """Initialise the owners named, as :meth:`ParamSet.init` does all of them."""
+    from ..init import create_param_generator, stream
+
+    problems: list[Problem | str] = []
+    for p in pset.owners:
+        if p.name in names:
+            try:
+                create_param_generator(p.conf.init).fill(p, stream(seed, p.name))
+            except ParamError as e:
+                problems += e.at(f"init of '{p.name}'").problems
+    for p in pset.params:
+        if p.owner is not None and p.name in names:
+            problems.append(f"parameter '{p.name}' shares the values of '{p.owner.name}': "
+                            f"its init is the owner's; give init to '{p.owner.name}'")
+    if problems:
+        raise ParamError(problems)
+
+
+def _check_same(pset: ParamSet, names: list[str], tensors: list[torch.Tensor]) -> None:
+    """The tensors are the ParamSet's Params: the same names, shapes and dtype."""
+    problems = []
+    if names != pset.names:
+        problems.append(f"the module's parameters {names[:4]}... are not the ParamSet's "
+                        f"{pset.names[:4]}...")
+    else:
+        want = torch.from_numpy(pset.values[:0]).dtype
+        for n, t in zip(names, tensors, strict=True):
+            if t.dtype != want:
+                problems.append(f"parameter '{n}' is {t.dtype}, the ParamSet's {pset.dtype}")
+            elif tuple(t.shape) != pset[n].shape:
+                problems.append(f"parameter '{n}' has shape {tuple(t.shape)}, the ParamSet's "
+                                f"{pset[n].shape}")
+    if problems:
+        raise ParamError(problems)
+
+
+__all__ = ["TorchParams", "bind", "binding_of"]
