@@ -1,0 +1,135 @@
+"""Which server holds what: slices as ranges of the owners' flat values.
+
+A :class:`ServerLayout` is plain data (integers and small arrays), so that it can be shipped
+to a server in another process. Because slice ids follow Param order and partitioning fills
+servers in order, the slices of one server are one contiguous range ``[start, stop)`` of
+:attr:`ParamSet.values <paramserver.params.ParamSet.values>`; its *segments* are the pieces
+of Params inside that range, one per Param (a Param cut between two servers has a segment
+on each), and one updater call covers them all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..config.job import ClusterConf
+from ..params import ParamSet
+from .slicing import compute_slices, partition_slices
+
+
+@dataclass(frozen=True, eq=False)
+class ServerLayout:
+    """The range of one server (the same in every server group).
+
+    Attributes:
+        index: the server's index within its group.
+        start, stop: its range of the owners' flat values.
+        slice_ids: global ids of its slices, consecutive.
+        slice_offsets: boundaries of its slices within the range (from 0 to ``size``).
+        slice_owners: owner index (position in ``ParamSet.owners``) of each slice.
+        offsets: boundaries of its segments within the range (from 0 to ``size``).
+        owners: owner index of each segment.
+        names: name of each segment's Param.
+        lr_scale, wd_scale: of each segment's Param (float64).
+        dtype: of the values.
+    """
+
+    index: int
+    start: int
+    stop: int
+    slice_ids: np.ndarray
+    slice_offsets: np.ndarray
+    slice_owners: np.ndarray
+    offsets: np.ndarray
+    owners: np.ndarray
+    names: tuple[str, ...]
+    lr_scale: np.ndarray
+    wd_scale: np.ndarray
+    dtype: np.dtype[Any]
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def num_slices(self) -> int:
+        return len(self.slice_ids)
+
+    @property
+    def num_segments(self) -> int:
+        return len(self.owners)
+
+    def __repr__(self) -> str:
+        ids = (f"{self.slice_ids[0]}..{self.slice_ids[-1]}" if self.num_slices else "none")
+        return (f"ServerLayout(server {self.index}: values [{self.start}, {self.stop}), "
+                f"slices {ids}, {self.num_segments} segments)")
+
+
+@dataclass(frozen=True)
+class ServerLoad:
+    """What one server carries, as ``paramserver check`` shows it."""
+
+    server: int
+    slice_ids: tuple[int, ...]
+    num_values: int
+
+
+def _sizes(params: ParamSet | Sequence[int]) -> list[int]:
+    if isinstance(params, ParamSet):
+        return [int(x) for x in np.diff(params.offsets)]
+    return [int(x) for x in params]
+
+
+def server_loads(params: ParamSet | Sequence[int], conf: ClusterConf | int) -> list[ServerLoad]:
+    """The slices and number of values of each server of one server group.
+
+    Args:
+        params: a ParamSet, or the sizes of the owner Params in order.
+        conf: the cluster configuration, or the number of servers per group.
+    """
+    num = conf if isinstance(conf, int) else conf.nservers_per_group
+    sizes = [x for pieces in compute_slices(_sizes(params), num) for x in pieces]
+    where = partition_slices(sizes, num) if sizes else []
+    ids: list[list[int]] = [[] for _ in range(num)]
+    load = [0] * num
+    for i, (size, server) in enumerate(zip(sizes, where, strict=True)):
+        ids[server].append(i)
+        load[server] += size
+    return [ServerLoad(s, tuple(ids[s]), load[s]) for s in range(num)]
+
+
+def plan_servers(params: ParamSet, num: int) -> list[ServerLayout]:
+    """The layouts of the ``num`` servers of a group, for a ParamSet's owners."""
+    sizes = _sizes(params)
+    slices = compute_slices(sizes, num)
+    flat = np.array([x for pieces in slices for x in pieces], np.int64)
+    slice_owner = np.array([i for i, pieces in enumerate(slices) for _ in pieces], np.int64)
+    bounds = np.concatenate([[0], np.cumsum(flat)]).astype(np.int64)
+    where = np.array(partition_slices(flat.tolist(), num) if len(flat) else [], np.int64)
+    offsets = params.offsets
+    names = [p.name for p in params.owners]
+    lr, wd = params.lr_scales, params.wd_scales
+    layouts = []
+    stop = 0
+    for s in range(num):
+        ids = np.flatnonzero(where == s).astype(np.int64)
+        start = int(bounds[ids[0]]) if len(ids) else stop
+        stop = int(bounds[ids[-1] + 1]) if len(ids) else start
+        segs = np.array([i for i in range(len(sizes)) if sizes[i] > 0 and offsets[i] < stop
+                         and offsets[i + 1] > start], np.int64)
+        seg_bounds = np.clip(np.concatenate([offsets[segs], [stop]]), start, stop) - start
+        layouts.append(ServerLayout(
+            index=s, start=start, stop=stop, slice_ids=ids,
+            slice_offsets=(bounds[np.concatenate([ids, ids[-1:] + 1])] - start
+                           if len(ids) else np.zeros(1, np.int64)),
+            slice_owners=slice_owner[ids], offsets=seg_bounds.astype(np.int64),
+            owners=segs, names=tuple(names[i] for i in segs),
+            lr_scale=lr[segs], wd_scale=wd[segs], dtype=params.dtype))
+    return layouts
+
+
+__all__ = ["ServerLayout", "ServerLoad", "plan_servers", "server_loads"]

@@ -1,0 +1,113 @@
+"""The passes over memory the cluster adds to the updater's kernel.
+
+- :func:`all_finite`: whether a gradient holds no NaN or Inf — one parallel, read-only pass
+  that compares exponent bits as integers (exact, and vectorised without fast-math);
+- :func:`nonfinite_counts`: the slow, exact account for the error message, per range;
+- :func:`sum_into`: ``out = a + b``, elementwise, in parallel (the fixed-order sum of
+  several workers' gradients is a chain of these);
+- :func:`kernel_guard`: numba's ``workqueue`` threading layer aborts the process when two
+  threads launch parallel kernels at once; under it every kernel launch of the cluster is
+  serialised (``omp`` and ``tbb`` are thread-safe and run unguarded).
+
+numba is imported, and the kernels compiled (or loaded from its cache), on first use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+_CHUNK = 1 << 15
+#: Below this many elements a parallel launch costs more than the work: NumPy does it.
+_SMALL = 1 << 16
+_EXPONENT = {np.dtype(np.float32): (np.uint32, 0x7F800000),
+             np.dtype(np.float64): (np.uint64, 0x7FF0000000000000)}
+_kernels: dict[str, Any] = {}
+_build_lock = threading.Lock()
+_launch_lock = threading.Lock()
+_guarded: bool | None = None
+
+
+def _build() -> dict[str, Any]:
+    with _build_lock:
+        if _kernels:
+            return _kernels
+        from numba import njit, prange
+
+        @njit(parallel=True, nogil=True, cache=True)
+        def count_nonfinite_chunks(bits, mask):  # type: ignore[no-untyped-def]
+            n = bits.shape[0]
+            bad = 0
+            for c in prange((n + _CHUNK - 1) // _CHUNK):
+                lo = c * _CHUNK
+                s = bits[lo:min(lo + _CHUNK, n)]
+                m = mask ^ mask  # zero, of the bits' type
+                for i in range(s.shape[0]):
+                    m = max(m, s[i] & mask)  # all exponent bits set: Inf or NaN
+                if m == mask:
+                    bad += 1
+            return bad
+
+        @njit(parallel=True, nogil=True, cache=True)
+        def add(out, a, b):  # type: ignore[no-untyped-def]
+            n = out.shape[0]
+            for c in prange((n + _CHUNK - 1) // _CHUNK):
+                lo = c * _CHUNK
+                hi = min(lo + _CHUNK, n)
+                o = out[lo:hi]
+                x = a[lo:hi]
+                y = b[lo:hi]
+                for i in range(hi - lo):
+                    o[i] = x[i] + y[i]
+
+        _kernels.update(count=count_nonfinite_chunks, add=add)
+        return _kernels
+
+
+@contextlib.contextmanager
+def kernel_guard() -> Iterator[None]:
+    """Serialise parallel kernel launches where numba's threading layer needs it."""
+    global _guarded
+    if _guarded is None:
+        _build()["add"](np.zeros(1), np.zeros(1), np.zeros(1))  # any launch picks the layer
+        import numba
+
+        _guarded = numba.threading_layer() == "workqueue"
+    if _guarded:
+        with _launch_lock:
+            yield
+    else:
+        yield
+
+
+def all_finite(x: np.ndarray) -> bool:
+    """Whether a 1-D float32/float64 array holds no NaN and no Inf."""
+    if x.size < _SMALL:
+        return bool(np.isfinite(x).all())
+    uint, mask = _EXPONENT[x.dtype]
+    bits = np.ascontiguousarray(x).view(uint)
+    count = _build()["count"]
+    with kernel_guard():
+        return int(count(bits, uint(mask))) == 0
+
+
+def nonfinite_counts(x: np.ndarray) -> tuple[int, int]:
+    """The numbers of NaN and of ±Inf in ``x`` (slow; for messages)."""
+    return int(np.count_nonzero(np.isnan(x))), int(np.count_nonzero(np.isinf(x)))
+
+
+def sum_into(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+    """``out[i] = a[i] + b[i]`` in the arrays' precision; ``out`` may be ``a``."""
+    if out.size < _SMALL:
+        np.add(a, b, out=out)
+        return
+    add = _build()["add"]
+    with kernel_guard():
+        add(out, a, b)
+
+
+__all__ = ["all_finite", "kernel_guard", "nonfinite_counts", "sum_into"]

@@ -1,0 +1,391 @@
+"""A server: holds a range of the values and the updater state, applies updates (SPEC §7).
+
+The server is a message handler and nothing else: :meth:`Server.handle` takes a request of
+:mod:`paramserver.cluster.messages` and a ``reply`` callback, and calls it once — at once,
+or later from the thread that completes the work (in the embedded cluster, the thread of
+the worker whose update completes a step). It never waits for workers itself, so any
+transport can drive it; the one wait it does is for the master's reply to a sync.
+
+Consistency:
+- *within a worker group* (BSP): an update of step ``t`` waits until every live worker of
+  the group has sent its update of ``t``; their gradients are then summed in worker order
+  (worker 0 + worker 1 + …, never by arrival), and the range updated once with
+  ``grad_scale = 1 / (num_shares × contributions)`` per segment: the mean over workers and
+  shares. One contribution is used where it lies: no sum, no copy.
+- *between worker groups* (Downpour / Hogwild): each group's step is applied as it comes,
+  under the server's lock, exactly once; the version goes up by one per applied step.
+- *bounded staleness*: the server keeps every worker group's clock (steps completed);
+  a :class:`Get` with ``clock = c`` is answered once every live group it serves is at ``c``.
+- *server groups*: a server of a group other than 0 sends, every ``sync_freq`` of its
+  updates (and on a flushing update), its change since the last sync to the same server of
+  group 0 (the master), which adds it and answers with its values; the server then takes
+  those values (SINGA's scheme, with the server locked meanwhile so no update is lost).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..config import ParamError
+from ..config.job import ClusterConf
+from ..updaters import Updater
+from .errors import ClusterError
+from .layout import ServerLayout
+from .messages import (
+    Ack,
+    Address,
+    ErrorReply,
+    Get,
+    GetReply,
+    Leave,
+    Put,
+    PutReply,
+    Reply,
+    Request,
+    Sync,
+    SyncReply,
+    Update,
+    UpdateReply,
+)
+from .numerics import kernel_guard, sum_into
+from .transport import Pending
+
+ReplyFn = Callable[[Reply], None]
+Send = Callable[[Address, Request, str], Pending]
+
+
+@dataclass
+class _Round:
+    """The updates of one step of one worker group, until all have come."""
+
+    step: int
+    grads: dict[int, np.ndarray | None] = field(default_factory=dict)
+    replies: list[ReplyFn] = field(default_factory=list)
+    flush: bool = False
+
+
+class Server:
+    """One server of one server group; see the module docstring.
+
+    Args:
+        layout: the range it holds (the same for this index in every server group).
+        updater: the update method; its state for the range lives here.
+        conf: the cluster configuration (groups, ``sync_freq``, ``timeout``).
+        group: the server group this server belongs to (0: the master group).
+    """
+
+    def __init__(self, layout: ServerLayout, updater: Updater, conf: ClusterConf,
+                 group: int = 0):
+        self.layout = layout
+        self.updater = updater
+        self.conf = conf
+        self.group = group
+        self.name = (f"server {layout.index}" if conf.nserver_groups == 1
+                     else f"server {layout.index} of server group {group}")
+        #: The worker groups this server's group serves.
+        self.worker_groups = [g for g in range(conf.nworker_groups)
+                              if g % conf.nserver_groups == group]
+        self.values: np.ndarray | None = None
+        self.num_shares = np.ones(layout.num_segments, np.int64)
+        self.state = updater.init_state(layout.size, layout.num_segments, layout.dtype)
+        #: Per slice, the number of updates applied to it.
+        self.versions = np.zeros(layout.num_slices, np.int64)
+        self._lock = threading.Lock()
+        self._live = self._everyone()
+        self._clock = dict.fromkeys(self.worker_groups, 0)
+        self._rounds: dict[int, _Round] = {}
+        self._gets: list[tuple[Get, ReplyFn]] = []
+        self._acc: np.ndarray | None = None
+        self._aborted: str | None = None
+        self._send: Send | None = None
+        self._last_sync: np.ndarray | None = None
+        self._since_sync = 0
+
+    def _everyone(self) -> dict[int, set[int]]:
+        return {g: set(range(self.conf.nworkers_per_group)) for g in self.worker_groups}
+
+    def connect(self, send: Send) -> None:
+        """How to reach the master server group (needed by servers of groups > 0)."""
+        self._send = send
+
+    @property
+    def is_master(self) -> bool:
+        return self.group == 0
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def handle(self, request: Request, reply: ReplyFn) -> None:
+        """Handle one request; ``reply`` is called once, now or when the work is done."""
+        out: list[tuple[ReplyFn, Reply]]
+        with self._lock:
+            if self._aborted is not None and not isinstance(request, Put):
+                out = [(reply, ErrorReply(self._aborted))]
+            else:
+                try:
+                    out = self._dispatch(request, reply)
+                except Exception as e:  # the sender hears of it; the server stays usable
+                    out = [(reply, ErrorReply(f"{self.name}: {e}"))]
+        for fn, answer in out:  # outside the lock: a reply may run the caller's code
+            fn(answer)
+
+    def _dispatch(self, request: Request, reply: ReplyFn) -> list[tuple[ReplyFn, Reply]]:
+        if isinstance(request, Update):
+            return self._update(request, reply)
+        if isinstance(request, Get):
+            self._gets.append((request, reply))
+            return self._ready_gets()
+        if isinstance(request, Put):
+            return self._put(request, reply)
+        if isinstance(request, Leave):
+            return self._leave(request, reply)
+        if isinstance(request, Sync):
+            return [(reply, self._sync_in(request))]
+        raise TypeError(f"unknown request {type(request).__name__}")
+
+    def _put(self, msg: Put, reply: ReplyFn) -> list[tuple[ReplyFn, Reply]]:
+        size, nseg = self.layout.size, self.layout.num_segments
+        values, shares = msg.values, np.asarray(msg.num_shares, np.int64)
+        if values.shape != (size,) or values.dtype != self.layout.dtype:
+            raise ValueError(f"put of {values.dtype} values of shape {values.shape}, expected "
+                             f"{self.layout.dtype} of shape ({size},)")
+        if shares.shape != (nseg,) or np.any(shares < 1):
+            raise ValueError(f"put with num_shares {shares}, expected {nseg} counts >= 1")
+        failed = self._drop_waiters("the server was restarted by a put")
+        self.values, self.num_shares = values, shares
+        self._aborted = None
+        self._live = self._everyone()
+        self._clock = dict.fromkeys(self.worker_groups, int(msg.step))
+        if not self.is_master:
+            self._last_sync = values.copy()
+            self._since_sync = 0
+        return [*failed, (reply, PutReply(self.versions.copy())), *self._ready_gets()]
+
+    def _check_worker(self, group: int, worker: int) -> None:
+        if group not in self._live:
+            raise ClusterError(f"worker group {group} is not served here (server group "
+                               f"{self.group} serves groups {self.worker_groups})")
+        if worker not in self._live[group]:
+            raise ClusterError(f"worker {worker} of group {group} is not a live worker here")
+
+    def _update(self, msg: Update, reply: ReplyFn) -> list[tuple[ReplyFn, Reply]]:
+        self._check_worker(msg.group, msg.worker)
+        if self.values is None:
+            raise ClusterError("no values yet: the first worker group has not put them")
+        if msg.grads is not None and (msg.grads.shape != self.values.shape
+                                      or msg.grads.dtype != self.values.dtype):
+            raise ValueError(f"gradients of shape {msg.grads.shape} and dtype "
+                             f"{msg.grads.dtype}, expected {self.values.shape} "
+                             f"{self.values.dtype}")
+        rnd = self._rounds.setdefault(msg.group, _Round(msg.step))
+        if rnd.step != msg.step or msg.worker in rnd.grads:
+            what = ("a second update" if rnd.step == msg.step
+                    else f"an update while step {rnd.step} is open")
+            raise ClusterError(f"{what} of step {msg.step} from worker {msg.worker} of "
+                               f"group {msg.group}")
+        rnd.grads[msg.worker] = msg.grads
+        rnd.replies.append(reply)
+        rnd.flush |= msg.flush
+        return self._complete(msg.group) if rnd.grads.keys() >= self._live[msg.group] else []
+
+    def _complete(self, group: int) -> list[tuple[ReplyFn, Reply]]:
+        """Apply the open step of a worker group once, answer its updates and ready gets."""
+        rnd = self._rounds.pop(group)
+        try:
+            applied = self._apply(rnd)
+            self._clock[group] = rnd.step + 1
+            if self._send is not None and not self.is_master and self._since_sync > 0 and (
+                    self._since_sync >= self.conf.sync_freq or rnd.flush):
+                self._sync_out(rnd.step)
+        except Exception as e:  # every waiter of the step must hear of it
+            error = ErrorReply(f"{self.name}: update of step {rnd.step} of group {group} "
+                               f"failed: {type(e).__name__}: {e}")
+            return [(fn, error) for fn in rnd.replies]
+        assert self.values is not None
+        answer = UpdateReply(self.values, self.versions.copy(), applied)
+        return [*((fn, answer) for fn in rnd.replies), *self._ready_gets()]
+
+    def _apply(self, rnd: _Round) -> bool:
+        grads = [g for w in sorted(rnd.grads) if (g := rnd.grads[w]) is not None]
+        if not grads or self.values is None or self.layout.size == 0:
+            return False
+        total = grads[0]
+        if len(grads) > 1:  # fixed order: ((g0 + g1) + g2) + ...
+            if self._acc is None:
+                self._acc = np.empty_like(self.values)
+            total = self._acc
+            sum_into(total, grads[0], grads[1])
+            for g in grads[2:]:
+                sum_into(total, total, g)
+        L = self.layout
+        scale = 1.0 / (self.num_shares * len(grads))
+        with kernel_guard():
+            self.updater.apply(rnd.step, self.values, total, self.state, L.offsets,
+                               L.lr_scale, L.wd_scale, scale)
+        self.versions += 1
+        self._since_sync += 1
+        return True
+
+    def _leave(self, msg: Leave, reply: ReplyFn) -> list[tuple[ReplyFn, Reply]]:
+        self._check_worker(msg.group, msg.worker)
+        self._live[msg.group].discard(msg.worker)
+        rnd = self._rounds.get(msg.group)
+        out: list[tuple[ReplyFn, Reply]] = [(reply, Ack())]
+        if rnd is not None and rnd.grads.keys() >= self._live[msg.group]:
+            out += self._complete(msg.group)
+        return [*out, *self._ready_gets()]
+
+    # -- gets and clocks --------------------------------------------------------------------
+
+    def _min_clock(self) -> int | None:
+        """The clock of the slowest worker group with a live worker (None: none is left)."""
+        clocks = [self._clock[g] for g in self.worker_groups if self._live[g]]
+        return min(clocks) if clocks else None
+
+    def _ready(self, get: Get) -> bool:
+        if self.values is None or (len(self.versions) and self.versions.min() < get.version):
+            return False
+        if get.clock is None:
+            return True
+        slowest = self._min_clock()
+        return slowest is None or slowest >= get.clock
+
+    def _ready_gets(self) -> list[tuple[ReplyFn, Reply]]:
+        if not self._gets:
+            return []
+        ready = [(g, fn) for g, fn in self._gets if self._ready(g)]
+        if not ready:
+            return []
+        self._gets = [(g, fn) for g, fn in self._gets if not self._ready(g)]
+        assert self.values is not None
+        answer = GetReply(self.values, self.versions.copy())
+        return [(fn, answer) for _, fn in ready]
+
+    # -- server groups ----------------------------------------------------------------------
+
+    def _sync_out(self, step: int) -> None:
+        """Send the change since the last sync to the master; take its values."""
+        assert self._send is not None and self.values is not None
+        assert self._last_sync is not None
+        delta = self.values - self._last_sync
+        master = (0, self.layout.index)
+        pending = self._send(master, Sync(self.group, delta),
+                             f"the reply of server {self.layout.index} of server group 0 "
+                             "to a sync")
+        reply = pending.wait(self.conf.timeout, f"{self.name} at step {step}")
+        assert isinstance(reply, SyncReply)
+        # The server is locked since the delta was taken: no update of its own came in
+        # between, so SINGA's ``values += master - last_sync`` is exactly the master's.
+        np.copyto(self.values, reply.values)
+        np.copyto(self._last_sync, reply.values)
+        self._since_sync = 0
+
+    def _sync_in(self, msg: Sync) -> Reply:
+        if not self.is_master:
+            raise ClusterError("a sync request reached a server outside the master group")
+        if self.values is None:
+            raise ClusterError("a sync request came before the values were put")
+        if msg.delta.shape != self.values.shape or msg.delta.dtype != self.values.dtype:
+            raise ValueError(f"sync delta of shape {msg.delta.shape}, expected "
+                             f"{self.values.shape}")
+        np.add(self.values, msg.delta, out=self.values)
+        return SyncReply(self.values.copy())
+
+    # -- stopping and diagnosis -------------------------------------------------------------
+
+    def _drop_waiters(self, reason: str) -> list[tuple[ReplyFn, Reply]]:
+        error = ErrorReply(reason)
+        out: list[tuple[ReplyFn, Reply]] = [
+            (fn, error) for rnd in self._rounds.values() for fn in rnd.replies]
+        out += [(fn, error) for _, fn in self._gets]
+        self._rounds.clear()
+        self._gets = []
+        return out
+
+    def abort(self, reason: str) -> None:
+        """Answer every waiting and later request with ``reason``, until the next put."""
+        with self._lock:
+            self._aborted = reason
+            out = self._drop_waiters(reason)
+        for fn, answer in out:
+            fn(answer)
+
+    def waiting_for(self) -> str:
+        """What this server is waiting for, in words (for timeout messages)."""
+        if not self._lock.acquire(timeout=1.0):
+            return f"{self.name} is busy (an update or sync holds it)"
+        try:
+            if self.values is None:
+                return f"{self.name} has no values yet (no put)"
+            parts = []
+            for g, rnd in sorted(self._rounds.items()):
+                missing = sorted(self._live[g] - rnd.grads.keys())
+                parts.append(f"{self.name} waits for updates from workers {missing} of group "
+                             f"{g} for step {rnd.step}")
+            if self._gets:
+                slowest = self._min_clock()
+                slow = [g for g in self.worker_groups if self._live[g]
+                        and self._clock[g] == slowest]
+                parts.append(f"{self.name} is at version {self.version}, its slowest worker "
+                             f"groups {slow} have finished {slowest} steps")
+            return "; ".join(parts) or f"{self.name} is at version {self.version}, not waiting"
+        finally:
+            self._lock.release()
+
+    @property
+    def version(self) -> int:
+        """The number of updates applied (the smallest slice version)."""
+        return int(self.versions.min()) if len(self.versions) else 0
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Values, slice versions and updater state, as copies of flat arrays."""
+        with self._lock:
+            out = {"versions": self.versions.copy(),
+                   **{f"state/{k}": v.copy() for k, v in self.state.items()}}
+            if self.values is not None:
+                out["values"] = self.values.copy()
+            return out
+
+    def check_state(self, state: dict[str, np.ndarray], prefix: str = "") -> list[str]:
+        """The problems :meth:`load_state_dict` would refuse ``state`` for."""
+        want: dict[str, tuple[tuple[int, ...], Any]] = {
+            "versions": (self.versions.shape, np.int64),
+            **{f"state/{k}": (v.shape, v.dtype) for k, v in self.state.items()}}
+        if self.values is not None:
+            want["values"] = (self.values.shape, self.values.dtype)
+        problems = [f"'{prefix}{k}' is missing" for k in want if k not in state]
+        problems += [f"'{prefix}{k}' is not state of {self.name}" for k in state
+                     if k not in want]
+        for k, (shape, dtype) in want.items():
+            if k in state:
+                arr = np.asarray(state[k])
+                if arr.shape != shape or arr.dtype != np.dtype(dtype):
+                    problems.append(f"'{prefix}{k}' is {arr.dtype} of shape {arr.shape}, "
+                                    f"expected {np.dtype(dtype)} of shape {shape}")
+        return problems
+
+    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        """Restore :meth:`state_dict`'s output (checked whole before anything changes)."""
+        problems = self.check_state(state)
+        if problems:
+            raise ParamError(problems)
+        with self._lock:
+            np.copyto(self.versions, state["versions"])
+            for k, v in self.state.items():
+                np.copyto(v, state[f"state/{k}"])
+            if self.values is not None:
+                np.copyto(self.values, state["values"])
+                if self._last_sync is not None:
+                    np.copyto(self._last_sync, state["values"])
+
+    def __repr__(self) -> str:
+        return f"Server({self.name}, {self.layout!r}, version={self.version})"
+
+
+__all__ = ["Server"]

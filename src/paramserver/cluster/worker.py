@@ -1,0 +1,196 @@
+"""The worker stub: a worker's side of the messages (SPEC §7).
+
+A :class:`Worker` owns a replica of the job's :class:`~paramserver.params.ParamSet`: the
+values of its server group (inside one process, the very memory the servers update) and
+gradients of its own. Per step it
+
+1. sums the gradients of the Params that share one owner (stub aggregation, SPEC §7),
+2. checks them for NaN and Inf (``cluster.nonfinite``: stop with an error naming the
+   Params, or drop the push with a warning),
+3. sends each server with a part of the values an :class:`Update` holding a view of its
+   range of the gradients (nothing is copied), and
+4. collects the replies: a reply's values are copied into the replica only when they are
+   not its own memory already (between processes), and the versions are recorded.
+
+Every wait is :meth:`Pending.wait <paramserver.cluster.transport.Pending.wait>` with the
+cluster's timeout, and its message names this worker, the step and what it waited for.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..config.job import ClusterConf
+from ..params import ParamSet
+from .errors import ClusterError
+from .layout import ServerLayout
+from .messages import Get, GetReply, Leave, Put, PutReply, Update, UpdateReply
+from .numerics import all_finite, nonfinite_counts
+from .transport import Pending, Transport
+
+
+def _data(a: np.ndarray) -> tuple[int, tuple[int, ...]]:
+    return a.__array_interface__["data"][0], a.shape
+
+
+class Worker:
+    """One worker of one group; what a gradient function gets to fill its gradients.
+
+    Attributes:
+        group: its worker group.
+        index: its index within the group.
+        rank: its index among all workers (``group × nworkers_per_group + index``).
+        params: its replica of the ParamSet: write the gradients into ``params[name].grad``
+            (or ``params.grads``); read the values from ``params[name].data``.
+        version: the smallest slice version it has seen (the updates applied to the values
+            it reads); each Param of ``params`` records its own.
+        step: the step it is working on.
+        skipped: pushes it dropped for non-finite gradients.
+    """
+
+    def __init__(self, group: int, index: int, params: ParamSet,
+                 layouts: Sequence[ServerLayout], transport: Transport, conf: ClusterConf):
+        self.group = group
+        self.index = index
+        self.rank = group * conf.nworkers_per_group + index
+        self.params = params
+        self.conf = conf
+        self.server_group = group % conf.nserver_groups
+        self.version = 0
+        self.step = 0
+        self.skipped = 0
+        self.name = f"worker {index} of group {group}"
+        self._transport = transport
+        # Servers with nothing to hold take no part.
+        self._layouts = [L for L in layouts if L.size > 0]
+        grads, values = params.owner_grads(), params.values
+        self._grads = [grads[L.start:L.stop] for L in self._layouts]
+        self._values = [values[L.start:L.stop] for L in self._layouts]
+        self._shares = [params.num_shares[L.owners] for L in self._layouts]
+        self._has_sharers = any(p.owner is not None for p in params.params)
+        nslices = sum(L.num_slices for L in self._layouts)
+        self._slice_versions = np.zeros(nslices, np.int64)
+        self._slice_pos = np.cumsum([0, *(L.num_slices for L in self._layouts)])
+        # Param versions: the smallest version of each owner's slices.
+        owner_of_slice = np.concatenate([L.slice_owners for L in self._layouts]
+                                        or [np.zeros(0, np.int64)])
+        self._versioned, self._first_slice = np.unique(owner_of_slice, return_index=True)
+
+    def _address(self, layout: ServerLayout) -> tuple[int, int]:
+        return self.server_group, layout.index
+
+    def _server_name(self, layout: ServerLayout) -> str:
+        return (f"server {layout.index}" if self.conf.nserver_groups == 1
+                else f"server {layout.index} of server group {self.server_group}")
+
+    def _who(self, step: int) -> str:
+        return f"{self.name} at step {step}"
+
+    # -- the messages -----------------------------------------------------------------------
+
+    def put(self, step: int) -> None:
+        """Give the servers their initial values (the first worker group of a server group)."""
+        pendings = [self._transport.send(
+            self._address(L), Put(v, shares, step),
+            f"{self._server_name(L)}'s reply to its put")
+            for L, v, shares in zip(self._layouts, self._values, self._shares, strict=True)]
+        for i, pending in enumerate(pendings):
+            reply = pending.wait(self.conf.timeout, self._who(step))
+            assert isinstance(reply, PutReply)
+            self._record(i, reply.versions)
+        self._update_versions()
+
+    def pull(self, step: int, version: int = 0, clock: int | None = None) -> None:
+        """Get the values once every server is at ``version`` and, with ``clock``, once
+        every live worker group it serves has finished ``clock`` steps."""
+        def what(L: ServerLayout) -> str:
+            if clock is not None:
+                return (f"every worker group of {self._server_name(L)} to finish step "
+                        f"{clock - 1} (staleness {self.conf.staleness})")
+            return f"{self._server_name(L)} to reach version {version}"
+
+        pendings = [self._transport.send(
+            self._address(L), Get(self.group, self.index, step, version, clock), what(L))
+            for L in self._layouts]
+        for i, pending in enumerate(pendings):
+            reply = pending.wait(self.conf.timeout, self._who(step))
+            assert isinstance(reply, GetReply)
+            self._adopt(i, reply.values, reply.versions)
+        self._update_versions()
+
+    def push(self, step: int, flush: bool = False) -> list[Pending]:
+        """Send this step's gradients to every server; returns what :meth:`collect` waits on."""
+        self.step = step
+        if self._has_sharers:
+            self.params.sum_shared_grads()
+        grads: list[np.ndarray | None] = list(self._grads)
+        if not all_finite(self.params.owner_grads()):
+            message = (f"non-finite gradient at step {step} from {self.name} (rank "
+                       f"{self.rank}): {self._nonfinite_params()}")
+            if self.conf.nonfinite == "error":
+                raise ClusterError(f"{message} (cluster.nonfinite is 'error'; 'skip' drops "
+                                   "such pushes instead)")
+            warnings.warn(f"{message}; the push is dropped (cluster.nonfinite is 'skip')",
+                          RuntimeWarning, stacklevel=2)
+            self.skipped += 1
+            grads = [None] * len(grads)
+        return [self._transport.send(
+            self._address(L), Update(self.group, self.index, step, g, flush),
+            f"{self._server_name(L)}'s reply to its update")
+            for L, g in zip(self._layouts, grads, strict=True)]
+
+    def collect(self, pendings: Sequence[Pending], step: int) -> None:
+        """Wait for the replies to :meth:`push`: the values after the step's update."""
+        for i, pending in enumerate(pendings):
+            reply = pending.wait(self.conf.timeout, self._who(step))
+            assert isinstance(reply, UpdateReply)
+            self._adopt(i, reply.values, reply.versions)
+        self._update_versions()
+
+    def leave(self, step: int) -> None:
+        """Tell the servers this worker sends nothing from ``step`` on."""
+        pendings = [self._transport.send(
+            self._address(L), Leave(self.group, self.index, step),
+            f"{self._server_name(L)}'s reply to its leave") for L in self._layouts]
+        for pending in pendings:
+            pending.wait(self.conf.timeout, self._who(step))
+
+    # -- bookkeeping ------------------------------------------------------------------------
+
+    def _adopt(self, i: int, values: np.ndarray, versions: np.ndarray) -> None:
+        if _data(values) != _data(self._values[i]):  # not our memory: values travelled
+            np.copyto(self._values[i], values)
+        self._record(i, versions)
+
+    def _record(self, i: int, versions: np.ndarray) -> None:
+        self._slice_versions[self._slice_pos[i]:self._slice_pos[i + 1]] = versions
+
+    def _update_versions(self) -> None:
+        v = self._slice_versions
+        if len(v) == 0:
+            return
+        self.version = int(v.min())
+        per_owner = np.minimum.reduceat(v, self._first_slice)
+        owners = self.params.owners
+        for i, ver in zip(self._versioned.tolist(), per_owner.tolist(), strict=True):
+            owners[i].version = ver
+
+    def _nonfinite_params(self) -> str:
+        found = []
+        for p in self.params.params:
+            nan, inf = nonfinite_counts(p.grad)
+            if nan or inf:
+                counts = ", ".join(f"{n} {kind}" for n, kind in ((nan, "NaN"), (inf, "Inf"))
+                                   if n)
+                share = f", shares '{p.owner.name}'" if p.owner is not None else ""
+                found.append(f"'{p.name}' ({counts}{share})")
+        return "Params " + ", ".join(found) if found else "the sum of shared gradients"
+
+    def __repr__(self) -> str:
+        return f"Worker({self.name}, rank={self.rank}, version={self.version})"
+
+
+__all__ = ["Worker"]
