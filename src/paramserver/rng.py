@@ -1,0 +1,667 @@
+"""Counter-based random fills for parameter initialisation: fast, and the same on every run.
+
+Seeding scheme
+--------------
+Every Param draws from its own stream, named by a 64-bit *key*: :func:`param_key` hashes the
+job seed and the Param's name with BLAKE2b (the seed, 8 bytes little-endian, is the hash key;
+the UTF-8 name is the message; the 8-byte digest is read little-endian). The bits come from
+Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011; the
+generator of cuRAND, JAX and PyTorch's CUDA backend): a keyed bijection of a 128-bit counter
+``(c0, c1, c2, c3)`` to a *block* of four 32-bit words. Element ``i`` of a fill takes its bits
+from the bulk blocks, whose counter is ``(j mod 2³², j div 2³², 0, 0)`` for block ``j``:
+
+- float32 element ``i``: word ``i % 4`` of block ``i // 4``;
+- float64 element ``i``: words ``2·(i % 2)`` (low half) and ``2·(i % 2) + 1`` of block ``i // 2``.
+
+The rare draws that need more bits (a ziggurat candidate that missed the fast path, a
+truncated normal outside its bounds) use per-element blocks with counter
+``(i mod 2³², i div 2³², attempt, round·2¹⁶ + stage)``, stage ≥ 1, which never meet the bulk
+blocks: stage 1 holds a new candidate, stage 2 the uniform of the wedge test, stages 2 + t
+the two uniforms of the tail's t-th try, stage 0xFFFF the uniform of an inverse-CDF draw.
+So every value is a pure function of ``(key, i)`` and the dtype: it does not depend on the
+array's length, on how the fill is cut into chunks or threads, on the number of workers or
+servers, or on the order the Params are made in. ``offset`` lets a server fill only its slice
+``[offset, offset + out.size)`` of a Param and get exactly what a whole fill puts there.
+
+Distributions
+-------------
+- uniform: ``low + (high - low)·u`` in float64, ``u`` the top 24 (float32) or 53 (float64) bits
+  as a fraction in [0, 1), rounded to the dtype and kept below ``high``;
+- normal: a 256-layer ziggurat (Marsaglia & Tsang 2000) with separate bits for the layer
+  (8 bits), the sign (1) and the abscissa (23 for float32, 52 for float64), NumPy's layout.
+  About 1.5 % of the elements miss the fast path and take the exact wedge or tail test,
+  with further per-element draws;
+- truncated normal: if ``[a, b]`` holds at least a quarter of the mass, the element's normal
+  draw (the one :func:`fill_normal` makes), redrawn from per-element rounds 1 to 15 while
+  outside ``[a, b]``, then an inverse-CDF draw; narrower intervals take the inverse CDF of
+  one per-element uniform, in the lower tail (mirrored when the interval lies above 0).
+
+The arithmetic is IEEE without fast-math, so the values are bit-identical wherever the same
+kernels run on the same C math library; only the rare slow-path values, which call
+``log``/``exp``/``erfc``, could differ in the last bit under another libm.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import numpy as np
+from numba import njit, prange
+
+__all__ = [
+    "fill_normal",
+    "fill_truncated_normal",
+    "fill_uniform",
+    "param_key",
+    "standard_normal_matrix",
+]
+
+# ---------------------------------------------------------------------------------------------
+# Philox4x32-10
+
+_M32 = np.uint64(0xFFFFFFFF)
+_S32 = np.uint64(32)
+_PHILOX_M0 = np.uint64(0xD2511F53)
+_PHILOX_M1 = np.uint64(0xCD9E8D57)
+_PHILOX_W0 = np.uint64(0x9E3779B9)
+_PHILOX_W1 = np.uint64(0xBB67AE85)
+_ZERO = np.uint64(0)
+
+
+@njit(inline="always")
+def _philox(c0, c1, c2, c3, k0, k1):
+    """Philox4x32-10 of counter (c0..c3) under key (k0, k1); all uint64 holding 32 bits."""
+    for _ in range(10):
+        p0 = _PHILOX_M0 * c0
+        p1 = _PHILOX_M1 * c2
+        c0 = (p1 >> _S32) ^ c1 ^ k0
+        c1 = p1 & _M32
+        c2 = (p0 >> _S32) ^ c3 ^ k1
+        c3 = p0 & _M32
+        k0 = (k0 + _PHILOX_W0) & _M32
+        k1 = (k1 + _PHILOX_W1) & _M32
+    return c0, c1, c2, c3
+
+
+@njit(nogil=True, cache=True)
+def _philox_block(c0, c1, c2, c3, k0, k1):
+    """:func:`_philox` as a function of its own, for the scalar (rare or edge) draws."""
+    return _philox(c0, c1, c2, c3, k0, k1)
+
+
+@njit(nogil=True, cache=True)
+def _bulk_bits(k0, k1, i, is32):
+    """The bits of stream element ``i``: 32 for a float32 fill, 64 for a float64 one."""
+    iu = np.uint64(i)
+    if is32:  # word i % 4 of block i // 4
+        j = iu >> np.uint64(2)
+        r = _philox_block(j & _M32, j >> _S32, _ZERO, _ZERO, k0, k1)
+        return r[i & 3]
+    j = iu >> np.uint64(1)  # words 2·(i % 2) (low half) and 2·(i % 2) + 1 of block i // 2
+    r = _philox_block(j & _M32, j >> _S32, _ZERO, _ZERO, k0, k1)
+    if i & 1:
+        return r[2] | (r[3] << _S32)
+    return r[0] | (r[1] << _S32)
+
+
+@njit(inline="always")
+def _element_block(k0, k1, i, attempt, stage, rnd):
+    """Per-element block (i, attempt, rnd·2¹⁶ + stage), stage ≥ 1; as two 64-bit values."""
+    iu = np.uint64(i)
+    r = _philox_block(iu & _M32, iu >> _S32, np.uint64(attempt) & _M32,
+                      ((np.uint64(rnd) << np.uint64(16)) | np.uint64(stage)) & _M32, k0, k1)
+    return r[0] | (r[1] << _S32), r[2] | (r[3] << _S32)
+
+
+@njit(inline="always")
+def _unit53(bits):
+    """A float64 in [0, 1) from the top 53 of 64 bits."""
+    return np.float64(np.int64(bits >> np.uint64(11))) * (1.0 / 9007199254740992.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Ziggurat (256 layers, Marsaglia & Tsang 2000)
+
+_ZIG_R = 3.6541528853610088  # right edge of the base layer
+_ZIG_V = 0.00492867323399  # area of every layer
+
+
+def _ziggurat_tables() -> tuple[np.ndarray, ...]:
+    x = np.zeros(256)  # right edges of the layers; x[0] = 0 stands for the top of layer 1
+    x[255] = _ZIG_R
+    for i in range(254, 0, -1):
+        x[i] = math.sqrt(-2.0 * math.log(_ZIG_V / x[i + 1] + math.exp(-0.5 * x[i + 1] ** 2)))
+    width = x.copy()
+    width[0] = _ZIG_V / math.exp(-0.5 * _ZIG_R**2)  # the base layer, its tail included
+    ratio = np.zeros(256)  # the part of each layer's box that lies under the curve for sure
+    ratio[0] = _ZIG_R / width[0]
+    ratio[2:] = x[1:255] / x[2:]
+    f = np.exp(-0.5 * x * x)  # the density at the layers' right edges, f[0] = 1
+    # Integer thresholds and scaled widths for 23-bit (float32) and 52-bit (float64) abscissae.
+    k23 = np.floor(ratio * 2.0**23).astype(np.int32)
+    w23 = (width / 2.0**23).astype(np.float32)
+    k52 = np.floor(ratio * 2.0**52).astype(np.int64)
+    w52 = width / 2.0**52
+    return width, ratio, f, k23, w23, k52, w52
+
+
+_ZIG_WIDTH, _ZIG_RATIO, _ZIG_F, _ZIG_K23, _ZIG_W23, _ZIG_K52, _ZIG_W52 = _ziggurat_tables()
+
+_U8 = np.uint64(8)
+_U9 = np.uint64(9)
+_U12 = np.uint64(12)
+_U255 = np.uint64(255)
+_U1 = np.uint64(1)
+
+
+@njit(inline="always")
+def _normal32_fast(w, mean, std):
+    """The ziggurat's fast path on 32 bits, in float32: (mean + std·z, accepted?).
+
+    Bits 0-7 pick the layer, bit 8 the sign, bits 9-31 the abscissa (NumPy's layout).
+    """
+    idx = w & _U255
+    u = np.int32(w >> _U9)
+    z = np.float32(u) * _ZIG_W23[idx]
+    sign = np.float32(1.0) - np.float32(2.0) * np.float32(np.int32((w >> _U8) & _U1))
+    return mean + std * (z * sign), u < _ZIG_K23[idx]
+
+
+@njit(inline="always")
+def _normal64_fast(w, mean, std):
+    """The ziggurat's fast path on 64 bits: (mean + std·z, accepted?).
+
+    Bits 0-7 pick the layer, bit 8 the sign, bits 12-63 the abscissa (NumPy's layout).
+    """
+    idx = w & _U255
+    u = np.int64(w >> _U12)
+    z = np.float64(u) * _ZIG_W52[idx]
+    sign = 1.0 - 2.0 * np.float64(np.int64((w >> _U8) & _U1))
+    return mean + std * (z * sign), u < _ZIG_K52[idx]
+
+
+@njit(nogil=True, cache=True)
+def _normal_slow(k0, k1, i, rnd, first, first_is32):
+    """The exact ziggurat for element ``i`` in round ``rnd``, from candidate bits ``first``.
+
+    ``first`` is the element's bulk bits in round 0 (32 of them for float32: ``first_is32``)
+    and its stage-1 block of attempt 0 in later rounds. The next candidates (stage 1 of
+    attempts 1, 2, ...) and the uniforms of the wedge test (stage 2) and of the tail's own
+    loop (stage 2 + t) come from per-element blocks.
+    """
+    w = first
+    is32 = first_is32
+    attempt = np.int64(0)
+    while True:
+        idx = np.int64(w & _U255)
+        if is32:
+            uf = np.float64(np.int64(w >> _U9)) * (1.0 / 8388608.0)
+        else:
+            uf = np.float64(np.int64(w >> _U12)) * (1.0 / 4503599627370496.0)
+        z = uf * _ZIG_WIDTH[idx]
+        if uf < _ZIG_RATIO[idx]:
+            break
+        if idx == 0:  # the tail beyond r (Marsaglia 1964)
+            t = np.int64(0)
+            while True:
+                b0, b1 = _element_block(k0, k1, i, attempt, 2 + t, rnd)
+                xt = -math.log(_unit53(b0) + 1.0 / 9007199254740992.0) / _ZIG_R
+                y = -math.log(_unit53(b1) + 1.0 / 9007199254740992.0)
+                if y + y > xt * xt:
+                    break
+                t += 1
+            z = _ZIG_R + xt
+            break
+        b0, _ = _element_block(k0, k1, i, attempt, 2, rnd)
+        y = _ZIG_F[idx] + _unit53(b0) * (_ZIG_F[idx - 1] - _ZIG_F[idx])
+        if y < math.exp(-0.5 * z * z):
+            break
+        attempt += 1
+        w, _ = _element_block(k0, k1, i, attempt, 1, rnd)
+        is32 = False
+    return -z if (w >> _U8) & _U1 else z
+
+
+# ---------------------------------------------------------------------------------------------
+# Standard normal CDF and its inverse (for narrow truncations)
+
+_ACKLAM_A = (-3.969683028665376e01, 2.209460984245205e02, -2.759285104469687e02,
+             1.383577518672690e02, -3.066479806614716e01, 2.506628277459239e00)
+_ACKLAM_B = (-5.447609879822406e01, 1.615858368580409e02, -1.556989798598866e02,
+             6.680131188771972e01, -1.328068155288572e01)
+_ACKLAM_C = (-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e00,
+             -2.549732539343734e00, 4.374664141464968e00, 2.938163982698783e00)
+_ACKLAM_D = (7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e00,
+             3.754408661907416e00)
+_SQRT2 = math.sqrt(2.0)
+_SQRT2PI = math.sqrt(2.0 * math.pi)
+
+
+@njit(inline="always")
+def _ndtr(x):
+    """Φ(x), accurate in the lower tail."""
+    return 0.5 * math.erfc(-x / _SQRT2)
+
+
+@njit(nogil=True, cache=True)
+def _ndtri(p):
+    """Φ⁻¹(p) for 0 < p < 1: Acklam's rational approximation and one Halley step.
+
+    Computed for min(p, 1 - p) (exact for p ≥ 0.5), in the lower half, where Φ keeps its
+    relative accuracy; about 1e-15 relative error.
+    """
+    a, b, c, d = _ACKLAM_A, _ACKLAM_B, _ACKLAM_C, _ACKLAM_D
+    q = min(p, 1.0 - p)
+    if q < 0.02425:
+        s = math.sqrt(-2.0 * math.log(q))
+        x = ((((c[0] * s + c[1]) * s + c[2]) * s + c[3]) * s + c[4]) * s + c[5]
+        x /= (((d[0] * s + d[1]) * s + d[2]) * s + d[3]) * s + 1.0
+    else:
+        s = q - 0.5
+        r = s * s
+        x = (((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * s
+        x /= ((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1.0
+    density = math.exp(-0.5 * x * x) / _SQRT2PI
+    if density > 0.0:
+        e = (_ndtr(x) - q) / density
+        x -= e / (1.0 + 0.5 * x * e)
+    return x if p <= 0.5 else -x
+
+
+# ---------------------------------------------------------------------------------------------
+# Fill kernels
+
+_UNIFORM, _NORMAL, _TRUNCATED = 0, 1, 2
+_CHUNK = 1 << 16  # elements per parallel task; a multiple of 4, so tasks start on blocks
+_TRUNC_ROUNDS = 16  # rejection rounds before the inverse-CDF draw
+_STAGE_INVERSE = 0xFFFF
+
+
+@njit(inline="always")
+def _uniform_value32(w, low, span, top):
+    """low + span·u from the top 24 of 32 bits, rounded to float32, kept below high."""
+    u = np.float64(np.int32(w >> _U8)) * (1.0 / 16777216.0)
+    return min(np.float32(low + span * u), top)
+
+
+@njit(inline="always")
+def _uniform_value64(w, low, span, top):
+    """low + span·u from the top 53 of 64 bits, kept below high."""
+    return min(low + span * _unit53(w), top)
+
+
+@njit(nogil=True, cache=True)
+def _uniform_blocks32(out, j0, k0, k1, low, span, top):
+    """Uniforms for float32 stream elements 4·j0 ...: one Philox block per four."""
+    for j in range(out.size // 4):
+        b = np.uint64(j0 + j)
+        r0, r1, r2, r3 = _philox(b & _M32, b >> _S32, _ZERO, _ZERO, k0, k1)
+        out[4 * j] = _uniform_value32(r0, low, span, top)
+        out[4 * j + 1] = _uniform_value32(r1, low, span, top)
+        out[4 * j + 2] = _uniform_value32(r2, low, span, top)
+        out[4 * j + 3] = _uniform_value32(r3, low, span, top)
+
+
+@njit(nogil=True, cache=True)
+def _uniform_blocks64(out, j0, k0, k1, low, span, top):
+    """Uniforms for float64 stream elements 2·j0 ...: one Philox block per two."""
+    for j in range(out.size // 2):
+        b = np.uint64(j0 + j)
+        r0, r1, r2, r3 = _philox(b & _M32, b >> _S32, _ZERO, _ZERO, k0, k1)
+        out[2 * j] = _uniform_value64(r0 | (r1 << _S32), low, span, top)
+        out[2 * j + 1] = _uniform_value64(r2 | (r3 << _S32), low, span, top)
+
+
+@njit(nogil=True, cache=True)
+def _normal_blocks32(out, slow, j0, k0, k1, mean, std):
+    """The ziggurat's fast path for float32 stream elements 4·j0 ...; ``slow`` flags misses."""
+    for j in range(out.size // 4):
+        b = np.uint64(j0 + j)
+        r0, r1, r2, r3 = _philox(b & _M32, b >> _S32, _ZERO, _ZERO, k0, k1)
+        v, ok = _normal32_fast(r0, mean, std)
+        out[4 * j] = v
+        slow[4 * j] = not ok
+        v, ok = _normal32_fast(r1, mean, std)
+        out[4 * j + 1] = v
+        slow[4 * j + 1] = not ok
+        v, ok = _normal32_fast(r2, mean, std)
+        out[4 * j + 2] = v
+        slow[4 * j + 2] = not ok
+        v, ok = _normal32_fast(r3, mean, std)
+        out[4 * j + 3] = v
+        slow[4 * j + 3] = not ok
+
+
+@njit(nogil=True, cache=True)
+def _normal_blocks64(out, slow, j0, k0, k1, mean, std):
+    """The ziggurat's fast path for float64 stream elements 2·j0 ...; ``slow`` flags misses."""
+    for j in range(out.size // 2):
+        b = np.uint64(j0 + j)
+        r0, r1, r2, r3 = _philox(b & _M32, b >> _S32, _ZERO, _ZERO, k0, k1)
+        v, ok = _normal64_fast(r0 | (r1 << _S32), mean, std)
+        out[2 * j] = v
+        slow[2 * j] = not ok
+        v, ok = _normal64_fast(r2 | (r3 << _S32), mean, std)
+        out[2 * j + 1] = v
+        slow[2 * j + 1] = not ok
+
+
+@njit(inline="always")
+def _lowest_byte(w):
+    """The index of the lowest nonzero byte of ``w`` (nonzero, bytes 0 or 1)."""
+    low = w & (~w + _U1)
+    k = 0
+    if low >= np.uint64(1 << 32):
+        k += 4
+        low >>= _S32
+    if low >= np.uint64(1 << 16):
+        k += 2
+        low >>= np.uint64(16)
+    if low >= np.uint64(1 << 8):
+        k += 1
+    return k
+
+
+@njit(nogil=True, cache=True)
+def _chunk(out32, out64, slow, g0, k0, k1, method, prm):
+    """Fill ``out32`` or ``out64`` (the other is empty) with stream elements ``g0 ...``.
+
+    ``method`` is ``_UNIFORM`` (prm: low, high - low, top64, top32), ``_NORMAL`` (mean, std)
+    or ``_TRUNCATED`` (mean, std, a, b, inverse?, plo, pspan, mirror); ``slow`` is scratch
+    for the ziggurat's misses. The block loops cover the block-aligned body; the first and
+    last few elements of an unaligned range take the same arithmetic one at a time.
+    """
+    is32 = out32.size > 0
+    n = out32.size if is32 else out64.size
+    per = 4 if is32 else 2  # elements per Philox block
+    head = min((per - g0 % per) % per, n)
+    body = head + (n - head) // per * per
+    j0 = (g0 + head) // per
+    if method == _UNIFORM:
+        low, span, top64, top32 = prm[0], prm[1], prm[2], np.float32(prm[3])
+        if is32:
+            _uniform_blocks32(out32[head:body], j0, k0, k1, low, span, top32)
+        else:
+            _uniform_blocks64(out64[head:body], j0, k0, k1, low, span, top64)
+        for e in range(head + n - body):
+            t = e if e < head else body + e - head
+            w = _bulk_bits(k0, k1, g0 + t, is32)
+            if is32:
+                out32[t] = _uniform_value32(w, low, span, top32)
+            else:
+                out64[t] = _uniform_value64(w, low, span, top64)
+        return
+    mean, std = (prm[0], prm[1]) if method == _NORMAL else (0.0, 1.0)
+    mean32, std32 = np.float32(mean), np.float32(std)
+    if is32:
+        _normal_blocks32(out32[head:body], slow[head:body], j0, k0, k1, mean32, std32)
+    else:
+        _normal_blocks64(out64[head:body], slow[head:body], j0, k0, k1, mean, std)
+    for e in range(head + n - body):
+        t = e if e < head else body + e - head
+        w = _bulk_bits(k0, k1, g0 + t, is32)
+        if is32:
+            v32, ok = _normal32_fast(w, mean32, std32)
+            out32[t] = v32
+        else:
+            v64, ok = _normal64_fast(w, mean, std)
+            out64[t] = v64
+        slow[t] = not ok
+    if method == _NORMAL:
+        # About one element in a hundred missed; find them eight flags (one word) at a time.
+        words = slow[: n // 8 * 8].view(np.uint64)
+        for q in range(words.size + 1):
+            w = words[q] if q < words.size else _ZERO
+            if q == words.size:  # the last n % 8 flags, as one word
+                for t in range(n - n // 8 * 8):
+                    w |= np.uint64(slow[8 * q + t]) << np.uint64(8 * t)
+            while w:
+                t = 8 * q + _lowest_byte(w)
+                w &= w - _U1
+                v = mean + std * _normal_slow(k0, k1, g0 + t, np.int64(0),
+                                              _bulk_bits(k0, k1, g0 + t, is32), is32)
+                if is32:
+                    out32[t] = v
+                else:
+                    out64[t] = v
+        return
+    mean, std, a, b = prm[0], prm[1], prm[2], prm[3]
+    inverse, plo, pspan, mirror = prm[4] != 0.0, prm[5], prm[6], prm[7] != 0.0
+    for t in range(n):
+        i = g0 + t
+        ok = False
+        z = 0.0
+        if not inverse:  # the element's normal, redrawn while outside [a, b]
+            if slow[t]:
+                z = _normal_slow(k0, k1, i, np.int64(0), _bulk_bits(k0, k1, i, is32), is32)
+            else:
+                z = np.float64(out32[t]) if is32 else out64[t]
+            ok = a <= z <= b
+            rnd = np.int64(1)
+            while not ok and rnd < _TRUNC_ROUNDS:
+                w, _ = _element_block(k0, k1, i, 0, 1, rnd)
+                z = _normal_slow(k0, k1, i, rnd, w, np.bool_(False))
+                ok = a <= z <= b
+                rnd += 1
+        if not ok:  # the inverse CDF, in the lower tail (mirrored if the interval is above 0)
+            w, _ = _element_block(k0, k1, i, 0, _STAGE_INVERSE, 0)
+            u = _unit53(w) + 1.0 / 18014398509481984.0  # in (0, 1)
+            z = _ndtri(plo + u * pspan)
+            if mirror:
+                z = -z
+            z = min(max(z, a), b)
+        if is32:
+            out32[t] = mean + std * z
+        else:
+            out64[t] = mean + std * z
+
+
+@njit(nogil=True, parallel=True, cache=True)
+def _fill(out32, out64, offset, k0, k1, method, prm):
+    """Fill ``out32`` or ``out64`` (the other is empty) with stream elements ``offset ...``.
+
+    Parallel over chunks at fixed stream positions (multiples of ``_CHUNK``); the values do
+    not depend on the chunking anyway, only the split of the work does. One function for
+    both dtypes: numba's parallel compilation is the slow part of the first call.
+    """
+    n = max(out32.size, out64.size)
+    if n == 0:
+        return
+    c0 = offset // _CHUNK
+    c1 = (offset + n - 1) // _CHUNK + 1
+    for c in prange(c1 - c0):
+        lo = max((c0 + c) * _CHUNK, offset) - offset
+        hi = min((c0 + c + 1) * _CHUNK, offset + n) - offset
+        slow = np.empty(hi - lo if method != _UNIFORM else 0, np.uint8)
+        _chunk(out32[lo:hi], out64[lo:hi], slow, offset + lo, k0, k1, method, prm)
+
+
+_NO32 = np.empty(0, np.float32)
+_NO64 = np.empty(0, np.float64)
+
+
+def _run(flat: np.ndarray, offset: int, k0: np.uint64, k1: np.uint64, method: int,
+         prm: np.ndarray) -> None:
+    if flat.size == 0:
+        return
+    if flat.dtype == np.float32:
+        _fill(flat, _NO64, offset, k0, k1, method, prm)
+    else:
+        _fill(_NO32, flat, offset, k0, k1, method, prm)
+
+
+# ---------------------------------------------------------------------------------------------
+# Public API
+
+
+def param_key(seed: int, name: str) -> int:
+    """The 64-bit stream key of Param ``name`` in a job seeded with ``seed``.
+
+    BLAKE2b with the seed (8 bytes, little-endian) as the hash key and the UTF-8 name as the
+    message; the 8-byte digest read little-endian. Stable across runs, processes, machines
+    and Python versions (unlike ``hash()``).
+
+    Args:
+        seed: the job seed, an int in [0, 2**64).
+        name: the Param's name.
+
+    Returns:
+        An int in [0, 2**64).
+    """
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise ValueError(f"seed must be an int in [0, 2**64), got {type(seed).__name__}")
+    if not 0 <= int(seed) < 1 << 64:
+        raise ValueError(f"seed must be an int in [0, 2**64), got {seed}")
+    if not isinstance(name, str):
+        raise ValueError(f"name must be a str, got {type(name).__name__}")
+    digest = hashlib.blake2b(name.encode("utf-8"), digest_size=8,
+                             key=int(seed).to_bytes(8, "little")).digest()
+    return int.from_bytes(digest, "little")
+
+
+def _check(out: np.ndarray, key: int, offset: int) -> tuple[np.ndarray, np.uint64, np.uint64]:
+    """Validate a fill's target, key and offset; the flat view and the two key words."""
+    if not isinstance(out, np.ndarray):
+        raise ValueError(f"out must be a numpy.ndarray, got {type(out).__name__}")
+    if out.dtype not in (np.float32, np.float64):
+        raise ValueError(f"out must have dtype float32 or float64, got {out.dtype}")
+    if not out.flags.c_contiguous:
+        raise ValueError("out must be C-contiguous (element i of the stream is element i of "
+                         "out in C order); fill a contiguous array and copy it in")
+    if not out.flags.writeable:
+        raise ValueError("out must be writeable")
+    if isinstance(key, bool) or not isinstance(key, (int, np.integer)):
+        raise ValueError(f"key must be an int in [0, 2**64), got {type(key).__name__}")
+    if not 0 <= int(key) < 1 << 64:
+        raise ValueError(f"key must be an int in [0, 2**64), got {key}")
+    if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)):
+        raise ValueError(f"offset must be an int, got {type(offset).__name__}")
+    if not 0 <= int(offset) <= (1 << 62) - out.size:
+        raise ValueError(f"offset must be in [0, 2**62 - out.size], got {offset}")
+    key = int(key)
+    return out.reshape(-1), np.uint64(key & 0xFFFFFFFF), np.uint64(key >> 32)
+
+
+def _finite(dtype: np.dtype, **values: float) -> None:
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+            raise ValueError(f"{name} must be a real number, got {type(value).__name__}")
+        if not math.isfinite(value) or abs(value) > float(np.finfo(dtype).max):
+            raise ValueError(f"{name} must be finite in {dtype}, got {value}")
+
+
+def fill_uniform(out: np.ndarray, key: int, low: float = -1.0, high: float = 1.0, *,
+                 offset: int = 0) -> None:
+    """Fill ``out`` in place with U[low, high).
+
+    Element ``i`` of ``out`` (C order) is a function of ``(key, offset + i)`` and the dtype
+    only. For float32 arrays ``low`` and ``high`` are first rounded to float32.
+
+    Args:
+        out: a C-contiguous float32 or float64 array, any shape.
+        key: the stream key (see :func:`param_key`).
+        low: the smallest value; finite.
+        high: the bound the values stay below; finite, ``>= low`` (all ``low`` if equal).
+        offset: the stream position of ``out``'s first element (a server's slice start).
+
+    Raises:
+        ValueError: for a bad array, key, offset or bounds.
+    """
+    flat, k0, k1 = _check(out, key, offset)
+    _finite(out.dtype, low=low, high=high)
+    lo, hi = float(out.dtype.type(low)), float(out.dtype.type(high))
+    if not lo <= hi:
+        raise ValueError(f"low must be <= high, got low={low}, high={high}")
+    if not math.isfinite(hi - lo):
+        raise ValueError(f"high - low must be finite in float64, got low={low}, high={high}")
+    top = float(np.nextafter(out.dtype.type(hi), out.dtype.type(-np.inf))) if lo < hi else hi
+    prm = np.array([lo, hi - lo, top, top, 0.0, 0.0, 0.0, 0.0])
+    _run(flat, int(offset), k0, k1, _UNIFORM, prm)
+
+
+def fill_normal(out: np.ndarray, key: int, mean: float = 0.0, std: float = 1.0, *,
+                offset: int = 0) -> None:
+    """Fill ``out`` in place with N(mean, std²).
+
+    Element ``i`` of ``out`` (C order) is a function of ``(key, offset + i)`` and the dtype
+    only: ``mean + std·z``, the standard normal ``z`` drawn as the module notes say.
+
+    Args:
+        out: a C-contiguous float32 or float64 array, any shape.
+        key: the stream key (see :func:`param_key`).
+        mean: the mean; finite.
+        std: the standard deviation; finite, ``>= 0``.
+        offset: the stream position of ``out``'s first element (a server's slice start).
+
+    Raises:
+        ValueError: for a bad array, key, offset, mean or std.
+    """
+    flat, k0, k1 = _check(out, key, offset)
+    _finite(out.dtype, mean=mean, std=std)
+    if std < 0:
+        raise ValueError(f"std must be >= 0, got {std}")
+    prm = np.array([float(mean), float(std), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+    _run(flat, int(offset), k0, k1, _NORMAL, prm)
+
+
+def fill_truncated_normal(out: np.ndarray, key: int, mean: float = 0.0, std: float = 1.0,
+                          a: float = -2.0, b: float = 2.0, *, offset: int = 0) -> None:
+    """Fill ``out`` in place with N(mean, std²) truncated to [mean + a·std, mean + b·std].
+
+    Element ``i`` of ``out`` (C order) is a function of ``(key, offset + i)`` and the dtype
+    only. Intervals holding at least a quarter of the mass redraw the element's normal
+    until it falls inside (its first draw is the one :func:`fill_normal` would make);
+    narrower ones use the inverse CDF.
+
+    Args:
+        out: a C-contiguous float32 or float64 array, any shape.
+        key: the stream key (see :func:`param_key`).
+        mean: the mean of the untruncated normal; finite.
+        std: its standard deviation; finite, ``>= 0``.
+        a: the lower bound in units of ``std`` from ``mean``; may be ``-inf``.
+        b: the upper bound in units of ``std``; ``> a``; may be ``inf``.
+        offset: the stream position of ``out``'s first element (a server's slice start).
+
+    Raises:
+        ValueError: for a bad array, key, offset, mean, std or bounds, or an interval so far
+            in a tail that it holds no representable probability.
+    """
+    flat, k0, k1 = _check(out, key, offset)
+    _finite(out.dtype, mean=mean, std=std)
+    if std < 0:
+        raise ValueError(f"std must be >= 0, got {std}")
+    for label, bound in (("a", a), ("b", b)):
+        if isinstance(bound, bool) or not isinstance(
+                bound, (int, float, np.integer, np.floating)) or math.isnan(bound):
+            raise ValueError(f"{label} must be a real number (or ±inf), got {bound!r}")
+    a, b = float(a), float(b)
+    if not a < b:
+        raise ValueError(f"a must be < b (bounds in units of std), got a={a}, b={b}")
+    mirror = a + b > 0  # work in the lower tail, where Φ keeps its relative accuracy
+    lo, hi = (-b, -a) if mirror else (a, b)
+    plo = 0.5 * math.erfc(-lo / math.sqrt(2.0))
+    pspan = 0.5 * math.erfc(-hi / math.sqrt(2.0)) - plo
+    if not pspan > 0.0:
+        raise ValueError(f"the interval [a, b] = [{a}, {b}] lies too far in a tail: it holds "
+                         "no probability representable in float64 (keep it within ~37 std)")
+    inverse = pspan < 0.25
+    prm = np.array([float(mean), float(std), a, b, float(inverse), plo, pspan, float(mirror)])
+    _run(flat, int(offset), k0, k1, _TRUNCATED, prm)
+
+
+def standard_normal_matrix(shape: int | tuple[int, ...], key: int) -> np.ndarray:
+    """A new float64 array of standard normals (e.g. for orthogonal init by QR).
+
+    The values are those :func:`fill_normal` writes into a float64 array of ``shape``.
+
+    Args:
+        shape: the array's shape.
+        key: the stream key (see :func:`param_key`).
+
+    Returns:
+        A C-contiguous float64 array.
+    """
+    out = np.empty(shape, dtype=np.float64)
+    fill_normal(out, key)
+    return out
