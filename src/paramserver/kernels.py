@@ -1,0 +1,565 @@
+"""Fused numeric update kernels over flat parameter buffers (numba).
+
+All Params of a server slice live in one contiguous 1-D array per role: values ``w``, gradient
+``g`` and the updater state (``h``, ``u``; ``m``, ``v`` for Adam). One call updates many Params
+("segments") at once: segment ``k`` is ``[offsets[k], offsets[k+1])`` of the arrays passed, and
+the per-segment arguments (``lr``, ``wd``, ``gscale``, ``step``) are scalars or arrays with one
+entry per segment.
+
+For every element, in the order of SPEC §5:
+
+1. clip ``g`` into ``[clip_low, clip_high]`` if ``clip_high > clip_low``;
+2. ``g = g * gscale``;
+3. if ``wd > 0``: ``g = g + wd * w`` (not for AdamW, whose decay is decoupled);
+4. the method's rule, which updates ``w`` and the state in place.
+
+The gradient is only read. Every kernel is one pass over memory: each array is read once and
+written at most once. Arithmetic is done in the arrays' precision (float32 or float64): the
+per-segment coefficients are computed in float64 by the Python wrapper and then rounded to the
+data type, never the other way round.
+
+Importing this module is what pays the numba import; compiled kernels are cached on disk
+(``cache=True``), and :func:`warmup` compiles or loads all of them for one dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+import numpy as np
+import numpy.typing as npt
+from numba import njit, prange
+from numba.extending import register_jitable
+
+__all__ = ["adadelta", "adagrad", "adam", "nesterov", "rmsprop", "sgd", "warmup"]
+
+CHUNK = 1 << 15
+"""Elements per parallel work item. The range is cut into chunks regardless of segment
+boundaries, so one 16M-element Param and 200 small ones are balanced alike."""
+
+_NUM_PARAMS = 5  # call-wide hyper-parameters a rule may use: p = (p0, ..., p4)
+_NUM_COEFS = 3  # per-segment coefficients a rule may use: k = (k0, k1, k2)
+
+PerSegment = npt.ArrayLike
+"""A float (the same for every segment) or a 1-D array with one entry per segment."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-element rules. Each gets the element's value ``w``, its prepared gradient ``g`` (clipped,
+# scaled, weight-decayed), its state elements ``h`` and ``u``, the per-segment coefficients
+# ``k`` and the call-wide hyper-parameters ``p``, and returns the new ``(w, h, u)``. The driver
+# reads and writes only the first ``nstate`` state arrays; a rule returns the others unchanged.
+# All numbers are of the data type, so the arithmetic stays in it.
+
+
+@register_jitable(inline="always")
+def _sgd_rule(w, g, h, u, k, p):  # type: ignore[no-untyped-def]
+    # k0 = lr
+    return w - k[0] * g, h, u
+
+
+@register_jitable(inline="always")
+def _momentum_rule(w, g, h, u, k, p):  # type: ignore[no-untyped-def]
+    # k0 = lr; p0 = momentum
+    h = p[0] * h - k[0] * g
+    return w + h, h, u
+
+
+@register_jitable(inline="always")
+def _nesterov_rule(w, g, h, u, k, p):  # type: ignore[no-untyped-def]
+    # k0 = lr; p0 = momentum, p1 = 1 + momentum
+    h1 = p[0] * h + k[0] * g
+    return w - (p[1] * h1 - p[0] * h), h1, u
+
+
+@register_jitable(inline="always")
+def _adagrad_rule(w, g, h, u, k, p):  # type: ignore[no-untyped-def]
+    # k0 = lr; p0 = delta
+    h = h + g * g
+    return w - k[0] * g / np.sqrt(h + p[0]), h, u
+
+
+@register_jitable(inline="always")
+def _rmsprop_rule(w, g, h, u, k, p):  # type: ignore[no-untyped-def]
+    # k0 = lr; p0 = rho, p1 = 1 - rho, p2 = delta
+    h = p[0] * h + p[1] * g * g
+    return w - k[0] * g / np.sqrt(h + p[2]), h, u
+
+
+@register_jitable(inline="always")
+def _adadelta_rule(w, g, h, u, k, p):  # type: ignore[no-untyped-def]
+    # k0 = lr; p0 = rho, p1 = 1 - rho, p2 = delta.
+    # sqrt(u + delta) / sqrt(h + delta) as one square root of a quotient: one sqrt fewer.
+    h = p[0] * h + p[1] * g * g
+    t = g * np.sqrt((u + p[2]) / (h + p[2]))
+    u = p[0] * u + p[1] * t * t
+    return w - k[0] * t, h, u
+
+
+@register_jitable(inline="always")
+def _adam_rule(w, g, m, v, k, p):  # type: ignore[no-untyped-def]
+    # k0 = lr / (1 - beta1^t), k1 = 1 / sqrt(1 - beta2^t), k2 = 1 - lr * wd (AdamW) or 1 (Adam);
+    # p0 = beta1, p1 = 1 - beta1, p2 = beta2, p3 = 1 - beta2, p4 = delta
+    m = p[0] * m + p[1] * g
+    v = p[2] * v + p[3] * g * g
+    return w * k[2] - k[0] * m / (np.sqrt(v) * k[1] + p[4]), m, v
+
+
+@register_jitable
+def _segment_of(offsets, i):  # type: ignore[no-untyped-def]
+    """The last segment ``s`` with ``offsets[s] <= i`` (so the non-empty one holding ``i``)."""
+    lo = 0
+    hi = offsets.shape[0] - 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if offsets[mid] <= i:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+# ---------------------------------------------------------------------------------------------
+# The one driver. ``_fused_kernel(rule, nstate)`` makes a parallel kernel
+#
+#     kernel(w, g, h, u, offsets, seg, hyp, clip) -> bool
+#
+# with ``seg[:, s] = (gscale, wd, k0, k1, k2)`` for segment ``s`` and
+# ``hyp = (clip_low, clip_high, p0, ..., p4)``, all of the data type. It first checks that
+# ``offsets`` never decrease (returning False, before writing anything, if they do: the walk
+# below relies on it to stay inside the arrays). Then chunks of CHUNK elements run in parallel;
+# each finds its first segment by binary search over ``offsets`` and walks forward. The inner
+# loop runs over views of one segment's part of the chunk, with an index from 0, so that LLVM
+# sees non-negative unit-stride indices and vectorises it. ``rule`` and ``nstate`` are closure
+# constants: numba compiles the rule into the loop, the unused state branches vanish, and the
+# cache key (which hashes the closure: a module-level function and an int) is the same in
+# every process. ``error_model="numpy"``: a division by zero gives inf or nan, as in NumPy,
+# instead of raising from inside the loop.
+
+
+def _fused_kernel(rule: Callable[..., Any], nstate: int, name: str) -> Any:
+    def kernel(w, g, h, u, offsets, seg, hyp, clip):  # type: ignore[no-untyped-def]
+        for s in range(offsets.shape[0] - 1):
+            if offsets[s + 1] < offsets[s]:
+                return False
+        n = w.shape[0]
+        clip_low = hyp[0]
+        clip_high = hyp[1]
+        p = (hyp[2], hyp[3], hyp[4], hyp[5], hyp[6])
+        for c in prange((n + CHUNK - 1) // CHUNK):
+            pos = c * CHUNK
+            stop = min(pos + CHUNK, n)
+            s = _segment_of(offsets, pos)
+            while pos < stop:
+                end = min(offsets[s + 1], stop)
+                gscale = seg[0, s]
+                wd = seg[1, s]
+                k = (seg[2, s], seg[3, s], seg[4, s])
+                ws = w[pos:end]
+                gs = g[pos:end]
+                hs = h[pos:end] if nstate >= 1 else h
+                us = u[pos:end] if nstate >= 2 else u
+                for i in range(end - pos):
+                    gi = gs[i]
+                    if clip:
+                        gi = min(max(gi, clip_low), clip_high)
+                    gi = gi * gscale
+                    wi = ws[i]
+                    if wd > 0:
+                        gi = gi + wd * wi
+                    # The stand-in for a state a rule does not keep is any value of the type.
+                    hi = hs[i] if nstate >= 1 else gi
+                    ui = us[i] if nstate >= 2 else gi
+                    wi, hi, ui = rule(wi, gi, hi, ui, k, p)
+                    ws[i] = wi
+                    if nstate >= 1:
+                        hs[i] = hi
+                    if nstate >= 2:
+                        us[i] = ui
+                pos = end
+                s += 1
+        return True
+
+    kernel.__name__ = kernel.__qualname__ = name  # names the cache files, one set per kernel
+    return njit(nogil=True, parallel=True, cache=True, fastmath=False, error_model="numpy")(kernel)
+
+
+_sgd_kernel = _fused_kernel(_sgd_rule, 0, "_sgd_kernel")
+_momentum_kernel = _fused_kernel(_momentum_rule, 1, "_momentum_kernel")
+_nesterov_kernel = _fused_kernel(_nesterov_rule, 1, "_nesterov_kernel")
+_adagrad_kernel = _fused_kernel(_adagrad_rule, 1, "_adagrad_kernel")
+_rmsprop_kernel = _fused_kernel(_rmsprop_rule, 1, "_rmsprop_kernel")
+_adadelta_kernel = _fused_kernel(_adadelta_rule, 2, "_adadelta_kernel")
+_adam_kernel = _fused_kernel(_adam_rule, 2, "_adam_kernel")
+
+_KERNELS = (
+    _sgd_kernel,
+    _momentum_kernel,
+    _nesterov_kernel,
+    _adagrad_kernel,
+    _rmsprop_kernel,
+    _adadelta_kernel,
+    _adam_kernel,
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# The Python side: check the buffers, round the coefficients to the data type, launch.
+
+
+def _launch(
+    kernel: Any,
+    w: np.ndarray,
+    g: np.ndarray,
+    states: dict[str, np.ndarray],
+    offsets: npt.ArrayLike,
+    gscale: PerSegment,
+    wd: PerSegment,
+    k: tuple[PerSegment, ...],
+    p: tuple[float, ...],
+    clip_low: float,
+    clip_high: float,
+) -> None:
+    if not isinstance(w, np.ndarray) or w.dtype not in (np.float32, np.float64):
+        raise TypeError(f"w must be a float32 or float64 numpy array, not {_describe(w)}")
+    dtype = w.dtype
+    for role, a in (("w", w), ("g", g), *states.items()):
+        if not isinstance(a, np.ndarray) or a.dtype != dtype:
+            raise TypeError(f"{role} must be a {dtype} numpy array like w, not {_describe(a)}")
+        if a.ndim != 1 or a.shape != w.shape or not a.flags.c_contiguous:
+            raise ValueError(
+                f"{role} must be 1-D, C-contiguous and of w's length {w.shape[0]}, "
+                f"got shape {a.shape} (contiguous: {a.flags.c_contiguous})"
+            )
+    for role, a in (("w", w), *states.items()):
+        if not a.flags.writeable:
+            raise ValueError(f"{role} is read-only; it is updated in place")
+    offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+    if offsets.ndim != 1 or offsets.shape[0] < 1 or offsets[0] != 0 or offsets[-1] != w.shape[0]:
+        _bad_offsets(offsets, w)
+    nseg = offsets.shape[0] - 1
+    seg = np.empty((2 + _NUM_COEFS, nseg), dtype)
+    try:
+        for row, value in enumerate((gscale, wd, *k)):
+            seg[row] = value
+    except ValueError:
+        raise ValueError(
+            f"per-segment arguments must be scalars or have one entry per segment ({nseg})"
+        ) from None
+    hyp = np.zeros(2 + _NUM_PARAMS, dtype)
+    hyp[: 2 + len(p)] = (clip_low, clip_high, *p)
+    # A read-only view: one compiled signature for g, whether or not the caller's is writeable.
+    gv = g.view()
+    gv.flags.writeable = False
+    h, u = (*states.values(), w[:0], w[:0])[:2]
+    if not kernel(w, gv, h, u, offsets, seg, hyp, bool(clip_high > clip_low)):
+        _bad_offsets(offsets, w)
+
+
+def _bad_offsets(offsets: np.ndarray, w: np.ndarray) -> NoReturn:
+    raise ValueError(
+        f"offsets must be non-decreasing from 0 to len(w) = {w.shape[0]}, got {offsets!r}"
+    )
+
+
+def _describe(a: object) -> str:
+    return f"{type(a).__name__} of {a.dtype}" if isinstance(a, np.ndarray) else type(a).__name__
+
+
+def _f64(x: PerSegment) -> np.ndarray:
+    return np.asarray(x, dtype=np.float64)
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernels. All update ``w`` and the state in place and return None.
+
+
+def sgd(
+    w: np.ndarray,
+    g: np.ndarray,
+    h: np.ndarray,
+    offsets: npt.ArrayLike,
+    lr: PerSegment,
+    wd: PerSegment = 0.0,
+    gscale: PerSegment = 1.0,
+    *,
+    momentum: float = 0.0,
+    clip_low: float = 0.0,
+    clip_high: float = 0.0,
+) -> None:
+    """SGD: ``h = momentum*h - lr*g; w = w + h``, or ``w = w - lr*g`` when momentum is 0.
+
+    Args:
+      w: values, updated in place (1-D, float32 or float64, C-contiguous).
+      g: gradient of the same dtype and length; only read.
+      h: momentum history, updated in place; not touched (may be empty) when momentum is 0.
+      offsets: segment boundaries, int64, ``offsets[0] == 0``, ``offsets[-1] == len(w)``.
+      lr: learning rate per segment (already times ``lr_scale``).
+      wd: weight decay per segment (already times ``wd_scale``); applied when > 0.
+      gscale: gradient scale per segment (``1/number_of_sharers``).
+      momentum: in [0, 1].
+      clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
+    """
+    if momentum > 0:
+        _launch(
+            _momentum_kernel,
+            w,
+            g,
+            {"h": h},
+            offsets,
+            gscale,
+            wd,
+            (lr,),
+            (momentum,),
+            clip_low,
+            clip_high,
+        )
+    else:
+        _launch(_sgd_kernel, w, g, {}, offsets, gscale, wd, (lr,), (), clip_low, clip_high)
+
+
+def nesterov(
+    w: np.ndarray,
+    g: np.ndarray,
+    h: np.ndarray,
+    offsets: npt.ArrayLike,
+    lr: PerSegment,
+    wd: PerSegment = 0.0,
+    gscale: PerSegment = 1.0,
+    *,
+    momentum: float,
+    clip_low: float = 0.0,
+    clip_high: float = 0.0,
+) -> None:
+    """Nesterov: ``h0 = h; h = momentum*h + lr*g; w = w - ((1+momentum)*h - momentum*h0)``.
+
+    Args:
+      w: values, updated in place (1-D, float32 or float64, C-contiguous).
+      g: gradient of the same dtype and length; only read.
+      h: history, updated in place.
+      offsets: segment boundaries, int64, ``offsets[0] == 0``, ``offsets[-1] == len(w)``.
+      lr: learning rate per segment (already times ``lr_scale``).
+      wd: weight decay per segment (already times ``wd_scale``); applied when > 0.
+      gscale: gradient scale per segment (``1/number_of_sharers``).
+      momentum: in [0, 1].
+      clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
+    """
+    _launch(
+        _nesterov_kernel,
+        w,
+        g,
+        {"h": h},
+        offsets,
+        gscale,
+        wd,
+        (lr,),
+        (momentum, 1.0 + momentum),
+        clip_low,
+        clip_high,
+    )
+
+
+def adagrad(
+    w: np.ndarray,
+    g: np.ndarray,
+    h: np.ndarray,
+    offsets: npt.ArrayLike,
+    lr: PerSegment,
+    wd: PerSegment = 0.0,
+    gscale: PerSegment = 1.0,
+    *,
+    delta: float = 1e-8,
+    clip_low: float = 0.0,
+    clip_high: float = 0.0,
+) -> None:
+    """AdaGrad: ``h = h + g*g; w = w - lr*g/sqrt(h + delta)``.
+
+    Args:
+      w: values, updated in place (1-D, float32 or float64, C-contiguous).
+      g: gradient of the same dtype and length; only read.
+      h: sum of squared gradients, updated in place.
+      offsets: segment boundaries, int64, ``offsets[0] == 0``, ``offsets[-1] == len(w)``.
+      lr: learning rate per segment (already times ``lr_scale``).
+      wd: weight decay per segment (already times ``wd_scale``); applied when > 0.
+      gscale: gradient scale per segment (``1/number_of_sharers``).
+      delta: added under the square root; > 0.
+      clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
+    """
+    _launch(
+        _adagrad_kernel, w, g, {"h": h}, offsets, gscale, wd, (lr,), (delta,), clip_low, clip_high
+    )
+
+
+def rmsprop(
+    w: np.ndarray,
+    g: np.ndarray,
+    h: np.ndarray,
+    offsets: npt.ArrayLike,
+    lr: PerSegment,
+    wd: PerSegment = 0.0,
+    gscale: PerSegment = 1.0,
+    *,
+    rho: float,
+    delta: float = 1e-8,
+    clip_low: float = 0.0,
+    clip_high: float = 0.0,
+) -> None:
+    """RMSProp: ``h = rho*h + (1-rho)*g*g; w = w - lr*g/sqrt(h + delta)``.
+
+    Args:
+      w: values, updated in place (1-D, float32 or float64, C-contiguous).
+      g: gradient of the same dtype and length; only read.
+      h: running mean of squared gradients, updated in place.
+      offsets: segment boundaries, int64, ``offsets[0] == 0``, ``offsets[-1] == len(w)``.
+      lr: learning rate per segment (already times ``lr_scale``).
+      wd: weight decay per segment (already times ``wd_scale``); applied when > 0.
+      gscale: gradient scale per segment (``1/number_of_sharers``).
+      rho: decay of the running mean, in [0, 1].
+      delta: added under the square root; > 0.
+      clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
+    """
+    _launch(
+        _rmsprop_kernel,
+        w,
+        g,
+        {"h": h},
+        offsets,
+        gscale,
+        wd,
+        (lr,),
+        (rho, 1.0 - rho, delta),
+        clip_low,
+        clip_high,
+    )
+
+
+def adadelta(
+    w: np.ndarray,
+    g: np.ndarray,
+    h: np.ndarray,
+    u: np.ndarray,
+    offsets: npt.ArrayLike,
+    lr: PerSegment,
+    wd: PerSegment = 0.0,
+    gscale: PerSegment = 1.0,
+    *,
+    rho: float,
+    delta: float = 1e-8,
+    clip_low: float = 0.0,
+    clip_high: float = 0.0,
+) -> None:
+    """AdaDelta: ``h = rho*h + (1-rho)*g*g; t = g*sqrt(u + delta)/sqrt(h + delta);
+    u = rho*u + (1-rho)*t*t; w = w - lr*t``.
+
+    Args:
+      w: values, updated in place (1-D, float32 or float64, C-contiguous).
+      g: gradient of the same dtype and length; only read.
+      h: running mean of squared gradients, updated in place.
+      u: running mean of squared updates, updated in place.
+      offsets: segment boundaries, int64, ``offsets[0] == 0``, ``offsets[-1] == len(w)``.
+      lr: learning rate per segment (already times ``lr_scale``).
+      wd: weight decay per segment (already times ``wd_scale``); applied when > 0.
+      gscale: gradient scale per segment (``1/number_of_sharers``).
+      rho: decay of the running means, in [0, 1].
+      delta: added under the square roots; > 0.
+      clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
+    """
+    _launch(
+        _adadelta_kernel,
+        w,
+        g,
+        {"h": h, "u": u},
+        offsets,
+        gscale,
+        wd,
+        (lr,),
+        (rho, 1.0 - rho, delta),
+        clip_low,
+        clip_high,
+    )
+
+
+def adam(
+    w: np.ndarray,
+    g: np.ndarray,
+    m: np.ndarray,
+    v: np.ndarray,
+    offsets: npt.ArrayLike,
+    lr: PerSegment,
+    wd: PerSegment = 0.0,
+    gscale: PerSegment = 1.0,
+    *,
+    step: PerSegment,
+    beta1: float = 0.9,
+    beta2: float = 0.999,
+    delta: float = 1e-8,
+    decoupled: bool = False,
+    clip_low: float = 0.0,
+    clip_high: float = 0.0,
+) -> None:
+    """Adam (or AdamW with ``decoupled=True``) with bias correction.
+
+    ``m = beta1*m + (1-beta1)*g; v = beta2*v + (1-beta2)*g*g;
+    w = w - lr*(m/(1-beta1^t)) / (sqrt(v/(1-beta2^t)) + delta)``, computed as
+    ``w - a*m / (sqrt(v)/b + delta)`` with the per-segment ``a = lr/(1-beta1^t)`` and
+    ``b = sqrt(1-beta2^t)`` worked out in float64 (the form torch.optim uses). With
+    ``decoupled=True`` the weight decay is not added to the gradient; instead
+    ``w = w*(1 - lr*wd)`` before the step.
+
+    Args:
+      w: values, updated in place (1-D, float32 or float64, C-contiguous).
+      g: gradient of the same dtype and length; only read.
+      m: first-moment estimate, updated in place.
+      v: second-moment estimate, updated in place.
+      offsets: segment boundaries, int64, ``offsets[0] == 0``, ``offsets[-1] == len(w)``.
+      lr: learning rate per segment (already times ``lr_scale``).
+      wd: weight decay per segment (already times ``wd_scale``); applied when > 0.
+      gscale: gradient scale per segment (``1/number_of_sharers``).
+      step: per segment, the number ``t >= 1`` of this update (1 for the first update).
+      beta1, beta2: decays of the moment estimates, in [0, 1).
+      delta: added to the denominator (Adam's epsilon); > 0.
+      decoupled: AdamW's decoupled weight decay.
+      clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
+    """
+    t = _f64(step)
+    if np.any(t < 1):
+        raise ValueError(f"step must be >= 1 (the number of this update), got {step!r}")
+    lr64 = _f64(lr)
+    a = lr64 / -np.expm1(t * np.log(beta1)) if beta1 > 0 else lr64
+    b = 1.0 / np.sqrt(-np.expm1(t * np.log(beta2))) if beta2 > 0 else 1.0
+    if decoupled:
+        coupled_wd: PerSegment = 0.0
+        decay: PerSegment = 1.0 - lr64 * _f64(wd)
+    else:
+        coupled_wd, decay = wd, 1.0
+    _launch(
+        _adam_kernel,
+        w,
+        g,
+        {"m": m, "v": v},
+        offsets,
+        gscale,
+        coupled_wd,
+        (a, b, decay),
+        (beta1, 1.0 - beta1, beta2, 1.0 - beta2, delta),
+        clip_low,
+        clip_high,
+    )
+
+
+def warmup(dtype: npt.DTypeLike = np.float32) -> None:
+    """Compile, or load from numba's on-disk cache, every kernel for ``dtype``.
+
+    Args:
+      dtype: float32 or float64.
+    """
+    w = np.zeros(1, dtype)
+    offsets = np.array([0, 1], np.int64)
+    sgd(w, w.copy(), w[:0], offsets, 0.0)
+    sgd(w, w.copy(), w.copy(), offsets, 0.0, momentum=0.5)
+    nesterov(w, w.copy(), w.copy(), offsets, 0.0, momentum=0.5)
+    adagrad(w, w.copy(), w.copy(), offsets, 0.0)
+    rmsprop(w, w.copy(), w.copy(), offsets, 0.0, rho=0.9)
+    adadelta(w, w.copy(), w.copy(), w.copy(), offsets, 0.0, rho=0.9)
+    adam(w, w.copy(), w.copy(), w.copy(), offsets, 0.0, step=1)
