@@ -312,3 +312,19 @@ def test_importing_the_package_does_not_import_numba() -> None:
     code = "import sys, paramserver; print('numba' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_nonfinite_gradients_are_counted_in_the_same_pass(dtype: type) -> None:
+    n = 3 * kernels.CHUNK + 5
+    w = np.ones(n, dtype)
+    g = np.full(n, 0.5, dtype)
+    h = np.zeros(n, dtype)
+    offsets = np.array([0, 7, n], np.int64)
+    assert kernels.sgd(w, g, h, offsets, 0.1, momentum=0.9) == 0
+    g[[3, kernels.CHUNK, n - 1]] = [np.nan, np.inf, -np.inf]
+    # Clipping and scaling do not hide them: the raw gradient is counted.
+    assert kernels.sgd(w, g, h, offsets, 0.1, momentum=0.9, clip_low=-1, clip_high=1) == 3
+    u = np.zeros(n, dtype)
+    assert kernels.adadelta(w, g, h, u, offsets, 0.1, rho=0.9) == 3
+    assert kernels.adam(w, g, h, u, offsets, 0.1, step=1) == 3

@@ -142,11 +142,12 @@ def _fused_kernel(rule: Callable[..., Any], nstate: int, name: str) -> Any:
     def kernel(w, g, h, u, offsets, seg, hyp, clip):  # type: ignore[no-untyped-def]
         for s in range(offsets.shape[0] - 1):
             if offsets[s + 1] < offsets[s]:
-                return False
+                return -1
         n = w.shape[0]
         clip_low = hyp[0]
         clip_high = hyp[1]
         p = (hyp[2], hyp[3], hyp[4], hyp[5], hyp[6])
+        nonfinite = 0
         for c in prange((n + CHUNK - 1) // CHUNK):
             pos = c * CHUNK
             stop = min(pos + CHUNK, n)
@@ -160,8 +161,11 @@ def _fused_kernel(rule: Callable[..., Any], nstate: int, name: str) -> Any:
                 gs = g[pos:end]
                 hs = h[pos:end] if nstate >= 1 else h
                 us = u[pos:end] if nstate >= 2 else u
+                bad = 0
                 for i in range(end - pos):
                     gi = gs[i]
+                    d = gi - gi  # 0, or NaN for an Inf or NaN: counted in the same pass
+                    bad += d != d
                     if clip:
                         gi = min(max(gi, clip_low), clip_high)
                     gi = gi * gscale
@@ -177,9 +181,10 @@ def _fused_kernel(rule: Callable[..., Any], nstate: int, name: str) -> Any:
                         hs[i] = hi
                     if nstate >= 2:
                         us[i] = ui
+                nonfinite += bad
                 pos = end
                 s += 1
-        return True
+        return nonfinite
 
     kernel.__name__ = kernel.__qualname__ = name  # names the cache files, one set per kernel
     return njit(nogil=True, parallel=True, cache=True, fastmath=False, error_model="numpy")(kernel)
@@ -220,7 +225,7 @@ def _launch(
     p: tuple[float, ...],
     clip_low: float,
     clip_high: float,
-) -> None:
+) -> int:
     if not isinstance(w, np.ndarray) or w.dtype not in (np.float32, np.float64):
         raise TypeError(f"w must be a float32 or float64 numpy array, not {_describe(w)}")
     dtype = w.dtype
@@ -253,8 +258,10 @@ def _launch(
     gv = g.view()
     gv.flags.writeable = False
     h, u = (*states.values(), w[:0], w[:0])[:2]
-    if not kernel(w, gv, h, u, offsets, seg, hyp, bool(clip_high > clip_low)):
+    nonfinite = int(kernel(w, gv, h, u, offsets, seg, hyp, bool(clip_high > clip_low)))
+    if nonfinite < 0:
         _bad_offsets(offsets, w)
+    return nonfinite
 
 
 def _bad_offsets(offsets: np.ndarray, w: np.ndarray) -> NoReturn:
@@ -272,7 +279,9 @@ def _f64(x: PerSegment) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------
-# The kernels. All update ``w`` and the state in place and return None.
+# The kernels. All update ``w`` and the state in place and return the number of gradient
+# elements that were NaN or Inf (counted in the same pass; the update is applied regardless:
+# the caller decides what a non-finite gradient means).
 
 
 def sgd(
@@ -287,7 +296,7 @@ def sgd(
     momentum: float = 0.0,
     clip_low: float = 0.0,
     clip_high: float = 0.0,
-) -> None:
+) -> int:
     """SGD: ``h = momentum*h - lr*g; w = w + h``, or ``w = w - lr*g`` when momentum is 0.
 
     Args:
@@ -302,7 +311,7 @@ def sgd(
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
     """
     if momentum > 0:
-        _launch(
+        return _launch(
             _momentum_kernel,
             w,
             g,
@@ -316,7 +325,7 @@ def sgd(
             clip_high,
         )
     else:
-        _launch(_sgd_kernel, w, g, {}, offsets, gscale, wd, (lr,), (), clip_low, clip_high)
+        return _launch(_sgd_kernel, w, g, {}, offsets, gscale, wd, (lr,), (), clip_low, clip_high)
 
 
 def nesterov(
@@ -331,7 +340,7 @@ def nesterov(
     momentum: float,
     clip_low: float = 0.0,
     clip_high: float = 0.0,
-) -> None:
+) -> int:
     """Nesterov: ``h0 = h; h = momentum*h + lr*g; w = w - ((1+momentum)*h - momentum*h0)``.
 
     Args:
@@ -345,7 +354,7 @@ def nesterov(
       momentum: in [0, 1].
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
     """
-    _launch(
+    return _launch(
         _nesterov_kernel,
         w,
         g,
@@ -372,7 +381,7 @@ def adagrad(
     delta: float = 1e-8,
     clip_low: float = 0.0,
     clip_high: float = 0.0,
-) -> None:
+) -> int:
     """AdaGrad: ``h = h + g*g; w = w - lr*g/sqrt(h + delta)``.
 
     Args:
@@ -386,7 +395,7 @@ def adagrad(
       delta: added under the square root; > 0.
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
     """
-    _launch(
+    return _launch(
         _adagrad_kernel, w, g, {"h": h}, offsets, gscale, wd, (lr,), (delta,), clip_low, clip_high
     )
 
@@ -404,7 +413,7 @@ def rmsprop(
     delta: float = 1e-8,
     clip_low: float = 0.0,
     clip_high: float = 0.0,
-) -> None:
+) -> int:
     """RMSProp: ``h = rho*h + (1-rho)*g*g; w = w - lr*g/sqrt(h + delta)``.
 
     Args:
@@ -419,7 +428,7 @@ def rmsprop(
       delta: added under the square root; > 0.
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
     """
-    _launch(
+    return _launch(
         _rmsprop_kernel,
         w,
         g,
@@ -448,7 +457,7 @@ def adadelta(
     delta: float = 1e-8,
     clip_low: float = 0.0,
     clip_high: float = 0.0,
-) -> None:
+) -> int:
     """AdaDelta: ``h = rho*h + (1-rho)*g*g; t = g*sqrt(u + delta)/sqrt(h + delta);
     u = rho*u + (1-rho)*t*t; w = w - lr*t``.
 
@@ -465,7 +474,7 @@ def adadelta(
       delta: added under the square roots; > 0.
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
     """
-    _launch(
+    return _launch(
         _adadelta_kernel,
         w,
         g,
@@ -497,7 +506,7 @@ def adam(
     decoupled: bool = False,
     clip_low: float = 0.0,
     clip_high: float = 0.0,
-) -> None:
+) -> int:
     """Adam (or AdamW with ``decoupled=True``) with bias correction.
 
     ``m = beta1*m + (1-beta1)*g; v = beta2*v + (1-beta2)*g*g;
@@ -533,7 +542,7 @@ def adam(
         decay: PerSegment = 1.0 - lr64 * _f64(wd)
     else:
         coupled_wd, decay = wd, 1.0
-    _launch(
+    return _launch(
         _adam_kernel,
         w,
         g,

@@ -62,8 +62,11 @@ class Updater:
     def apply(self, step: int, values: np.ndarray, grads: np.ndarray, state: State,
               offsets: np.ndarray, lr_scale: np.ndarray | float = 1.0,
               wd_scale: np.ndarray | float = 1.0,
-              grad_scale: np.ndarray | float = 1.0) -> None:
+              grad_scale: np.ndarray | float = 1.0) -> int:
         """One update of a range of flat buffers, in place.
+
+        Returns the number of gradient elements that were NaN or Inf, counted in the same
+        pass (the update is applied regardless; the caller decides what that means).
 
         Args:
             step: the training step; the learning rate is ``learning_rate(step)``.
@@ -78,13 +81,15 @@ class Updater:
         wd = self.conf.weight_decay * _per_segment(wd_scale, n)
         if self.counted:
             state[COUNT] += 1
-        self._run(values, grads, state, np.asarray(offsets, np.int64), lr, wd,
-                  _per_segment(grad_scale, n))
+        return self._run(values, grads, state, np.asarray(offsets, np.int64), lr, wd,
+                         _per_segment(grad_scale, n))
 
     def _run(self, w: np.ndarray, g: np.ndarray, state: State, offsets: np.ndarray,
-             lr: np.ndarray, wd: np.ndarray, gscale: np.ndarray) -> None:
-        """The update over segments; by default :meth:`rule` on each segment, in NumPy."""
+             lr: np.ndarray, wd: np.ndarray, gscale: np.ndarray) -> int:
+        """The update over segments; by default :meth:`rule` on each segment, in NumPy.
+        Returns the number of non-finite gradient elements."""
         c = self.conf
+        nonfinite = int(g.size - np.count_nonzero(np.isfinite(g)))
         for i in range(len(offsets) - 1):
             lo, hi = int(offsets[i]), int(offsets[i + 1])
             gi = g[lo:hi].astype(w.dtype, copy=True)
@@ -95,6 +100,7 @@ class Updater:
                 gi += w.dtype.type(wd[i]) * w[lo:hi]
             seg = {k: (v[lo:hi] if k != COUNT else v[i:i + 1]) for k, v in state.items()}
             self.rule(w[lo:hi], gi, seg, float(lr[i]))
+        return nonfinite
 
     def rule(self, w: np.ndarray, g: np.ndarray, state: State, lr: float) -> None:
         """A user method's rule on one segment: update ``w`` and ``state`` in place.
@@ -105,22 +111,27 @@ class Updater:
 
     # -- Params -----------------------------------------------------------------------------
 
-    def update(self, step: int, param: Param, grad_scale: float = 1.0) -> None:
-        """Update one owner Param from its gradient; its version goes up by one."""
+    def update(self, step: int, param: Param, grad_scale: float = 1.0) -> int:
+        """Update one owner Param from its gradient; its version goes up by one.
+
+        Returns the number of NaN or Inf elements the gradient held (0 when it was finite).
+        """
         if param.owner is not None:
             raise ParamError(f"Param '{param.name}' shares the values of "
                              f"'{param.owner.name}': update the owner")
         state = self._state.get(param.name)
         if state is None:
             state = self._state[param.name] = self.init_state(param.size, 1, param.dtype)
-        self.apply(step, param.data.reshape(-1), param.grad.reshape(-1), state,
-                   np.array([0, param.size], np.int64), param.lr_scale, param.wd_scale,
-                   grad_scale)
+        nonfinite = self.apply(step, param.data.reshape(-1), param.grad.reshape(-1), state,
+                               np.array([0, param.size], np.int64), param.lr_scale,
+                               param.wd_scale, grad_scale)
         param.version += 1
+        return nonfinite
 
     def update_params(self, step: int, params: ParamSet,
-                      grad_scale: np.ndarray | float | None = None) -> None:
-        """Update every owner of a ParamSet in one call over its flat buffers.
+                      grad_scale: np.ndarray | float | None = None) -> int:
+        """Update every owner of a ParamSet in one call over its flat buffers; returns the
+        number of NaN or Inf gradient elements.
 
         ``grad_scale`` defaults to ``1 / num_shares`` per owner: the mean of the gradients
         of the Params sharing it, once :meth:`ParamSet.sum_shared_grads` has summed them.
@@ -130,10 +141,11 @@ class Updater:
             entry = (params, self._bind(params))
             self._flat[id(params)] = entry
         scale = 1.0 / params.num_shares if grad_scale is None else grad_scale
-        self.apply(step, params.values, params.owner_grads(), entry[1], params.offsets,
-                   params.lr_scales, params.wd_scales, scale)
+        nonfinite = self.apply(step, params.values, params.owner_grads(), entry[1],
+                               params.offsets, params.lr_scales, params.wd_scales, scale)
         for p in params.owners:
             p.version += 1
+        return nonfinite
 
     def _bind(self, params: ParamSet) -> State:
         """Flat state for a ParamSet, with each owner's part registered under its name."""
@@ -218,16 +230,17 @@ class _Fused(Updater):
         return {}
 
     def _run(self, w: np.ndarray, g: np.ndarray, state: State, offsets: np.ndarray,
-             lr: np.ndarray, wd: np.ndarray, gscale: np.ndarray) -> None:
+             lr: np.ndarray, wd: np.ndarray, gscale: np.ndarray) -> int:
         from . import kernels
 
         arrays = [state[r] for r in self.state_roles]
         kw = self.extra()
         if self.counted:
             kw["step"] = state[COUNT].astype(np.float64)
-        getattr(kernels, self.kernel)(w, g, *arrays, offsets, lr, wd, gscale,
-                                      clip_low=self.conf.clip_low,
-                                      clip_high=self.conf.clip_high, **kw)
+        nonfinite: int = getattr(kernels, self.kernel)(
+            w, g, *arrays, offsets, lr, wd, gscale, clip_low=self.conf.clip_low,
+            clip_high=self.conf.clip_high, **kw)
+        return nonfinite
 
 
 @register_updater("kSGD", aliases=("sgd",))
@@ -241,12 +254,12 @@ class SGD(_Fused):
         return ("history",) if self.conf.momentum > 0 else ()
 
     def _run(self, w: np.ndarray, g: np.ndarray, state: State, offsets: np.ndarray,
-             lr: np.ndarray, wd: np.ndarray, gscale: np.ndarray) -> None:
+             lr: np.ndarray, wd: np.ndarray, gscale: np.ndarray) -> int:
         from . import kernels
 
         h = state.get("history", np.empty(0, w.dtype))
-        kernels.sgd(w, g, h, offsets, lr, wd, gscale, momentum=self.conf.momentum,
-                    clip_low=self.conf.clip_low, clip_high=self.conf.clip_high)
+        return kernels.sgd(w, g, h, offsets, lr, wd, gscale, momentum=self.conf.momentum,
+                           clip_low=self.conf.clip_low, clip_high=self.conf.clip_high)
 
 
 @register_updater("kNesterov", aliases=("nesterov",))
@@ -307,6 +320,12 @@ class AdaDelta(_Fused):
 class AdamConf(Parameter):
     beta1: float = field(0.9, lower=0.0, upper=1.0, doc="Decay of the first moment.")
     beta2: float = field(0.999, lower=0.0, upper=1.0, doc="Decay of the second moment.")
+
+    def check(self) -> list[str]:
+        # At 1 the bias correction 1 - beta^t is 0: every value would become Inf or NaN.
+        return [f"value 1 for Parameter {name} should be less than 1 (the bias correction "
+                f"divides by 1 - {name}^t)" for name in ("beta1", "beta2")
+                if getattr(self, name) == 1.0]
 
 
 @register_updater("kAdam", aliases=("adam",))
