@@ -52,7 +52,7 @@ from .messages import (
     Update,
     UpdateReply,
 )
-from .numerics import kernel_guard, sum_into
+from .numerics import kernel_guard, nonfinite_counts, sum_into
 from .transport import Pending
 
 ReplyFn = Callable[[Reply], None]
@@ -196,20 +196,21 @@ class Server:
         """Apply the open step of a worker group once, answer its updates and ready gets."""
         rnd = self._rounds.pop(group)
         try:
-            applied = self._apply(rnd)
+            applied = self._apply(rnd, group)
             self._clock[group] = rnd.step + 1
             if self._send is not None and not self.is_master and self._since_sync > 0 and (
                     self._since_sync >= self.conf.sync_freq or rnd.flush):
                 self._sync_out(rnd.step)
         except Exception as e:  # every waiter of the step must hear of it
-            error = ErrorReply(f"{self.name}: update of step {rnd.step} of group {group} "
+            error = ErrorReply(f"{self.name}: {e}" if isinstance(e, ClusterError) else
+                               f"{self.name}: update of step {rnd.step} of group {group} "
                                f"failed: {type(e).__name__}: {e}")
             return [(fn, error) for fn in rnd.replies]
         assert self.values is not None
         answer = UpdateReply(self.values, self.versions.copy(), applied)
         return [*((fn, answer) for fn in rnd.replies), *self._ready_gets()]
 
-    def _apply(self, rnd: _Round) -> bool:
+    def _apply(self, rnd: _Round, group: int) -> bool:
         grads = [g for w in sorted(rnd.grads) if (g := rnd.grads[w]) is not None]
         if not grads or self.values is None or self.layout.size == 0:
             return False
@@ -224,11 +225,30 @@ class Server:
         L = self.layout
         scale = 1.0 / (self.num_shares * len(grads))
         with kernel_guard():
-            self.updater.apply(rnd.step, self.values, total, self.state, L.offsets,
-                               L.lr_scale, L.wd_scale, scale)
+            nonfinite = self.updater.apply(rnd.step, self.values, total, self.state,
+                                           L.offsets, L.lr_scale, L.wd_scale, scale)
+        if nonfinite:
+            raise ClusterError(self._nonfinite_message(rnd, total, group))
         self.versions += 1
         self._since_sync += 1
         return True
+
+    def _nonfinite_message(self, rnd: _Round, total: np.ndarray, group: int) -> str:
+        """Which Params and workers sent NaN or Inf (the slow account, on the error path)."""
+        L = self.layout
+        params = []
+        for i, name in enumerate(L.names):
+            nan, inf = nonfinite_counts(total[L.offsets[i]:L.offsets[i + 1]])
+            if nan or inf:
+                counts = ", ".join(f"{n} {kind}" for n, kind in ((nan, "NaN"), (inf, "Inf"))
+                                   if n)
+                params.append(f"'{name}' ({counts})")
+        workers = [w for w in sorted(rnd.grads) if (g := rnd.grads[w]) is not None
+                   and sum(nonfinite_counts(g)) > 0]
+        return (f"non-finite gradient at step {rnd.step} from workers {workers} of group "
+                f"{group}: Params {', '.join(params)}; this step's update is not usable "
+                "and the run stops (checkpoints written before it are intact; "
+                "cluster.nonfinite 'skip' drops such pushes instead)")
 
     def _leave(self, msg: Leave, reply: ReplyFn) -> list[tuple[ReplyFn, Reply]]:
         self._check_worker(msg.group, msg.worker)

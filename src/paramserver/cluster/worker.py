@@ -5,8 +5,9 @@ values of its server group (inside one process, the very memory the servers upda
 gradients of its own. Per step it
 
 1. sums the gradients of the Params that share one owner (stub aggregation, SPEC §7),
-2. checks them for NaN and Inf (``cluster.nonfinite``: stop with an error naming the
-   Params, or drop the push with a warning),
+2. under ``cluster.nonfinite: skip``, checks them for NaN and Inf and drops such a push
+   with a warning (under ``error``, the default, the servers' kernels count them in their
+   own pass and stop the run with an error naming the Params),
 3. sends each server with a part of the values an :class:`Update` holding a view of its
    range of the gradients (nothing is copied), and
 4. collects the replies: a reply's values are copied into the replica only when they are
@@ -25,7 +26,6 @@ import numpy as np
 
 from ..config.job import ClusterConf
 from ..params import ParamSet
-from .errors import ClusterError
 from .layout import ServerLayout
 from .messages import Get, GetReply, Leave, Put, PutReply, Update, UpdateReply
 from .numerics import all_finite, nonfinite_counts
@@ -127,12 +127,11 @@ class Worker:
         if self._has_sharers:
             self.params.sum_shared_grads()
         grads: list[np.ndarray | None] = list(self._grads)
-        if not all_finite(self.params.owner_grads()):
+        # Under 'error' the servers' kernels count NaN and Inf in their own pass (free);
+        # 'skip' must know before anything is written, so it pays a pass here.
+        if self.conf.nonfinite == "skip" and not all_finite(self.params.owner_grads()):
             message = (f"non-finite gradient at step {step} from {self.name} (rank "
                        f"{self.rank}): {self._nonfinite_params()}")
-            if self.conf.nonfinite == "error":
-                raise ClusterError(f"{message} (cluster.nonfinite is 'error'; 'skip' drops "
-                                   "such pushes instead)")
             warnings.warn(f"{message}; the push is dropped (cluster.nonfinite is 'skip')",
                           RuntimeWarning, stacklevel=2)
             self.skipped += 1
