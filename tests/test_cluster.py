@@ -401,8 +401,6 @@ def test_on_step_is_called_in_order_in_the_caller_thread():
 
 def test_configuration_mistakes():
     ps = make_params()
-    with pytest.raises(ParamError, match="backend 'ray' is not available yet"):
-        Cluster(conf(backend="ray"), ps, MOMENTUM)
     with pytest.raises(ParamError, match=r"nserver_groups \(2\) is more than nworker_groups"):
         Cluster(conf(nserver_groups=2), ps, MOMENTUM)
     with pytest.raises(ParamError, match="Cluster needs an updater"):

@@ -14,6 +14,10 @@ every worker group from a :class:`~paramserver.config.job.ClusterConf`, a
 Server group 0 holds the ParamSet's own values (``params.values`` is the model, updated in
 place); every further server group holds a copy. Workers talk to servers only through the
 messages of :mod:`~paramserver.cluster.messages` over a :class:`LocalTransport`.
+
+With ``cluster.backend: "ray"``, ``Cluster(...)`` makes a
+:class:`~paramserver.cluster.ray_backend.RayCluster` instead: the same servers and workers
+as Ray actors, with the same ``run``, ``state_dict`` and ``load_state_dict``.
 """
 
 from __future__ import annotations
@@ -59,8 +63,30 @@ def _cluster_conf(job: JobConf | ClusterConf | Mapping[str, Any]) -> ClusterConf
     raise ParamError(f"expected a JobConf, a ClusterConf or a dict, not {type(job).__name__}")
 
 
+def _updater_of(job: JobConf | ClusterConf | Mapping[str, Any],
+                updater: Updater | UpdaterConf | Mapping[str, Any] | str | None) -> Updater:
+    if updater is None:
+        if not isinstance(job, JobConf):
+            raise ParamError("Cluster needs an updater: pass one, or a JobConf with one")
+        updater = job.updater
+    if not isinstance(updater, Updater):
+        updater = create_updater(updater if not isinstance(updater, Mapping)
+                                 else dict(updater))
+    return updater
+
+
+def _check_conf(conf: ClusterConf) -> None:
+    if conf.nserver_groups > conf.nworker_groups:
+        raise ParamError(f"nserver_groups ({conf.nserver_groups}) is more than "
+                         f"nworker_groups ({conf.nworker_groups}): server groups without "
+                         "a worker group would hold values nobody trains")
+
+
 class Cluster:
-    """Parameter servers and workers, embedded; see the module docstring.
+    """Parameter servers and workers, embedded; see the module docstring. With
+    ``backend: "ray"`` in the cluster configuration, ``Cluster(...)`` returns a
+    :class:`~paramserver.cluster.ray_backend.RayCluster` (which takes further keyword
+    arguments: placement, actor options, checkpoints).
 
     Args:
         job: a job (its ``cluster`` and, unless ``updater`` is given, its ``updater``), a
@@ -79,24 +105,23 @@ class Cluster:
         step: the next step :meth:`run` starts at.
     """
 
+    def __new__(cls, job: JobConf | ClusterConf | Mapping[str, Any] | None = None, *args: Any,
+                **kwargs: Any) -> Cluster:
+        if cls is Cluster and job is not None and _cluster_conf(job).backend == "ray":
+            from .ray_backend import RayCluster
+
+            return super().__new__(RayCluster)
+        return super().__new__(cls)
+
     def __init__(self, job: JobConf | ClusterConf | Mapping[str, Any], params: ParamSet,
                  updater: Updater | UpdaterConf | Mapping[str, Any] | str | None = None, *,
                  transport: Callable[[Mapping[Address, Server]], Transport] | None = None):
         conf = _cluster_conf(job)
-        if updater is None:
-            if not isinstance(job, JobConf):
-                raise ParamError("Cluster needs an updater: pass one, or a JobConf with one")
-            updater = job.updater
-        if not isinstance(updater, Updater):
-            updater = create_updater(updater if not isinstance(updater, Mapping)
-                                     else dict(updater))
-        if conf.backend != "local":
-            raise ParamError(f"cluster.backend '{conf.backend}' is not available yet; "
-                             "use 'local' (servers and workers in this process)")
-        if conf.nserver_groups > conf.nworker_groups:
-            raise ParamError(f"nserver_groups ({conf.nserver_groups}) is more than "
-                             f"nworker_groups ({conf.nworker_groups}): server groups without "
-                             "a worker group would hold values nobody trains")
+        updater = _updater_of(job, updater)
+        if conf.backend != "local":  # Cluster(...) itself makes a RayCluster for 'ray'
+            raise ParamError(f"{type(self).__name__} runs servers and workers in this process;"
+                             f" cluster.backend '{conf.backend}' is made by Cluster(...)")
+        _check_conf(conf)
         self.conf = conf
         self.params = params
         self.updater = updater

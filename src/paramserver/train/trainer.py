@@ -1,4 +1,5 @@
-"""The main job: train a job file's net on the embedded cluster (``paramserver train``).
+"""The main job: train a job file's net on the cluster (``paramserver train``), embedded or
+on Ray (``--backend ray``).
 
 The run is cut into chunks at every test and checkpoint step; between chunks every worker
 has stopped, so tests see one consistent model and a checkpoint is a consistent cut of the
@@ -9,9 +10,10 @@ not stopped.
 
 from __future__ import annotations
 
+import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -55,39 +57,69 @@ class Trainer:
         progress: show a progress bar (or, off a terminal, a line per display step).
         stream: where progress goes (default stderr).
         base_dir: folder that relative data paths are read from (the job file's folder).
+        cluster_options: with ``cluster.backend: ray``, keyword arguments of
+            :class:`~paramserver.cluster.ray_backend.RayCluster` (``placement``,
+            ``server_options``, ``worker_options``, ...).
+
+    With ``cluster.backend: ray`` the workers are Ray actors that build their own Nets
+    from the job's configuration (sent as JSON, with the names of the modules that
+    registered user components); :attr:`nets` is then empty, and the servers' checkpoints
+    are in ``<workspace>/checkpoints/servers``. :meth:`close` stops the actors.
     """
 
     def __init__(self, job: JobConf, *, progress: bool = True, stream: TextIO | None = None,
-                 base_dir: str | os.PathLike[str] | None = None):
+                 base_dir: str | os.PathLike[str] | None = None,
+                 cluster_options: Mapping[str, Any] | None = None):
         self.job = job
         self.workspace = Path(job.workspace_dir)
         self.show = progress
         self.stream = stream
         c = job.cluster
-        nworkers = c.nworker_groups * c.nworkers_per_group
-        self.nets = [Net(job.neuralnet, seed=job.seed, base_dir=base_dir)
-                     for _ in range(nworkers)]
-        self.params = ParamSet(self.nets[0].param_specs())
-        self.params.init(job.seed)
-        self.cluster = Cluster(job, self.params)
-        for worker, net in zip(self.cluster.workers, self.nets):
-            net.bind(worker.params)
-        self.eval_net = Net(job.neuralnet, seed=job.seed, base_dir=base_dir)
+        self._step_fn: Any = self._grad_fn
+        if c.backend == "ray":
+            self._init_ray(base_dir, cluster_options or {})
+        else:
+            nworkers = c.nworker_groups * c.nworkers_per_group
+            self.nets = [Net(job.neuralnet, seed=job.seed, base_dir=base_dir)
+                         for _ in range(nworkers)]
+            self.params = ParamSet(self.nets[0].param_specs())
+            self.params.init(job.seed)
+            self.cluster = Cluster(job, self.params)
+            for worker, net in zip(self.cluster.workers, self.nets):
+                net.bind(worker.params)
+            self.eval_net = Net(job.neuralnet, seed=job.seed, base_dir=base_dir)
         self.eval_net.bind(self.params)
         self.log = MetricsLog(self.workspace / "metrics.csv")
         self._window: list[list[float]] = []  # train metrics since the last display row
         steps = job.train_steps
         self.disp_freq = job.disp_freq or max(1, steps // 30)
 
+    def _init_ray(self, base_dir: str | os.PathLike[str] | None,
+                  options: Mapping[str, Any]) -> None:
+        from ..cluster.ray_backend import RayCluster
+        from ..cluster.ray_wire import RemoteGradFn
+
+        job = self.job
+        self.nets = []  # each worker actor builds its own
+        self.eval_net = Net(job.neuralnet, seed=job.seed, base_dir=base_dir)
+        self.params = ParamSet(self.eval_net.param_specs())
+        self.params.init(job.seed)
+        folder = self.workspace / "checkpoints" / "servers"
+        self.cluster = RayCluster(job, self.params,
+                                  **{"checkpoint_dir": folder, **dict(options)})
+        self._step_fn = RemoteGradFn(f"{__name__}:net_grad_fn", {
+            "job": job.to_json(), "base_dir": os.path.abspath(base_dir or os.getcwd())})
+
+    def close(self) -> None:
+        """Stop the cluster's actors (Ray backend; nothing to do embedded)."""
+        close = getattr(self.cluster, "close", None)
+        if close is not None:
+            close()
+
     # -- one step on one worker -------------------------------------------------------------
 
     def _grad_fn(self, worker: Worker, step: int) -> Mapping[str, Any]:
-        c = self.job.cluster
-        net = self.nets[worker.rank]
-        # Groups read different data: group g takes batch step * G + g of the data order.
-        batch = net.batch(step * c.nworker_groups + worker.group, rank=worker.index,
-                          num_workers=c.nworkers_per_group)
-        return net.train_step(batch, net.step_rng(step, worker.rank))
+        return _train_step(self.nets[worker.rank], self.job, worker, step)
 
     # -- the run ----------------------------------------------------------------------------
 
@@ -120,7 +152,7 @@ class Trainer:
 
         step = start
         for stop in self._boundaries(start):
-            self.cluster.run(self._grad_fn, stop - step, start_step=step, on_step=on_step)
+            self.cluster.run(self._step_fn, stop - step, start_step=step, on_step=on_step)
             step = stop
             if self._due(step, job.test_freq, job.test_after) or step == job.train_steps:
                 test = self.eval_net.evaluate(steps=job.test_steps)
@@ -222,4 +254,30 @@ class Trainer:
             raise CheckpointError(f"{path}: {e}") from None
 
 
-__all__ = ["TrainResult", "Trainer"]
+def _train_step(net: Net, job: JobConf, worker: Worker, step: int) -> Mapping[str, Any]:
+    """One worker's step: its shard of the step's batch, forward and backward."""
+    c = job.cluster
+    # Groups read different data: group g takes batch step * G + g of the data order.
+    batch = net.batch(step * c.nworker_groups + worker.group, rank=worker.index,
+                      num_workers=c.nworkers_per_group)
+    return net.train_step(batch, net.step_rng(step, worker.rank))
+
+
+def net_grad_fn(job: str, base_dir: str | None = None) -> Callable[[Worker, int], Any]:
+    """The gradient function of a Ray worker actor: its own Net, built from the job's JSON
+    (:class:`~paramserver.cluster.ray_wire.RemoteGradFn` data) and bound to the worker's
+    replica on the first step."""
+    conf = JobConf.parse(json.loads(job))
+    net = Net(conf.neuralnet, seed=conf.seed, base_dir=base_dir)
+    bound: list[ParamSet] = []
+
+    def grad_fn(worker: Worker, step: int) -> Mapping[str, Any]:
+        if not bound or bound[0] is not worker.params:
+            net.bind(worker.params)
+            bound[:] = [worker.params]
+        return _train_step(net, conf, worker, step)
+
+    return grad_fn
+
+
+__all__ = ["TrainResult", "Trainer", "net_grad_fn"]
