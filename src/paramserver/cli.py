@@ -143,7 +143,10 @@ def _train(args: argparse.Namespace) -> int:
     except ParamError as e:
         raise ParamError(f"command-line option: {e}") from None
     trainer = Trainer(job, progress=not args.quiet, base_dir=Path(args.job).parent)
-    trainer.train(resume=args.resume)
+    try:
+        trainer.train(resume=args.resume)
+    finally:
+        trainer.close()
     return 0
 
 
