@@ -67,6 +67,7 @@ from .ray_wire import (
 )
 from .runtime import Cluster, GradFn, OnStep, _check_conf, _cluster_conf, _updater_of
 from .server import Server
+from .state import join_state, owner_versions, split_state
 from .transport import Transport
 
 
@@ -684,12 +685,8 @@ class RayCluster(Cluster):
             L = self.layouts[index]
             np.copyto(self.params.values[L.start:L.stop], reply.values)
             versions[index] = reply.versions
-        per_owner: dict[int, int] = {}
-        for L in self.layouts:
-            vs = versions[L.index].tolist() if L.index in versions else (
-                self._idle[(0, L.index)].versions.tolist())
-            for owner, version in zip(L.slice_owners.tolist(), vs, strict=True):
-                per_owner[owner] = min(per_owner.get(owner, version), version)
+        per_owner = owner_versions(self.layouts, lambda L: versions[L.index] if L.index in
+                                   versions else self._idle[(0, L.index)].versions)
         for owner, version in per_owner.items():
             self.params.owners[owner].version = version
 
@@ -710,16 +707,11 @@ class RayCluster(Cluster):
             states = self._server_states()
         except _Failure as f:
             raise f.error() from None
-        out: dict[str, np.ndarray] = {"step": np.array(self.step, np.int64),
-                                      "layout": self._layout_array()}
-        for (g, s), state in states.items():
-            for k, v in state.items():
-                out[f"server/{g}/{s}/{k}"] = v
-        return out
+        return join_state(self.step, self.layouts, states)
 
     def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
         """As :meth:`paramserver.cluster.Cluster.load_state_dict`, into the actors."""
-        problems, parts = self._split_state(state)
+        problems, parts = split_state(state, self.layouts, self._addresses())
         try:
             remote = self._ask({a: h.check_state.remote(parts[a], f"server/{a[0]}/{a[1]}/")
                                 for a, h in self.servers.items()}, "a check of a state")
@@ -742,33 +734,9 @@ class RayCluster(Cluster):
         self.step = int(state["step"])
         self._fresh = False
         self._checkpointed = None
-        per_owner: dict[int, int] = {}
-        for L in self.layouts:
-            for owner, version in zip(L.slice_owners.tolist(),
-                                      parts[(0, L.index)]["versions"].tolist(), strict=True):
-                per_owner[owner] = min(per_owner.get(owner, version), version)
+        per_owner = owner_versions(self.layouts, lambda L: parts[(0, L.index)]["versions"])
         for owner, version in per_owner.items():
             self.params.owners[owner].version = version
-
-    def _split_state(self, state: Mapping[str, np.ndarray]
-                     ) -> tuple[list[str], dict[Address, dict[str, np.ndarray]]]:
-        problems = [f"'{key}' is missing" for key in ("step", "layout") if key not in state]
-        if "layout" in state and not np.array_equal(np.asarray(state["layout"]),
-                                                    self._layout_array()):
-            problems.append("the state was saved with other server ranges (another model or "
-                            "nservers_per_group)")
-        parts: dict[Address, dict[str, np.ndarray]] = {a: {} for a in self._addresses()}
-        for key, value in state.items():
-            if key in ("step", "layout"):
-                continue
-            head, group, index, name = (*key.split("/", 3), "", "", "")[:4]
-            address = ((int(group), int(index)) if group.isdigit() and index.isdigit()
-                       else None)
-            if head != "server" or address is None or address not in parts:
-                problems.append(f"'{key}' is not a key of this cluster's state")
-                continue
-            parts[address][name] = np.asarray(value)
-        return problems, parts
 
     # -- the end ----------------------------------------------------------------------------
 

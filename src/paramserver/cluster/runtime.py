@@ -39,6 +39,7 @@ from .errors import ClusterError
 from .layout import ServerLayout, plan_servers
 from .messages import Address
 from .server import Server
+from .state import join_state, owner_versions, split_state
 from .transport import LocalTransport, Transport
 from .worker import Worker
 
@@ -330,50 +331,21 @@ class Cluster:
 
     def _set_param_versions(self) -> None:
         """Each owner Param's version: the smallest of its slices' in server group 0."""
-        per_owner: dict[int, int] = {}
-        for L in self.layouts:
-            versions = self.servers[(0, L.index)].versions.tolist()
-            for owner, version in zip(L.slice_owners.tolist(), versions, strict=True):
-                per_owner[owner] = min(per_owner.get(owner, version), version)
+        per_owner = owner_versions(self.layouts, lambda L: self.servers[(0, L.index)].versions)
         for owner, version in per_owner.items():
             self.params.owners[owner].version = version
 
     # -- checkpoints ------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        """Everything a resume needs, as flat arrays (no pickle): the step, and for every
-        server ``server/<group>/<index>/values``, ``…/versions`` and ``…/state/<role>``."""
-        out: dict[str, np.ndarray] = {"step": np.array(self.step, np.int64),
-                                      "layout": self._layout_array()}
-        for (g, s), server in self.servers.items():
-            for k, v in server.state_dict().items():
-                out[f"server/{g}/{s}/{k}"] = v
-        return out
-
-    def _layout_array(self) -> np.ndarray:
-        return np.array([[L.start, L.stop] for L in self.layouts], np.int64).reshape(-1, 2)
+        """Everything a resume needs, as flat arrays (no pickle): see
+        :mod:`paramserver.cluster.state`."""
+        return join_state(self.step, self.layouts,
+                          {a: server.state_dict() for a, server in self.servers.items()})
 
     def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
         """Restore :meth:`state_dict`'s output; checked whole before anything changes."""
-        problems = []
-        for key in ("step", "layout"):
-            if key not in state:
-                problems.append(f"'{key}' is missing")
-        if "layout" in state and not np.array_equal(np.asarray(state["layout"]),
-                                                    self._layout_array()):
-            problems.append("the state was saved with other server ranges (another model or "
-                            "nservers_per_group)")
-        parts: dict[Address, dict[str, np.ndarray]] = {a: {} for a in self.servers}
-        for key, value in state.items():
-            if key in ("step", "layout"):
-                continue
-            head, group, index, name = (*key.split("/", 3), "", "", "")[:4]
-            address = ((int(group), int(index)) if group.isdigit() and index.isdigit()
-                       else None)
-            if head != "server" or address is None or address not in parts:
-                problems.append(f"'{key}' is not a key of this cluster's state")
-                continue
-            parts[address][name] = value
+        problems, parts = split_state(state, self.layouts, self.servers)
         for (g, s), server in self.servers.items():
             problems += server.check_state(parts[(g, s)], f"server/{g}/{s}/")
         if problems:
