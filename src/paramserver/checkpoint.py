@@ -91,15 +91,22 @@ def list_checkpoints(folder: str | os.PathLike[str]) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def latest_checkpoint(folder: str | os.PathLike[str]) -> Path | None:
-    """The newest checkpoint of a folder that loads, or None."""
+def load_latest_checkpoint(folder: str | os.PathLike[str]
+                           ) -> tuple[Path, dict[str, np.ndarray], dict[str, Any]] | None:
+    """The newest checkpoint of a folder that loads, read once: ``(path, arrays, meta)``."""
     for _, p in reversed(list_checkpoints(folder)):
         try:
-            load_checkpoint(p)
+            arrays, meta = load_checkpoint(p)
         except CheckpointError:
             continue
-        return p
+        return p, arrays, meta
     return None
+
+
+def latest_checkpoint(folder: str | os.PathLike[str]) -> Path | None:
+    """The path of the newest checkpoint of a folder that loads, or None."""
+    found = load_latest_checkpoint(folder)
+    return None if found is None else found[0]
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -116,4 +123,4 @@ def _fsync_dir(folder: Path) -> None:
 
 
 __all__ = ["CheckpointError", "checkpoint_name", "latest_checkpoint", "list_checkpoints",
-           "load_checkpoint", "save_checkpoint"]
+           "load_checkpoint", "load_latest_checkpoint", "save_checkpoint"]

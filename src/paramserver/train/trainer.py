@@ -23,9 +23,9 @@ import numpy as np
 from ..checkpoint import (
     CheckpointError,
     checkpoint_name,
-    latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
+    load_latest_checkpoint,
     save_checkpoint,
 )
 from ..cluster import Cluster, Worker
@@ -217,14 +217,15 @@ class Trainer:
 
     def _resume(self) -> int:
         folder = self.workspace / "checkpoints"
-        path = latest_checkpoint(folder)
-        if path is None:
+        found = load_latest_checkpoint(folder)
+        if found is None:
             if self.show:
                 Progress(1, stream=self.stream).message(
                     f"no checkpoint in {folder}: starting from step 0")
             self.log.rows = []
             return 0
-        self.load(path)
+        path, arrays, meta = found
+        self._restore(path, arrays, meta)
         step = self.cluster.step
         job = self.job
         # Keep what a straight run has at this step: rows of the steps before, and the
@@ -239,6 +240,10 @@ class Trainer:
     def load(self, path: str | os.PathLike[str]) -> None:
         """Restore a checkpoint of this job; refused whole if it does not fit."""
         arrays, meta = load_checkpoint(path)
+        self._restore(path, arrays, meta)
+
+    def _restore(self, path: str | os.PathLike[str], arrays: dict[str, np.ndarray],
+                 meta: dict[str, Any]) -> None:
         if meta.get("format") != FORMAT:
             raise CheckpointError(f"{path}: not a paramserver training checkpoint")
         if meta.get("params") != self._layout() or meta.get("dtype") != self.params.dtype.name:
