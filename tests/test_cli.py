@@ -148,6 +148,10 @@ def test_version_help_and_module_entry() -> None:
     proc = subprocess.run([sys.executable, "-m", "paramserver", "--version"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == f"paramserver {__version__}"
+    # A fresh process knows every built-in name before anything else imports it.
+    proc = subprocess.run([sys.executable, "-m", "paramserver", "doc", "kConst"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.startswith("kConstant (also kConst)")
     for sub in ("check", "doc", "train"):
         proc = subprocess.run([sys.executable, "-m", "paramserver", sub, "--help"],
                               capture_output=True, text=True, timeout=60)

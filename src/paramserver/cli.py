@@ -40,6 +40,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("paramserver: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (``paramserver doc | head``)
+        sys.stdout = None  # type: ignore[assignment]  # nothing more to flush at exit
+        return 0
 
 
 def _import_user_module(name: str) -> None:

@@ -142,7 +142,7 @@ def _entry(registry: ComponentRegistry, name: str, common: type[ComponentConf],
            brief: bool) -> str:
     canonical = registry.lookup(name)
     cls = registry.get(canonical)
-    aliases = getattr(registry, "aliases", lambda n: ())(canonical)
+    aliases = registry.aliases(canonical)
     head = canonical + (f" (also {', '.join(aliases)})" if aliases else "")
     text = inspect.getdoc(cls) or ""
     lines = [head, _indent(text.split("\n\n")[0] if brief else text)]

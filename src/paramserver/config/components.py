@@ -51,6 +51,10 @@ class ComponentRegistry(Registry[Any]):
         self.load()
         return super().names()
 
+    def __contains__(self, name: object) -> bool:
+        self.load()
+        return super().__contains__(name)
+
     def items(self) -> Iterator[tuple[str, Any]]:
         self.load()
         return super().items()

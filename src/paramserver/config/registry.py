@@ -33,6 +33,7 @@ class Registry(Generic[T]):
         self.kind = kind
         self._items: dict[str, T] = {}       # canonical name -> component
         self._keys: dict[str, str] = {}      # normalised spelling -> canonical name
+        self._aliases: dict[str, tuple[str, ...]] = {}  # canonical name -> as registered
 
     def register(self, name: str, *, aliases: tuple[str, ...] = ()) -> Callable[[T], T]:
         """Decorator: register a component under ``name`` (and ``aliases``)."""
@@ -53,13 +54,19 @@ class Registry(Generic[T]):
                 raise ParamError(f"{self.kind} name '{spelling}' is already registered "
                                  f"(as '{taken}' for {_describe(self._items[taken])})")
         self._items[name] = obj
+        self._aliases[name] = tuple(aliases)
         for key in keys:
             self._keys[key] = name
+
+    def aliases(self, name: str) -> tuple[str, ...]:
+        """The other spellings a component was registered with (for documentation)."""
+        return self._aliases.get(self.lookup(name), ())
 
     def remove(self, name: str) -> None:
         """Forget a component (tests and interactive sessions re-register)."""
         canonical = self.lookup(name)
         del self._items[canonical]
+        self._aliases.pop(canonical, None)
         self._keys = {k: v for k, v in self._keys.items() if v != canonical}
 
     def lookup(self, name: str) -> str:
