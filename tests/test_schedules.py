@@ -312,3 +312,17 @@ def test_user_lr_method_errors(half_life: type) -> None:
     with pytest.raises(ParamError, match="learning-rate method name 'kStep' is already "
                                          "registered"):
         register_lr_method("kStep")(HalfLife)
+
+
+def test_warmup_then_inherits_base_lr_unless_it_sets_its_own() -> None:
+    """``then`` without base_lr peaks at the warm-up's base_lr (not the default 0.01)."""
+    lr = create_lr_method("""
+        type: kWarmup base_lr: 0.1
+        warmup_conf { warmup_steps: 100 then { type: kCosine cosine_conf { decay_steps: 1000 } } }
+    """)
+    assert lr(100) == pytest.approx(0.1)
+    assert lr(50) == pytest.approx(0.05)
+    assert lr(600) == pytest.approx(0.1 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    own = create_lr_method({"type": "kWarmup", "base_lr": 0.1, "warmup_steps": 10,
+                            "then": {"type": "kFixed", "base_lr": 0.3}})
+    assert own(10) == pytest.approx(0.3)

@@ -493,3 +493,49 @@ def test_an_optimizer_over_bound_parameters_keeps_their_memory_and_rules() -> No
     assert opt2.params.pset["fc.bias"].lr_scale == 0
     train(model, opt2, 1, 2)
     assert torch.equal(model.fc.bias, bias)
+
+
+def test_state_dict_after_a_scheduler_step_resumes_at_the_scheduled_rate() -> None:
+    """``sched.step()`` then save: the saved state trains at the rate the scheduler set."""
+    updater = "type: kSGD momentum: 0.9 learning_rate { base_lr: 0.1 }"
+    model = make_net()
+    opt = pst.Optimizer(model.parameters(), updater)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.1)
+    train(model, opt, 1)
+    sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.01)
+    sd = opt.state_dict()
+    assert sd["param_groups"][0]["lr_scale"] == pytest.approx(0.1)
+    buf = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": sd, "sched": sched.state_dict()}, buf)
+    train(model, opt, 2, 1, after=lambda s: sched.step())  # the run that goes on
+
+    buf.seek(0)
+    saved = torch.load(buf, weights_only=True)
+    fresh = make_net(5)
+    opt2 = pst.Optimizer(fresh.parameters(), updater)
+    fresh.load_state_dict(saved["model"])
+    opt2.load_state_dict(saved["opt"])
+    sched2 = torch.optim.lr_scheduler.StepLR(opt2, step_size=1, gamma=0.1)
+    sched2.load_state_dict(saved["sched"])
+    assert opt2.param_groups[0]["lr"] == pytest.approx(0.01)
+    train(fresh, opt2, 2, 1, after=lambda s: sched2.step())
+    for p, q in zip(model.parameters(), fresh.parameters(), strict=True):
+        assert torch.equal(p, q)
+
+
+def test_a_state_with_a_stale_lr_scale_loads_at_the_saved_lr() -> None:
+    """States written before the fix (lr 0.01 beside a stale lr_scale 1) load at lr 0.01."""
+    model = make_net()
+    opt = pst.Optimizer(model.parameters(), "type: kSGD learning_rate { base_lr: 0.1 }")
+    sd = opt.state_dict()
+    sd["param_groups"][0]["lr"] = 0.01
+    sd["param_groups"][0]["lr_scale"] = 1.0
+    opt.load_state_dict(sd)
+    assert opt.param_groups[0]["lr_scale"] == pytest.approx(0.1)
+    before = [p.detach().clone() for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    for p, b in zip(model.parameters(), before, strict=True):
+        assert torch.allclose(p, b - 0.01)

@@ -198,11 +198,28 @@ class Cosine(LRMethod):
                      * 0.5 * (1.0 + math.cos(math.pi * t)))
 
 
+class FollowingLRGenConf(LRGenConf):
+    """A learning-rate method that follows another (``then`` of kWarmup): its ``base_lr``,
+    when not given, is the enclosing method's, so that ``base_lr`` is written once."""
+
+    base_lr: float | None = field(  # type: ignore[assignment]
+        None, lower=0.0, doc="Base learning rate (default: the enclosing method's base_lr).")
+
+
+def _following(conf: LRGenConf, base_lr: float) -> LRMethod:
+    """The method of a ``then`` block, its missing ``base_lr`` taken from ``base_lr``."""
+    if conf.base_lr is None:
+        conf = conf.copy()
+        conf.__dict__["base_lr"] = base_lr
+    return create_lr_method(conf)
+
+
 class WarmupConf(Parameter):
     warmup_steps: int = field(lower=1, doc="Steps of the linear warm-up.")
     start_lr: float = field(0.0, lower=0.0, doc="Rate at step 0.")
-    then: LRGenConf | None = field(None, doc="Method after the warm-up, counted from its end "
-                                             "(none: base_lr).")
+    then: FollowingLRGenConf | None = field(
+        None, doc="Method after the warm-up, counted from its end (none: base_lr); its "
+                  "base_lr is the warm-up's unless it sets its own.")
 
 
 @register_lr_method("kWarmup", aliases=("linear_warmup",))
@@ -213,7 +230,8 @@ class Warmup(LRMethod):
 
     def __init__(self, conf: LRGenConf):
         super().__init__(conf)
-        self.then = create_lr_method(self.own.then) if self.own.then is not None else None
+        self.then = (_following(self.own.then, self.base_lr) if self.own.then is not None
+                     else None)
 
     def __call__(self, step: int) -> float:
         w = self.own.warmup_steps

@@ -459,6 +459,9 @@ class Optimizer(torch.optim.Optimizer):
         ``param_groups`` are the groups with parameter indices; ``paramserver`` holds the
         step count, the updater's configuration and the parameter names.
         """
+        # A scheduler's (or the user's) write to group["lr"] since the last step is taken
+        # in now, so that the saved lr_scale is the one the next step would use.
+        self._take_lr_writes(len(self.param_groups))
         pset = self.params.pset
         index = {id(t): k for k, _, t in self._indexed()}
         state: dict[int, dict[str, torch.Tensor]] = {}
@@ -532,7 +535,12 @@ class Optimizer(torch.optim.Optimizer):
                 if k2 not in ("params", "param_names"):
                     group[k2] = v
         self.step_count = int(meta["step"])
-        self._reported = [g["lr"] for g in self.param_groups]
+        # A group's lr and lr_scale agree in what state_dict writes; where they do not (a
+        # state saved with an lr written after its last step by an older version), the lr
+        # the user saw is the one to train at.
+        rate = self.updater.lr(self.step_count)
+        self._reported = [rate * float(g["lr_scale"]) for g in self.param_groups]
+        self._take_lr_writes(len(self.param_groups))
         self._plan_key = None
         self._plan([False] * len(pset.owners))
         for k in range(len(pset.owners)):
