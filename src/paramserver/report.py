@@ -73,10 +73,14 @@ def _show(value: Any) -> str:
 def job_report(job: JobConf) -> str:
     """What ``paramserver check`` prints: Params, updater, cluster and server loads."""
     from .cluster import server_loads
+    from .config.job import unbuilt_error
     from .params import ParamSet
     from .train.net import Net
 
-    net = Net(job.neuralnet, seed=job.seed)
+    unbuilt = job.unbuilt()
+    if unbuilt:  # everything else of the file was read and checked by load_job
+        raise unbuilt_error(unbuilt)
+    net = Net(job.neuralnet, seed=job.seed, phases=("kTrain", *job.eval_phases()))
     specs = net.param_specs()
     pset = ParamSet(specs)
     layer_of = {s.name: s.place.split("'")[1] if "'" in s.place else "" for s in specs}

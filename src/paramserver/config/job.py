@@ -396,6 +396,12 @@ class JobConf(Parameter):
     def workspace_dir(self) -> str:
         return self.workspace or self.cluster.workspace or f"workspace/{self.name}"
 
+    def eval_phases(self) -> list[str]:
+        """The phases whose nets the job evaluates: kTest when it tests (test_freq or
+        test_steps), kVal when it validates (validate_freq)."""
+        return ([*(["kTest"] if self.test_freq or self.test_steps else []),
+                 *(["kVal"] if self.validate_freq else [])])
+
     def unbuilt(self) -> list[str]:
         """What this job needs that paramserver does not build yet: one line per layer type
         (with its layers) and per algorithm; empty when the job can run."""

@@ -20,7 +20,7 @@ COLUMNS = ("step", "phase", "loss", "accuracy", "lr")
 @dataclass(frozen=True)
 class Row:
     step: int
-    phase: str      # "train" (the mean over the display window) or "test"
+    phase: str      # "train" (the mean over the display window), "test" or "val"
     loss: float
     accuracy: float
     lr: float
@@ -69,7 +69,7 @@ class MetricsLog:
         os.replace(tmp, self.path)
 
     def plot(self, path: str | os.PathLike[str], title: str) -> Path | None:
-        """A PNG of loss and accuracy against the step, train and test; None without
+        """A PNG of loss and accuracy against the step, train, test and val; None without
         matplotlib (the ``examples`` extra)."""
         try:
             import matplotlib
@@ -81,7 +81,7 @@ class MetricsLog:
                           "no plot written", RuntimeWarning, stacklevel=2)
             return None
         fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
-        for phase, style in (("train", "-"), ("test", "o-")):
+        for phase, style in (("train", "-"), ("test", "o-"), ("val", "s--")):
             rows = [r for r in self.rows if r.phase == phase]
             if not rows:
                 continue

@@ -1,11 +1,21 @@
 """The main job: train a job file's net on the cluster (``paramserver train``), embedded or
 on Ray (``--backend ray``).
 
-The run is cut into chunks at every test and checkpoint step; between chunks every worker
-has stopped, so tests see one consistent model and a checkpoint is a consistent cut of the
-servers (values, updater state, versions, step). Everything a step computes is a function
-of (seed, step, worker), so a run resumed from a checkpoint continues exactly as if it had
-not stopped.
+The run is cut into chunks at every test, validation and checkpoint step; between chunks
+every worker has stopped, so tests see one consistent model and a checkpoint is a consistent
+cut of the servers (values, updater state, versions, step). Everything a step computes is a
+function of (seed, step, worker), so a run resumed from a checkpoint continues exactly as if
+it had not stopped.
+
+Schedules are SINGA's: an event with frequency ``f`` and start ``a`` (``test_freq`` and
+``test_after``; ``validate_*``, ``checkpoint_*``, ``disp_*``) happens after step ``s`` when
+``f > 0``, ``s >= a`` and ``(s - a) % f == 0`` (:func:`due`), never at step 0. Workers train
+the kTrain net; tests run the kTest net and validations the kVal net, built from the same
+file and sharing the Params by name (SINGA's include/exclude).
+
+SINGA's checkpoints (``<workspace>/checkpoint/step<N>-worker0``) are written at every
+checkpoint step and at the end, as SINGA's workers do, and ``checkpoint_path`` loads Params
+from such files before the first step.
 """
 
 from __future__ import annotations
@@ -29,8 +39,10 @@ from ..checkpoint import (
     save_checkpoint,
 )
 from ..cluster import Cluster, Worker
-from ..config.job import JobConf
+from ..config import ParamError
+from ..config.job import JobConf, unbuilt_error
 from ..params import ParamSet
+from ..singa import checkpoints as singa_checkpoints
 from .metrics import MetricsLog, Row
 from .net import Net
 from .progress import Progress
@@ -65,30 +77,43 @@ class Trainer:
     from the job's configuration (sent as JSON, with the names of the modules that
     registered user components); :attr:`nets` is then empty, and the servers' checkpoints
     are in ``<workspace>/checkpoints/servers``. :meth:`close` stops the actors.
+
+    Attributes:
+        nets: each embedded worker's kTrain net.
+        eval_net: the kTest and kVal nets (those the job runs), or None.
+        params: the job's Params, initialised (and loaded from ``checkpoint_path``).
     """
 
     def __init__(self, job: JobConf, *, progress: bool = True, stream: TextIO | None = None,
                  base_dir: str | os.PathLike[str] | None = None,
                  cluster_options: Mapping[str, Any] | None = None):
         self.job = job
+        unbuilt = job.unbuilt()
+        if unbuilt:
+            raise unbuilt_error(unbuilt)
         self.workspace = Path(job.workspace_dir)
         self.show = progress
         self.stream = stream
+        self.eval_phases = job.eval_phases()
         c = job.cluster
         self._step_fn: Any = self._grad_fn
+        self._base_versions: dict[str, int] = {}
         if c.backend == "ray":
             self._init_ray(base_dir, cluster_options or {})
         else:
             nworkers = c.nworker_groups * c.nworkers_per_group
-            self.nets = [Net(job.neuralnet, seed=job.seed, base_dir=base_dir)
-                         for _ in range(nworkers)]
-            self.params = ParamSet(self.nets[0].param_specs())
-            self.params.init(job.seed)
+            self.nets = [Net(job.neuralnet, seed=job.seed, base_dir=base_dir,
+                             phases=("kTrain",)) for _ in range(nworkers)]
+            self.params = self._make_params(self.nets[0])
             self.cluster = Cluster(job, self.params)
             for worker, net in zip(self.cluster.workers, self.nets):
                 net.bind(worker.params)
-            self.eval_net = Net(job.neuralnet, seed=job.seed, base_dir=base_dir)
-        self.eval_net.bind(self.params)
+        self.eval_net: Net | None = None
+        if self.eval_phases:
+            self.eval_net = Net(job.neuralnet, seed=job.seed, base_dir=base_dir,
+                                phases=self.eval_phases)
+            self._check_eval_params(self.eval_net)
+            self.eval_net.bind(self.params)
         self.log = MetricsLog(self.workspace / "metrics.csv")
         self._window: list[list[float]] = []  # train metrics since the last display row
         steps = job.train_steps
@@ -101,14 +126,39 @@ class Trainer:
 
         job = self.job
         self.nets = []  # each worker actor builds its own
-        self.eval_net = Net(job.neuralnet, seed=job.seed, base_dir=base_dir)
-        self.params = ParamSet(self.eval_net.param_specs())
-        self.params.init(job.seed)
+        self.params = self._make_params(Net(job.neuralnet, seed=job.seed, base_dir=base_dir,
+                                            phases=("kTrain",)))
         folder = self.workspace / "checkpoints" / "servers"
         self.cluster = RayCluster(job, self.params,
                                   **{"checkpoint_dir": folder, **dict(options)})
         self._step_fn = RemoteGradFn(f"{__name__}:net_grad_fn", {
             "job": job.to_json(), "base_dir": os.path.abspath(base_dir or os.getcwd())})
+
+    def _make_params(self, net: Net) -> ParamSet:
+        """The job's Params: initialised from the seed, then (``checkpoint_path``) loaded
+        from SINGA checkpoints; records the versions SINGA checkpoints count from."""
+        params = ParamSet(net.param_specs())
+        params.init(self.job.seed)
+        job = self.job
+        loaded = singa_checkpoints.load_checkpoints(params, job.checkpoint_path)
+        self._base_versions = {
+            p.name: (loaded[p.name] if p.name in loaded and not job.reset_param_version
+                     else job.step) for p in params.owners}
+        return params
+
+    def _check_eval_params(self, net: Net) -> None:
+        """Every Param of the test and validation nets must be one the training net has
+        (by name): no training step would change any other."""
+        problems = [f"Param '{s.name}' ({s.place}) is used in {', '.join(net.phases)} but no "
+                    "layer of the kTrain net has it: no training step would change it (name "
+                    "it as the training layer's Param, or give that layer to kTrain too)"
+                    for s in net.param_specs() if s.name not in self.params]
+        problems += [f"Param '{s.name}' ({s.place}) has shape {s.shape} but "
+                     f"{self.params[s.name].shape} in the kTrain net"
+                     for s in net.param_specs() if s.name in self.params
+                     and self.params[s.name].shape != s.shape]
+        if problems:
+            raise ParamError(problems)
 
     def close(self) -> None:
         """Stop the cluster's actors (Ray backend; nothing to do embedded)."""
@@ -124,47 +174,51 @@ class Trainer:
     # -- the run ----------------------------------------------------------------------------
 
     def train(self, resume: bool = False) -> TrainResult:
-        """Train to ``job.train_steps``; with ``resume`` from the newest checkpoint."""
+        """Train to ``job.train_steps``; with ``resume`` (or the job's ``resume: true``) from
+        the newest checkpoint."""
         job = self.job
         t0 = time.perf_counter()
-        start = self._resume() if resume else self._fresh()
+        start = self._resume() if resume or job.resume else self._fresh()
         progress = Progress(job.train_steps, start, self.stream, self.show)
-        if start >= job.train_steps:
+        if start >= job.train_steps and job.train_steps:
             progress.message(f"nothing to do: the job is at step {start} of {job.train_steps}")
         window = self._window
-        test: dict[str, float] | None = None
+        last: dict[str, dict[str, float]] = {}
 
         def on_step(step: int, metrics: list[Mapping[str, Any] | None]) -> None:
             live = [m for m in metrics if m is not None]
             window.append([float(np.mean([m["loss"] for m in live])),
                            float(np.mean([m["accuracy"] for m in live]))])
             done = step + 1
-            if done % self.disp_freq == 0 or done == job.train_steps:
+            shown = due(done, self.disp_freq, job.disp_after)
+            if shown or done == job.train_steps:
                 loss, acc = (float(v) for v in np.mean(window, axis=0))
                 lr = self.cluster.updater.lr(step)
                 self.log.add(Row(done, "train", loss, acc, lr))
                 progress.update(done, loss, acc, lr, force=True)
-                if done % self.disp_freq == 0:
+                if shown:
                     window.clear()  # else kept: a resumed run goes on with the same window
             elif progress.tty:
                 loss, acc = window[-1]
                 progress.update(done, loss, acc, self.cluster.updater.lr(step))
 
         step = start
+        singa_written = -1
         for stop in self._boundaries(start):
             self.cluster.run(self._step_fn, stop - step, start_step=step, on_step=on_step)
             step = stop
-            if self._due(step, job.test_freq, job.test_after) or step == job.train_steps:
-                test = self.eval_net.evaluate(steps=job.test_steps)
-                self.log.add(Row(step, "test", test["loss"], test["accuracy"],
-                                 self.cluster.updater.lr(step - 1)))
-                progress.message(f"step {step}: test loss {test['loss']:.4f}, "
-                                 f"accuracy {test['accuracy']:.2%}")
+            self._evaluate(step, step == job.train_steps, last, progress)
             self.log.write()
-            if self._due(step, job.checkpoint_freq, job.checkpoint_after) or (
+            if due(step, job.checkpoint_freq, job.checkpoint_after) or (
                     job.checkpoint_freq and step == job.train_steps):
                 path = self.save(step)
+                singa_written = step
                 progress.message(f"step {step}: checkpoint {path}")
+        if job.train_steps == 0 and start == 0:  # a job that only tests (SINGA's -test)
+            self._evaluate(0, True, last, progress)
+            self.log.write()
+        if step == job.train_steps > 0 and singa_written != step and step > start:
+            self.save_singa(step)  # SINGA's workers always save the model at the end
         progress.close()
         self.log.write()
         plot = self.log.plot(self.workspace / "metrics.png", f"{job.name}")
@@ -172,22 +226,41 @@ class Trainer:
         if self.show:
             where = ", ".join(str(p) for p in (self.log.path, plot) if p is not None)
             progress.message(f"done: {step} steps in {seconds:.1f} s; {where}")
+        test = last.get("kTest")
         return TrainResult(step, None if test is None else test["loss"],
                            None if test is None else test["accuracy"], seconds,
                            self.workspace)
+
+    def _evaluate(self, step: int, final: bool, last: dict[str, dict[str, float]],
+                  progress: Progress) -> None:
+        """The validation and test due after ``step`` (the test also at the end), each a row
+        of metrics.csv."""
+        job = self.job
+        lr = self.cluster.updater.lr(max(step - 1, 0))
+        for phase, row, freq, after, steps in (
+                ("kVal", "val", job.validate_freq, job.validate_after, job.validate_steps),
+                ("kTest", "test", job.test_freq, job.test_after, job.test_steps)):
+            if phase not in self.eval_phases or not (due(step, freq, after) or (
+                    final and phase == "kTest")):
+                continue
+            assert self.eval_net is not None
+            result = self.eval_net.evaluate(steps=steps, phase=phase)
+            last[phase] = result
+            self.log.add(Row(step, row, result["loss"], result["accuracy"], lr))
+            what = "validation" if row == "val" else "test"
+            progress.message(f"step {step}: {what} loss {result['loss']:.4f}, "
+                             f"accuracy {result['accuracy']:.2%}")
 
     def _boundaries(self, start: int) -> list[int]:
         job = self.job
         stops = {job.train_steps}
         for freq, after in ((job.test_freq, job.test_after),
+                            (job.validate_freq, job.validate_after),
                             (job.checkpoint_freq, job.checkpoint_after)):
             if freq:
-                stops.update(s for s in range(freq, job.train_steps, freq) if s >= after)
+                first = after if after > 0 else freq
+                stops.update(range(first, job.train_steps, freq))
         return sorted(s for s in stops if s > start)
-
-    @staticmethod
-    def _due(step: int, freq: int, after: int) -> bool:
-        return bool(freq) and step % freq == 0 and step >= after
 
     # -- checkpoints ------------------------------------------------------------------------
 
@@ -195,16 +268,29 @@ class Trainer:
         return [[p.name, p.size] for p in self.params.owners]
 
     def save(self, step: int) -> Path:
-        """Write the checkpoint of ``step`` into ``<workspace>/checkpoints``."""
+        """Write the checkpoint of ``step`` into ``<workspace>/checkpoints``, and SINGA's
+        (:meth:`save_singa`)."""
         meta = {"format": FORMAT, "job": self.job.name, "step": step,
                 "params": self._layout(), "dtype": self.params.dtype.name,
                 "window": self._window}
-        return save_checkpoint(self.workspace / "checkpoints" / checkpoint_name(step),
+        path = save_checkpoint(self.workspace / "checkpoints" / checkpoint_name(step),
                                self.cluster.state_dict(), meta)
+        self.save_singa(step)
+        return path
+
+    def save_singa(self, step: int) -> Path:
+        """Write SINGA's checkpoint of ``step``: ``<workspace>/checkpoint/step<N>-worker0``,
+        every owner Param's name, version and values (float32)."""
+        path = (self.workspace / singa_checkpoints.FOLDER
+                / singa_checkpoints.checkpoint_file_name(step))
+        return singa_checkpoints.write_checkpoint(path, [
+            (p.name, p.data, self._base_versions.get(p.name, 0) + p.version)
+            for p in self.params.owners])
 
     def _fresh(self) -> int:
-        """A new run: forget the metrics and checkpoints of an earlier run of this workspace,
-        so that a later ``--resume`` cannot pick up one of them."""
+        """A new run from the job's ``step`` (0 unless given): forget the metrics and
+        checkpoints of an earlier run of this workspace, so that a later ``--resume`` cannot
+        pick up one of them."""
         self.log.rows = []
         stale = list_checkpoints(self.workspace / "checkpoints")
         for _, path in stale:
@@ -213,7 +299,7 @@ class Trainer:
             Progress(1, stream=self.stream).message(
                 f"a new run: removed {len(stale)} checkpoint(s) of an earlier run in "
                 f"{self.workspace / 'checkpoints'} (use --resume to continue one)")
-        return 0
+        return self.job.step
 
     def _resume(self) -> int:
         folder = self.workspace / "checkpoints"
@@ -221,18 +307,20 @@ class Trainer:
         if found is None:
             if self.show:
                 Progress(1, stream=self.stream).message(
-                    f"no checkpoint in {folder}: starting from step 0")
+                    f"no checkpoint in {folder}: starting from step {self.job.step}")
             self.log.rows = []
-            return 0
+            return self.job.step
         path, arrays, meta = found
         self._restore(path, arrays, meta)
         step = self.cluster.step
         job = self.job
         # Keep what a straight run has at this step: rows of the steps before, and the
-        # display and test rows due at it (not the extra rows of a run that ended here).
+        # display, validation and test rows due at it (not the extra rows of a run that
+        # ended here).
         self.log.resume_at(step, lambda r: r.step < step or (
-            (r.phase == "train" and step % self.disp_freq == 0)
-            or (r.phase == "test" and self._due(step, job.test_freq, job.test_after))))
+            (r.phase == "train" and due(step, self.disp_freq, job.disp_after))
+            or (r.phase == "test" and due(step, job.test_freq, job.test_after))
+            or (r.phase == "val" and due(step, job.validate_freq, job.validate_after))))
         if self.show:
             Progress(1, stream=self.stream).message(f"resuming from {path} (step {step})")
         return step
@@ -259,6 +347,12 @@ class Trainer:
             raise CheckpointError(f"{path}: {e}") from None
 
 
+def due(step: int, freq: int, after: int) -> bool:
+    """Whether an event of frequency ``freq`` from step ``after`` happens after ``step``
+    steps: SINGA's rule (never when ``freq`` is 0)."""
+    return freq > 0 and step >= after and (step - after) % freq == 0
+
+
 def _train_step(net: Net, job: JobConf, worker: Worker, step: int) -> Mapping[str, Any]:
     """One worker's step: its shard of the step's batch, forward and backward."""
     c = job.cluster
@@ -273,7 +367,7 @@ def net_grad_fn(job: str, base_dir: str | None = None) -> Callable[[Worker, int]
     (:class:`~paramserver.cluster.ray_wire.RemoteGradFn` data) and bound to the worker's
     replica on the first step."""
     conf = JobConf.parse(json.loads(job))
-    net = Net(conf.neuralnet, seed=conf.seed, base_dir=base_dir)
+    net = Net(conf.neuralnet, seed=conf.seed, base_dir=base_dir, phases=("kTrain",))
     bound: list[ParamSet] = []
 
     def grad_fn(worker: Worker, step: int) -> Mapping[str, Any]:
@@ -285,4 +379,4 @@ def net_grad_fn(job: str, base_dir: str | None = None) -> Callable[[Worker, int]
     return grad_fn
 
 
-__all__ = ["TrainResult", "Trainer", "net_grad_fn"]
+__all__ = ["TrainResult", "Trainer", "due", "net_grad_fn"]
