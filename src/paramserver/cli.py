@@ -1,4 +1,4 @@
-"""The ``paramserver`` command: check, doc and train.
+"""The ``paramserver`` command: check, doc, train and data.
 
 A user's mistake (a bad job file, a missing data file, an unknown component) prints its
 messages on stderr and exits with status 2, without a traceback.
@@ -97,6 +97,13 @@ def _parser() -> argparse.ArgumentParser:
                        "cluster (default: start a local one on 127.0.0.1)")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
     train.set_defaults(run=_train)
+
+    from .singa import datasets
+
+    data = sub.add_parser("data", parents=[common], help="write a dataset in SINGA's store "
+                          "formats (kvfile, DataShard, CSV) for a SINGA job file")
+    datasets.add_arguments(data)
+    data.set_defaults(run=datasets.run)
     return parser
 
 

@@ -17,7 +17,6 @@ with :class:`~paramserver.checkpoint.CheckpointError` naming it.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ import numpy as np
 from ..checkpoint import CheckpointError
 from ..config import ParamError
 from ..params import ParamSet
+from .files import write_atomically
 from .records import BlobProtos, parse
 
 #: SINGA's folder of checkpoints inside the workspace.
@@ -63,7 +63,7 @@ def write_checkpoint(path: str | os.PathLike[str],
         blob.data.extend(np.asarray(arr, np.float32).reshape(-1).tolist())
         msg.version.append(int(version))
         msg.name.append(str(name))
-    return _write_atomically(Path(path), msg.SerializeToString())
+    return write_atomically(path, msg.SerializeToString())
 
 
 def read_checkpoint(path: str | os.PathLike[str]) -> list[SavedParam]:
@@ -143,31 +143,6 @@ def load_checkpoints(params: ParamSet, paths: Sequence[str | os.PathLike[str]]
             p.data[...] = saved.values.reshape(p.shape).astype(p.dtype)
             versions[name] = saved.version
     return versions
-
-
-def _write_atomically(path: Path, data: bytes) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    try:
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return path
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
-    return path
 
 
 __all__ = ["FOLDER", "SavedParam", "checkpoint_file_name", "load_checkpoints",
