@@ -108,7 +108,7 @@ def test_doc_all_and_one(capsys: pytest.CaptureFixture[str]) -> None:
     assert "rho : float, optional, default=0.9" in out
     assert "momentum : float, optional, default=0" in out
     code, _, err = run(capsys, "doc", "kNothing")
-    assert code == 2 and "no component named 'kNothing'" in err
+    assert code == 2 and "no component, block or field named 'kNothing'" in err
 
 
 def test_import_registers_user_components(capsys: pytest.CaptureFixture[str], tmp_path: Path,

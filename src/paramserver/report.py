@@ -16,11 +16,16 @@ from .config.components import (
     updaters,
 )
 from .config.job import (
+    CDConf,
     ClusterConf,
     JobConf,
     LayerConf,
+    LayerGroupConf,
     LRGenConf,
+    NetConf,
+    ParamConf,
     ParamGenConf,
+    TrainOneBatchConf,
     UpdaterConf,
 )
 from .config.types import format_number
@@ -31,6 +36,20 @@ SECTIONS: tuple[tuple[str, ComponentRegistry, type[ComponentConf]], ...] = (
     ("Updaters (updater { ... })", updaters, UpdaterConf),
     ("Learning-rate methods (updater { learning_rate { ... } })", lr_methods, LRGenConf),
     ("Layers (neuralnet { layer { ... } })", layers, LayerConf),
+)
+
+
+#: The blocks of a job file that are not components, by the key that opens them: ``paramserver
+#: doc`` prints each, ``paramserver doc KEY`` one, ``paramserver doc FIELD`` finds a field.
+BLOCKS: tuple[tuple[str, type[Parameter]], ...] = (
+    ("job", JobConf),
+    ("cluster", ClusterConf),
+    ("train_one_batch", TrainOneBatchConf),
+    ("cd_conf", CDConf),
+    ("neuralnet", NetConf),
+    ("layer_group", LayerGroupConf),
+    ("layer", LayerConf),
+    ("param", ParamConf),
 )
 
 
@@ -127,19 +146,49 @@ def component_doc(name: str | None = None) -> str:
         for title, registry, common in SECTIONS:
             entries = [_entry(registry, n, common, brief=True) for n in registry.names()]
             blocks.append(f"{title}\n{'=' * len(title)}\n" + "\n\n".join(entries))
-        blocks.append(_config_doc("Cluster (cluster { ... })", ClusterConf))
-        blocks.append(_config_doc("Job (top level of a job file)", JobConf))
+        blocks += [_config_doc(_block_title(key), cls) for key, cls in BLOCKS]
         return "\n\n\n".join(blocks)
     lowered = name.lower()
-    if lowered in ("cluster", "clusterconf"):
-        return _config_doc("cluster { ... }", ClusterConf)
-    if lowered in ("job", "jobconf"):
-        return _config_doc("job file, top level", JobConf)
+    for key, cls in BLOCKS:
+        if lowered in (key, cls.__name__.lower()):
+            return _config_doc(_block_title(key), cls)
     for _, registry, common in SECTIONS:
         if name in registry:
             return _entry(registry, name, common, brief=False)
-    known = [n for _, r, _ in SECTIONS for n in r.names()] + ["cluster", "job"]
-    raise ParamError(f"no component named '{name}'; known: {', '.join(known)}")
+    found = _field_docs(name)
+    if found:
+        return "\n\n".join(found)
+    known = [n for _, r, _ in SECTIONS for n in r.names()] + [k for k, _ in BLOCKS]
+    raise ParamError(f"no component, block or field named '{name}'; known: "
+                     f"{', '.join(known)}")
+
+
+def _block_title(key: str) -> str:
+    return "job file, top level" if key == "job" else f"{key} {{ ... }}"
+
+
+def _field_docs(name: str) -> list[str]:
+    """Every declaration of a field (or ``*_conf`` block) called ``name``, with where it is
+    written: ``cluster.start_port``, ``layer { pooling_conf { pool } }``."""
+    out = []
+    for key, cls in BLOCKS:
+        f = cls.fields().get(name)
+        if f is not None:
+            out.append(f"{_block_title(key)}:\n" + _indent(f.describe()))
+    for _, registry, _common in SECTIONS:
+        readers: dict[type[Parameter], list[str]] = {}
+        for component in registry.names():
+            config = getattr(registry.get(component), "Config", None)
+            key = registry.conf_name(component)
+            if config is None or key is None:
+                continue
+            if name == key or name in config.fields():
+                readers.setdefault(config, []).append(f"{component} reads {key}")
+        for config, who in readers.items():
+            body = config.doc() if name not in config.fields() else config.fields()[
+                name].describe()
+            out.append(f"{'; '.join(who)}:\n" + _indent(body or "(no fields)"))
+    return out
 
 
 def _entry(registry: ComponentRegistry, name: str, common: type[ComponentConf],
