@@ -152,10 +152,12 @@ def component_doc(name: str | None = None) -> str:
     for key, cls in BLOCKS:
         if lowered in (key, cls.__name__.lower()):
             return _config_doc(_block_title(key), cls)
+    found = _field_docs(name)
     for _, registry, common in SECTIONS:
         if name in registry:
-            return _entry(registry, name, common, brief=False)
-    found = _field_docs(name)
+            entry = _entry(registry, name, common, brief=False)
+            return "\n\n".join([entry, *(["fields of the same name:"] if found else []),
+                                 *found])
     if found:
         return "\n\n".join(found)
     known = [n for _, r, _ in SECTIONS for n in r.names()] + [k for k, _ in BLOCKS]
@@ -171,7 +173,9 @@ def _field_docs(name: str) -> list[str]:
     """Every declaration of a field (or ``*_conf`` block) called ``name``, with where it is
     written: ``cluster.start_port``, ``layer { pooling_conf { pool } }``."""
     out = []
-    for key, cls in BLOCKS:
+    blocks = [*BLOCKS, ("updater", UpdaterConf), ("learning_rate", LRGenConf),
+              ("init", ParamGenConf)]
+    for key, cls in blocks:
         f = cls.fields().get(name)
         if f is not None:
             out.append(f"{_block_title(key)}:\n" + _indent(f.describe()))
