@@ -56,7 +56,7 @@ def test_a_cut_kvfile_is_refused(cut: int, message: str) -> None:
 def test_what_singas_writer_refuses() -> None:
     with pytest.raises(ParamError, match="key b'a' of record 1 is used twice"):
         stores.encode_kvfile([("a", b"1"), ("a", b"2")])
-    with pytest.raises(ParamError, match="record 0 .* has an empty value"):
+    with pytest.raises(ParamError, match=r"record 0 .* has an empty value"):
         stores.encode_kvfile([("a", b"")])
 
 

@@ -143,8 +143,8 @@ def test_a_test_only_param_is_refused(tmp_path: Path) -> None:
                             'innerproduct_conf {{ num_output: 12 }} param {{ name: "extra" }}')
     text = JOB.format(steps=2, ws=tmp_path, ckpt=0, vsteps=0,
                       layers=layers.format(data="val_fraction: 0.1"))
-    with pytest.raises(ParamError, match="Param 'extra' .* is used in kTest, kVal but no layer "
-                                         "of the kTrain net has it"):
+    with pytest.raises(ParamError, match=r"Param 'extra' .* is used in kTest, kVal but no "
+                                         r"layer of the kTrain net has it"):
         Trainer(parse_job(text), progress=False)
 
 

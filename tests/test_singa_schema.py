@@ -488,7 +488,7 @@ def test_include_and_exclude_together_are_refused() -> None:
 
 
 def test_user_param_types_are_refused() -> None:
-    with pytest.raises(ParamError, match="user Param types .* are not supported"):
+    with pytest.raises(ParamError, match=r"user Param types .* are not supported"):
         parse_job('neuralnet { layer { name: "f" type: kReLU param { type: kUser '
                   'user_type: "P" } } }')
 

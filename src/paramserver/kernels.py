@@ -1,10 +1,10 @@
 """Fused numeric update kernels over flat parameter buffers (numba).
 
 All Params of a server slice live in one contiguous 1-D array per role: values ``w``, gradient
-``g`` and the updater state (``h``, ``u``; ``m``, ``v`` for Adam; ``m``, ``u`` for AdaMax). One call updates many Params
-("segments") at once: segment ``k`` is ``[offsets[k], offsets[k+1])`` of the arrays passed, and
-the per-segment arguments (``lr``, ``wd``, ``gscale``, ``step``) are scalars or arrays with one
-entry per segment.
+``g`` and the updater state (``h``, ``u``; ``m``, ``v`` for Adam; ``m``, ``u`` for AdaMax).
+One call updates many Params ("segments") at once: segment ``k`` is ``[offsets[k],
+offsets[k+1])`` of the arrays passed, and the per-segment arguments (``lr``, ``wd``,
+``gscale``, ``step``) are scalars or arrays with one entry per segment.
 
 For every element, in the order of SPEC §5:
 

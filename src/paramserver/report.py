@@ -173,8 +173,8 @@ def _field_docs(name: str) -> list[str]:
     """Every declaration of a field (or ``*_conf`` block) called ``name``, with where it is
     written: ``cluster.start_port``, ``layer { pooling_conf { pool } }``."""
     out = []
-    blocks = [*BLOCKS, ("updater", UpdaterConf), ("learning_rate", LRGenConf),
-              ("init", ParamGenConf)]
+    blocks: list[tuple[str, type[Parameter]]] = [
+        *BLOCKS, ("updater", UpdaterConf), ("learning_rate", LRGenConf), ("init", ParamGenConf)]
     for key, cls in blocks:
         f = cls.fields().get(name)
         if f is not None:
@@ -183,11 +183,11 @@ def _field_docs(name: str) -> list[str]:
         readers: dict[type[Parameter], list[str]] = {}
         for component in registry.names():
             config = getattr(registry.get(component), "Config", None)
-            key = registry.conf_name(component)
-            if config is None or key is None:
+            conf_key = registry.conf_name(component)
+            if config is None or conf_key is None:
                 continue
-            if name == key or name in config.fields():
-                readers.setdefault(config, []).append(f"{component} reads {key}")
+            if name == conf_key or name in config.fields():
+                readers.setdefault(config, []).append(f"{component} reads {conf_key}")
         for config, who in readers.items():
             body = config.doc() if name not in config.fields() else config.fields()[
                 name].describe()

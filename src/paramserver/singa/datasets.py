@@ -111,8 +111,10 @@ def write_dataset(source: str, output: str | Path, *, fmt: str = "kvfile",
     else:
         data = out.astype(np.float32)
     samples = stores.Samples(data, np.asarray(y, np.int64))
-    path = (stores.write_csv(output, samples, separator) if backend == "textfile"
-            else stores.write_records(output, samples, backend))
+    if backend == "textfile":
+        stores.write_csv(output, samples, separator)
+    else:
+        stores.write_records(output, samples, backend)
     mean_path = None
     if mean is not None:
         mean_path = stores.write_mean(mean, data.astype(np.float64).mean(axis=0), backend)

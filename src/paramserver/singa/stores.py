@@ -68,7 +68,7 @@ def _read_bytes(path: Path, what: str) -> bytes:
 
 def decode_kvfile(data: bytes, where: str = "kvfile") -> list[tuple[bytes, bytes]]:
     """The ``(key, value)`` records of the bytes of a kvfile, in order."""
-    out = []
+    out: list[tuple[bytes, bytes]] = []
     pos, n = 0, len(data)
     while pos < n:
         start = pos
@@ -227,7 +227,8 @@ def read_records(path: str | os.PathLike[str], backend: str = "kvfile", *,
                else decode_kvfile(_read_bytes(file, "DataShard"), str(file)))
     if not records:
         raise ParamError(f"store '{file}' holds no records")
-    xs, ys = [], []
+    xs: list[np.ndarray] = []
+    ys: list[int] = []
     for i, (key, value) in enumerate(records):
         where = f"store '{file}', record {i} (key {key.decode('utf-8', 'replace')!r})"
         x, y = decode_sample(value, wrapped=backend == "shard", where=where)
@@ -289,7 +290,8 @@ def read_csv(path: str | os.PathLike[str], separator: str = ",", has_label: bool
     lines = read_textfile(path)
     if not lines:
         raise ParamError(f"CSV store '{path}' holds no records")
-    xs, ys = [], []
+    xs: list[np.ndarray] = []
+    ys: list[int] = []
     for i, line in enumerate(lines):
         where = f"CSV store '{path}', line {i + 1}"
         cells = [c.strip() for c in line.split(separator)]

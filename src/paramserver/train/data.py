@@ -309,8 +309,10 @@ def load_dataset(source: str, *, test_fraction: float = 0.2, split_seed: int = 0
     if train.size == 0:
         raise ParamError(f"{name}: test_fraction {test_fraction:g} and val_fraction "
                          f"{val_fraction:g} leave no training samples of {len(y)}")
-    tx, ty = (typed(x_test), y_test) if given_test else (x[test], y[test])  # type: ignore
-    vx, vy = (typed(x_val), y_val) if given_val else (x[val], y[val])  # type: ignore
+    tx, ty = ((typed(x_test), y_test) if x_test is not None and y_test is not None
+              else (x[test], y[test]))
+    vx, vy = ((typed(x_val), y_val) if x_val is not None and y_val is not None
+              else (x[val], y[val]))
     dataset = Dataset(name, x[train], y[train], tx, ty, vx, vy)
     with _cache_lock:
         _cache[key] = dataset
