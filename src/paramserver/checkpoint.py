@@ -209,7 +209,7 @@ def _write_safetensors(tmp: Path, payload: dict[str, np.ndarray],
 
 def _crc(arr: np.ndarray) -> int:
     """CRC-32 of an array's bytes as stored (C order, little-endian); no copy."""
-    return zlib.crc32(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
+    return zlib.crc32(np.ascontiguousarray(arr).reshape(-1).view(np.uint8).data)
 
 
 def _fsync(path: Path) -> None:
