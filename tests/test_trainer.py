@@ -16,6 +16,7 @@ from paramserver.checkpoint import (
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
+    save_checkpoint,
 )
 from paramserver.config.job import parse_job
 from paramserver.train.trainer import Trainer
@@ -151,3 +152,21 @@ def test_other_examples_train(tmp_path: Path, name: str) -> None:
     result = Trainer(conf, progress=False).train()
     assert result.test_accuracy is not None and result.test_accuracy > 0.8
     assert textwrap.dedent("step,phase") in (tmp_path / "metrics.csv").read_text()
+
+
+def test_a_checkpoint_of_the_first_release_still_resumes(tmp_path: Path) -> None:
+    straight = Trainer(job(tmp_path / "a", 40), progress=False, tensorboard=False)
+    straight.train()
+    Trainer(job(tmp_path / "b", 20), progress=False, tensorboard=False).train()
+    folder = tmp_path / "b" / "checkpoints"
+    for step, path in list_checkpoints(folder):  # rewrite them as the first release did
+        assert path.name.endswith(".ckpt.safetensors")
+        arrays, meta = load_checkpoint(path)
+        first = {k: meta[k] for k in ("format", "job", "step", "params", "dtype", "window")}
+        save_checkpoint(folder / f"step-{step:08d}.ckpt.npz", arrays, first)
+        path.unlink()
+    second = Trainer(job(tmp_path / "b", 40), progress=False, tensorboard=False)
+    second.train(resume=True)
+    assert np.array_equal(straight.params.values, second.params.values)
+    assert ((tmp_path / "a" / "metrics.csv").read_bytes()
+            == (tmp_path / "b" / "metrics.csv").read_bytes())

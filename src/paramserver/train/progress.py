@@ -91,13 +91,12 @@ class Progress:
     def _start_live(self) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
-        from rich.progress import Progress as RichProgress
 
         console = Console(file=self.stream, highlight=False)
-        self._live = RichProgress(
+        self._live = _live_display()(
             TextColumn("[bold]{task.description:<5}"), BarColumn(bar_width=24),
             MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("ETA {task.fields[eta]}"),
-            TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[metrics]}"),
+            TextColumn("{task.fields[rate]}"),
             console=console, refresh_per_second=8, transient=False)
         self._task = self._live.add_task(self.phase, total=self.total, completed=self.start,
                                          **self._fields)
@@ -130,7 +129,7 @@ class Progress:
         eta = (self.total - step) / rate if rate > 0 else None
         metrics = f"loss {loss:.4f}  acc {accuracy:6.2%}  lr {lr:.3g}"
         if self._live is not None:
-            self._fields = {"metrics": metrics, "rate": f"{rate:,.1f} steps/s",
+            self._fields = {"metrics": metrics, "rate": f"{rate_text(rate)} steps/s",
                             "eta": clock_text(eta)}
             self._live.update(self._task, completed=step, **self._fields)
             return
@@ -140,9 +139,29 @@ class Progress:
         percent = 100 * step / self.total
         self.stream.write(
             f"{self.phase} step {step:>{width}}/{self.total} ({percent:3.0f}%)  {metrics}  "
-            f"{rate:,.1f} steps/s  elapsed {clock_text(time.monotonic() - self._t0)}  "
+            f"{rate_text(rate)} steps/s  elapsed {clock_text(time.monotonic() - self._t0)}  "
             f"ETA {clock_text(eta)}\n")
         self.stream.flush()
+
+
+def rate_text(rate: float) -> str:
+    """Steps/s with the digits that matter: ``1,364``, ``96.3``, ``0.52``."""
+    return f"{rate:,.0f}" if rate >= 100 else f"{rate:.1f}" if rate >= 1 else f"{rate:.2f}"
+
+
+def _live_display() -> Any:
+    """rich's Progress, drawn on two lines: the bar, times and rate (within 80 columns),
+    then the metrics of the last display window."""
+    from rich.progress import Progress as RichProgress
+    from rich.text import Text
+
+    class LiveDisplay(RichProgress):
+        def get_renderables(self) -> Any:
+            yield self.make_tasks_table(self.tasks)
+            for task in self.tasks:
+                yield Text(f"      {task.fields.get('metrics', '')}")
+
+    return LiveDisplay
 
 
 def _isatty(stream: Any) -> bool:
@@ -152,4 +171,4 @@ def _isatty(stream: Any) -> bool:
         return False
 
 
-__all__ = ["RATE_WINDOW", "Progress", "Rate", "clock_text"]
+__all__ = ["RATE_WINDOW", "Progress", "Rate", "clock_text", "rate_text"]
