@@ -78,9 +78,11 @@ def test_only_numbers_are_saved(tmp_path: Path) -> None:
 
 
 def damaged_versions(good: bytes) -> list[bytes]:
+    """The file with one bit flipped: the lowest of every byte, the highest of every 5th;
+    then cut short."""
     out = []
     for i in range(len(good)):
-        for mask in (0x01, 0x80):
+        for mask in (0x01, 0x80) if i % 5 == 0 else (0x01,):
             b = bytearray(good)
             b[i] ^= mask
             out.append(bytes(b))
@@ -103,7 +105,7 @@ def test_every_damaged_byte_is_refused_or_harmless(tmp_path: Path, suffix: str) 
             continue
         # A byte that carries no information (a zip timestamp) may change: never the content.
         assert got_meta == meta and same(got, arrays)
-    assert refused > len(good)
+    assert refused > len(good) // 2
     if suffix != ".npz":  # every byte of a safetensors checkpoint is checked
         assert refused == len(damaged_versions(good))
 
