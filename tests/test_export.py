@@ -173,8 +173,16 @@ def test_exported_torch_model_loads_into_the_examples_module(
                                 "updater { type: kSGD }")
     tc.run(lambda m, step, rank, n: m(torch.ones(2, 4)).sum(), 1)
     cluster_ckpt = tc.save_checkpoint(tmp_path / "tc.ckpt.safetensors")
+    # paramserver's sharing: the sharer's values are its owner's, under its own name.
+    shared = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    opt2 = pst.Optimizer(shared.named_parameters(), "type: kSGD",
+                         param_conf={"1.weight": {"share_from": "0.weight"}})
+    shared(torch.ones(2, 4)).sum().backward()
+    opt2.step()
+    shared_ckpt = opt2.save_checkpoint(tmp_path / "shared.ckpt.safetensors")
 
-    for source, module, fresh in ((ckpt, model, ex.DigitsCNN()), (cluster_ckpt, tied, None)):
+    for source, module, fresh in ((ckpt, model, ex.DigitsCNN()), (cluster_ckpt, tied, None),
+                                  (shared_ckpt, shared, None)):
         out = tmp_path / f"{source.stem}.model.safetensors"
         assert main(["export", str(source), "--to", str(out)]) == 0
         if fresh is None:

@@ -146,7 +146,7 @@ class Trainer:
         start = self._resume() if resume else self._fresh()
         checkpoints = self._checkpoint_steps(start)
         board = TensorBoardLog(self.workspace / TENSORBOARD_FOLDER, start, checkpoints,
-                               enabled=self.tensorboard)
+                               enabled=self.tensorboard and start < job.train_steps)
         with Progress(job.train_steps, start, self.stream, self.show) as progress, board:
             step, test = self._run(start, set(checkpoints), progress, board)
         self.log.write()
