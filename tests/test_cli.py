@@ -222,6 +222,9 @@ def test_doc_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert any(f["name"] == "base_lr" for f in one["common_fields"])
     code, out, _ = run(capsys, "doc", "Cluster", "--json")
     assert json.loads(out)["fields"][0]["name"] == "nworker_groups"
+    code, out, err = run(capsys, "doc", "kadm", "--json")
+    assert code == 2 and err == "" and json.loads(out)["ok"] is False
+    assert "did you mean 'kAdam'" in json.loads(out)["problems"][0]["message"]
 
 
 # -- rough edges ----------------------------------------------------------------------------

@@ -158,10 +158,15 @@ def _print_json(data: Any) -> None:
 # -- doc ------------------------------------------------------------------------------------
 
 def _doc(args: argparse.Namespace) -> int:
-    from .report import component_data, component_doc, json_safe
+    from .report import component_data, component_doc, json_safe, problems_data
 
     if args.json:
-        _print_json(json_safe(component_data(args.name)))
+        try:
+            data = component_data(args.name)
+        except ParamError as e:
+            _print_json({"ok": False, "problems": problems_data(e)})
+            return EXIT_USER_ERROR
+        _print_json(json_safe(data))
     else:
         print(component_doc(args.name))
     return 0
