@@ -129,6 +129,7 @@ def test_ctrl_c_is_reported_on_a_line_of_its_own(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     term = Terminal()
     monkeypatch.setattr(sys, "stderr", term)
+    monkeypatch.setenv("COLUMNS", "80")
 
     def interrupted(self: Trainer, *args: object) -> None:
         raise KeyboardInterrupt
