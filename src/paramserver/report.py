@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import difflib
 import inspect
+import math
 from collections.abc import Sequence
 from typing import Any
 
-from .config import ParamError, Parameter
+from .config import Location, ParamError, Parameter
 from .config.components import (
     ComponentConf,
     ComponentRegistry,
@@ -42,8 +44,8 @@ SECTIONS: tuple[tuple[str, ComponentRegistry, type[ComponentConf]], ...] = (
 #: The blocks of a job file that are not components, by the key that opens them: ``paramserver
 #: doc`` prints each, ``paramserver doc KEY`` one, ``paramserver doc FIELD`` finds a field.
 BLOCKS: tuple[tuple[str, type[Parameter]], ...] = (
-    ("job", JobConf),
     ("cluster", ClusterConf),
+    ("job", JobConf),
     ("train_one_batch", TrainOneBatchConf),
     ("cd_conf", CDConf),
     ("neuralnet", NetConf),
@@ -75,7 +77,10 @@ def describe_conf(conf: ComponentConf) -> str:
         parts.append(f"{name}={_show(value)}")
     own = conf.own
     if own is not None:
-        parts += [f"{k}={_show(v)}" for k, v in own.__dict__.items()]
+        declared = type(own).fields()
+        parts += [f"{k}={_show(v)}" for k, v in own.__dict__.items()
+                  if k not in declared or declared[k].required
+                  or v != declared[k].make_default()]
     return f"{conf.component}({', '.join(parts)})"
 
 
@@ -89,35 +94,74 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-def job_report(job: JobConf) -> str:
-    """What ``paramserver check`` prints: Params, updater, cluster and server loads."""
+def job_summary(job: JobConf, net: Any = None) -> dict[str, Any]:
+    """What ``paramserver check`` reports, as plain data (``check --json``): the job, its
+    Params, updater, learning-rate schedule, cluster and server loads.
+
+    Args:
+        job: the job.
+        net: the job's :class:`~paramserver.train.net.Net` if already built (default: built
+            here from the job, data paths relative to the working folder).
+    """
     from .cluster import server_loads
     from .config.job import unbuilt_error
     from .params import ParamSet
+    from .schedules import create_lr_method
     from .train.net import Net
 
     unbuilt = job.unbuilt()
     if unbuilt:  # everything else of the file was read and checked by load_job
         raise unbuilt_error(unbuilt)
-    net = Net(job.neuralnet, seed=job.seed, phases=("kTrain", *job.eval_phases()))
+    if net is None:
+        net = Net(job.neuralnet, seed=job.seed, phases=("kTrain", *job.eval_phases()))
     specs = net.param_specs()
     pset = ParamSet(specs)
     layer_of = {s.name: s.place.split("'")[1] if "'" in s.place else "" for s in specs}
-    rows = []
-    for p in pset.params:
-        rows.append([p.name, layer_of.get(p.name, ""), "x".join(map(str, p.shape)) or "()",
-                     describe_conf(p.conf.init), format_number(p.lr_scale),
-                     format_number(p.wd_scale), p.owner.name if p.owner else ""])
+    params = [{"name": p.name, "layer": layer_of.get(p.name, ""), "shape": list(p.shape),
+               "size": p.size, "init": describe_conf(p.conf.init),
+               "lr_scale": p.lr_scale, "wd_scale": p.wd_scale,
+               "share_from": p.owner.name if p.owner else None} for p in pset.params]
     c = job.cluster
+    lr = create_lr_method(job.updater.learning_rate)
+    last = max(job.train_steps - 1, 0)
+    samples = sorted({0, last // 4, last // 2, 3 * last // 4, last})
+    total = max(pset.values.size, 1)
+    return {
+        "job": {"name": job.name, "train_steps": job.train_steps, "seed": job.seed,
+                "workspace": job.workspace_dir, "disp_freq": job.disp_freq,
+                "test_freq": job.test_freq, "checkpoint_freq": job.checkpoint_freq},
+        "params": params,
+        "num_params": len(pset.params), "num_owners": len(pset.owners),
+        "num_values": int(pset.values.size),
+        "updater": {"description": describe_conf(job.updater),
+                    "conf": job.updater.to_dict()},
+        "schedule": {"description": describe_conf(job.updater.learning_rate),
+                     "conf": job.updater.learning_rate.to_dict(),
+                     "lr": [[step, lr(step)] for step in samples]},
+        "cluster": {**c.to_dict(),
+                    "consistency": "BSP" if c.nworker_groups == 1 else "Downpour"},
+        "servers": [{"server": x.server, "slices": list(x.slice_ids),
+                     "values": x.num_values, "share": x.num_values / total}
+                    for x in server_loads(pset, c)],
+    }
+
+
+def job_report(job: JobConf, net: Any = None) -> str:
+    """What ``paramserver check`` prints: Params, updater, cluster and server loads."""
+    d = job_summary(job, net)
+    j, c = d["job"], job.cluster
+    rows = [[p["name"], p["layer"], "x".join(map(str, p["shape"])) or "()", p["init"],
+             format_number(p["lr_scale"]), format_number(p["wd_scale"]),
+             p["share_from"] or ""] for p in d["params"]]
     out = [
-        f"job '{job.name}': {job.train_steps} training steps, seed {job.seed}, "
-        f"workspace {job.workspace_dir}",
+        f"job '{j['name']}': {j['train_steps']} training steps, seed {j['seed']}, "
+        f"workspace {j['workspace']}",
         "",
-        f"Params: {len(pset.params)} ({len(pset.owners)} owners, {pset.values.size:,} values)",
+        f"Params: {d['num_params']} ({d['num_owners']} owners, {d['num_values']:,} values)",
         table(["name", "layer", "shape", "init", "lr_scale", "wd_scale", "shares"], rows),
         "",
-        f"Updater: {describe_conf(job.updater)}",
-        f"Learning rate: {describe_conf(job.updater.learning_rate)}",
+        f"Updater: {d['updater']['description']}",
+        f"Learning rate: {d['schedule']['description']}",
         "",
         f"Cluster: {c.nworker_groups} worker group(s) x {c.nworkers_per_group} worker(s), "
         f"{c.nserver_groups} server group(s) x {c.nservers_per_group} server(s); "
@@ -125,11 +169,9 @@ def job_report(job: JobConf) -> str:
            "(Downpour)") + (f", staleness {c.staleness}" if c.staleness is not None else "")
         + f"; backend {c.backend}",
     ]
-    loads = server_loads(pset, c)
-    total = max(pset.values.size, 1)
     out.append(table(["server", "slices", "values", "share"], [
-        [x.server, _ranges(x.slice_ids), f"{x.num_values:,}",
-         f"{100 * x.num_values / total:.1f}%"] for x in loads]))
+        [x["server"], _ranges(x["slices"]), f"{x['values']:,}", f"{100 * x['share']:.1f}%"]
+        for x in d["servers"]]))
     return "\n".join(out)
 
 
@@ -139,8 +181,40 @@ def _ranges(ids: Sequence[int]) -> str:
     return f"{ids[0]}" if len(ids) == 1 else f"{ids[0]}-{ids[-1]}"
 
 
+def find_component(name: str) -> tuple[str, ComponentRegistry, type[ComponentConf]] | str:
+    """The section and canonical name of the component called ``name`` in any spelling
+    (``ksgd``, ``SGD``, ``kSGD``); the key of a block of the job schema (``"cluster"``,
+    ``"job"``, ``"layer"``, ... of :data:`BLOCKS`) for those configurations.
+
+    Raises:
+        ParamError: naming the closest known names.
+    """
+    lowered = name.lower()
+    for key, cls in BLOCKS:
+        if lowered in (key, cls.__name__.lower()):
+            return key
+    spellings = [name] + ([name[1:]] if len(name) > 1 and name[0] in "kK" else [])
+    for _, registry, common in SECTIONS:
+        for spelling in spellings:
+            if spelling in registry:
+                return registry.lookup(spelling), registry, common
+    known = [n for _, r, _ in SECTIONS for n in r.names()]
+    by_lower = {key: key for key, _ in BLOCKS}  # every spelling -> its canonical name
+    for _, registry, _ in SECTIONS:
+        for n in registry.names():
+            for spelling in (n, *registry.aliases(n)):
+                by_lower.setdefault(spelling.lower(), n)
+    close = difflib.get_close_matches(lowered, list(by_lower), n=6, cutoff=0.6)
+    names = list(dict.fromkeys(by_lower[c] for c in close))[:3]
+    hint = f"; did you mean {' or '.join(repr(n) for n in names)}?" if names else ""
+    blocks = ", ".join(key for key, _ in BLOCKS)
+    raise ParamError(f"no component named '{name}'{hint} (known: {', '.join(known)}, "
+                     f"{blocks}; or a field of one of them)")
+
+
 def component_doc(name: str | None = None) -> str:
-    """The documentation of every registered component, or of the one called ``name``."""
+    """The documentation of every registered component, or of the one called ``name``
+    (any spelling, any letter case)."""
     if name is None:
         blocks = []
         for title, registry, common in SECTIONS:
@@ -148,37 +222,38 @@ def component_doc(name: str | None = None) -> str:
             blocks.append(f"{title}\n{'=' * len(title)}\n" + "\n\n".join(entries))
         blocks += [_config_doc(_block_title(key), cls) for key, cls in BLOCKS]
         return "\n\n\n".join(blocks)
-    lowered = name.lower()
-    for key, cls in BLOCKS:
-        if lowered in (key, cls.__name__.lower()):
-            return _config_doc(_block_title(key), cls)
-    found = _field_docs(name)
-    for _, registry, common in SECTIONS:
-        if name in registry:
-            entry = _entry(registry, name, common, brief=False)
-            return "\n\n".join([entry, *(["fields of the same name:"] if found else []),
-                                 *found])
-    if found:
-        return "\n\n".join(found)
-    known = [n for _, r, _ in SECTIONS for n in r.names()] + [k for k, _ in BLOCKS]
-    raise ParamError(f"no component, block or field named '{name}'; known: "
-                     f"{', '.join(known)}")
+    fields = _field_docs(name)
+    try:
+        found = find_component(name)
+    except ParamError:
+        if fields:
+            return "\n\n".join(text for _, text, _ in fields)
+        raise
+    if isinstance(found, str):
+        return _config_doc(_block_title(found), dict(BLOCKS)[found])
+    canonical, registry, common = found
+    entry = _entry(registry, canonical, common, brief=False)
+    return "\n\n".join([entry, *(["fields of the same name:"] if fields else []),
+                         *(text for _, text, _ in fields)])
 
 
 def _block_title(key: str) -> str:
     return "job file, top level" if key == "job" else f"{key} {{ ... }}"
 
 
-def _field_docs(name: str) -> list[str]:
-    """Every declaration of a field (or ``*_conf`` block) called ``name``, with where it is
-    written: ``cluster.start_port``, ``layer { pooling_conf { pool } }``."""
+def _field_docs(name: str) -> list[tuple[str, str, list[dict[str, Any]]]]:
+    """Every declaration of a field (or ``*_conf`` block) called ``name``: where it is
+    written (``cluster { ... }``, ``kPooling reads pooling_conf``), its documentation, and
+    the same as data (``doc --json``)."""
     out = []
     blocks: list[tuple[str, type[Parameter]]] = [
         *BLOCKS, ("updater", UpdaterConf), ("learning_rate", LRGenConf), ("init", ParamGenConf)]
     for key, cls in blocks:
         f = cls.fields().get(name)
         if f is not None:
-            out.append(f"{_block_title(key)}:\n" + _indent(f.describe()))
+            where = _block_title(key)
+            out.append((where, f"{where}:\n" + _indent(f.describe()),
+                        [d for d in fields_data(cls) if d["name"] == name]))
     for _, registry, _common in SECTIONS:
         readers: dict[type[Parameter], list[str]] = {}
         for component in registry.names():
@@ -189,9 +264,91 @@ def _field_docs(name: str) -> list[str]:
             if name == conf_key or name in config.fields():
                 readers.setdefault(config, []).append(f"{component} reads {conf_key}")
         for config, who in readers.items():
-            body = config.doc() if name not in config.fields() else config.fields()[
-                name].describe()
-            out.append(f"{'; '.join(who)}:\n" + _indent(body or "(no fields)"))
+            one = name in config.fields()
+            body = config.fields()[name].describe() if one else config.doc()
+            where = "; ".join(who)
+            out.append((where, f"{where}:\n" + _indent(body or "(no fields)"),
+                        [d for d in fields_data(config) if not one or d["name"] == name]))
+    return out
+
+
+def component_data(name: str | None = None) -> dict[str, Any]:
+    """``paramserver doc --json``: every component (or the one called ``name``) as data."""
+    if name is not None:
+        try:
+            found = find_component(name)
+        except ParamError:
+            fields = _field_docs(name)
+            if not fields:
+                raise
+            return {"name": name, "kind": "field",
+                    "places": [{"where": where, "fields": data} for where, _, data in fields]}
+        if isinstance(found, str):
+            cls = dict(BLOCKS)[found]
+            return {"name": found, "kind": "configuration", "doc": inspect.getdoc(cls) or "",
+                    "fields": fields_data(cls)}
+        canonical, registry, common = found
+        return {**_component_data(registry, canonical),
+                "common_fields": fields_data(common)}
+    return {
+        "sections": [{"title": title, "kind": registry.kind,
+                      "common_fields": fields_data(common),
+                      "components": [_component_data(registry, n) for n in registry.names()]}
+                     for title, registry, common in SECTIONS],
+        "configurations": [{"name": key, "fields": fields_data(cls)} for key, cls in BLOCKS],
+    }
+
+
+def _component_data(registry: ComponentRegistry, name: str) -> dict[str, Any]:
+    cls = registry.get(name)
+    text = inspect.getdoc(cls) or ""
+    key = registry.conf_name(name)
+    return {"name": name, "kind": registry.kind, "aliases": list(registry.aliases(name)),
+            "summary": text.split("\n\n")[0].replace("\n", " "), "doc": text,
+            "conf_block": key,
+            "fields": fields_data(cls.Config) if key is not None else []}
+
+
+def fields_data(cls: type[Parameter]) -> list[dict[str, Any]]:
+    """The declared fields of a configuration as data, in declaration order."""
+    out = []
+    for f in cls.fields().values():
+        enum = f.enum
+        if enum is not None and not isinstance(enum, tuple):
+            enum = enum.names() if hasattr(enum, "names") else None
+        out.append({"name": f.name, "type": f.type.name, "required": f.required,
+                    "default": None if f.required else json_safe(
+                        f.type.plain(f.make_default())),
+                    "doc": f.doc, "lower": json_safe(f.lower), "upper": json_safe(f.upper),
+                    "lower_exclusive": f.lower_exclusive,
+                    "enum": list(enum) if enum is not None else None,
+                    "aliases": list(f.aliases)})
+    return out
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with non-finite floats as the strings ``"inf"``, ``"-inf"``, ``"nan"``
+    (JSON has no such numbers)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return format_number(value)
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def problems_data(error: ParamError) -> list[dict[str, Any]]:
+    """Every problem of an error as data: ``file``, ``line``, ``column`` (for a place in a
+    file), ``path`` (for a key path), and ``message``."""
+    out = []
+    for p in error.problems:
+        where = p.where
+        loc = where if isinstance(where, Location) else None
+        out.append({"file": loc.file if loc else None, "line": loc.line if loc else None,
+                    "column": loc.column if loc else None,
+                    "path": where if isinstance(where, str) else None,
+                    "message": p.message})
     return out
 
 
@@ -220,4 +377,5 @@ def _indent(text: str, by: str = "    ") -> str:
     return "\n".join(by + line if line else line for line in text.splitlines())
 
 
-__all__ = ["component_doc", "describe_conf", "job_report", "table"]
+__all__ = ["component_data", "component_doc", "describe_conf", "fields_data", "find_component",
+           "job_report", "job_summary", "json_safe", "problems_data", "table"]

@@ -12,11 +12,12 @@ by the component itself (the layers' in :mod:`paramserver.singa.confs`).
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any, ClassVar
 
 from .components import ComponentConf, layers, lr_methods, param_generators, updaters
-from .errors import ParamError
+from .errors import ParamError, Problem
 from .parameter import Parameter, field
 from .singa_enums import ALG_TYPE, PARAM_TYPE, PHASE, UNROLL_CONN_TYPE
 from .tree import Block, Scalar
@@ -275,13 +276,27 @@ class NetConf(Parameter):
                 out[what].append(layer.name)
         return out
 
-    def check(self) -> list[str]:
-        # Each phase's net needs unique names; a phase whose net SINGA would never build
-        # (kVal without validation, say) may break that, so only the names across phases
-        # and the sources are checked here; the phases are checked when their nets are built.
-        every = {layer.name for layer in self.layer}
-        return [f"layer '{layer.name}' reads unknown layer '{src}'"
-                for layer in self.layer for src in layer.srclayers if src not in every]
+    def check(self) -> list[Problem]:
+        # Layers of different phases may share a name; the net of kTrain, which every run
+        # builds, may not (SINGA's would not build). Other phases are checked when their nets
+        # are built: a phase SINGA never builds (kVal without validation) may be incomplete.
+        problems, seen = [], set()
+        for i, layer in enumerate(self.layer):
+            if layer.runs_in("kTrain"):
+                if layer.name in seen:
+                    problems.append(Problem(f"layer name '{layer.name}' is used twice in "
+                                            "phase kTrain", f"layer[{i}].name"))
+                seen.add(layer.name)
+        every = [x.name for x in self.layer]
+        for i, layer in enumerate(self.layer):
+            for k, src in enumerate(layer.srclayers):
+                if src not in every:
+                    earlier = every[:i]  # what it may read
+                    close = difflib.get_close_matches(src, earlier[::-1], n=1)
+                    hint = f"; did you mean '{close[0]}'?" if close else ""
+                    problems.append(Problem(f"layer '{layer.name}' reads unknown layer "
+                                            f"'{src}'{hint}", f"layer[{i}].srclayers[{k}]"))
+        return problems
 
 
 class ClusterConf(Parameter):

@@ -21,6 +21,8 @@ from such files before the first step.
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -41,13 +43,25 @@ from ..checkpoint import (
 from ..cluster import Cluster, Worker
 from ..config import ParamError
 from ..config.job import JobConf, unbuilt_error
+from ..export import TABLE, param_table
 from ..params import ParamSet
 from ..singa import checkpoints as singa_checkpoints
 from .metrics import MetricsLog, Row
 from .net import Net
-from .progress import Progress
+from .progress import Progress, Rate
+from .tensorboard import FOLDER as TENSORBOARD_FOLDER
+from .tensorboard import TensorBoardLog
 
 FORMAT = "paramserver-checkpoint/1"
+log = logging.getLogger(__name__)
+
+
+def default_disp_freq(train_steps: int) -> int:
+    """Steps between progress reports when the job leaves ``disp_freq`` at 0: a round
+    number (1, 2 or 5 times a power of ten) giving 10 to 25 reports."""
+    target = max(train_steps / 10, 1.0)
+    power = 10 ** math.floor(math.log10(target))
+    return int(max(m * power for m in (1, 2, 5) if m * power <= target))
 
 
 @dataclass(frozen=True)
@@ -66,12 +80,14 @@ class Trainer:
 
     Args:
         job: the job.
-        progress: show a progress bar (or, off a terminal, a line per display step).
-        stream: where progress goes (default stderr).
+        progress: show the progress display (or, off a terminal, a line per display step).
+        stream: where progress goes (default stderr). Messages (test results, checkpoints)
+            go to the ``paramserver`` logger.
         base_dir: folder that relative data paths are read from (the job file's folder).
         cluster_options: with ``cluster.backend: ray``, keyword arguments of
             :class:`~paramserver.cluster.ray_backend.RayCluster` (``placement``,
             ``server_options``, ``worker_options``, ...).
+        tensorboard: write TensorBoard event files into ``<workspace>/tensorboard``.
 
     With ``cluster.backend: ray`` the workers are Ray actors that build their own Nets
     from the job's configuration (sent as JSON, with the names of the modules that
@@ -86,11 +102,12 @@ class Trainer:
 
     def __init__(self, job: JobConf, *, progress: bool = True, stream: TextIO | None = None,
                  base_dir: str | os.PathLike[str] | None = None,
-                 cluster_options: Mapping[str, Any] | None = None):
+                 cluster_options: Mapping[str, Any] | None = None, tensorboard: bool = True):
         self.job = job
         unbuilt = job.unbuilt()
         if unbuilt:
             raise unbuilt_error(unbuilt)
+        self.tensorboard = tensorboard
         self.workspace = Path(job.workspace_dir)
         self.show = progress
         self.stream = stream
@@ -116,8 +133,7 @@ class Trainer:
             self.eval_net.bind(self.params)
         self.log = MetricsLog(self.workspace / "metrics.csv")
         self._window: list[list[float]] = []  # train metrics since the last display row
-        steps = job.train_steps
-        self.disp_freq = job.disp_freq or max(1, steps // 30)
+        self.disp_freq = job.disp_freq or default_disp_freq(job.train_steps)
 
     def _init_ray(self, base_dir: str | os.PathLike[str] | None,
                   options: Mapping[str, Any]) -> None:
@@ -179,11 +195,29 @@ class Trainer:
         job = self.job
         t0 = time.perf_counter()
         start = self._resume() if resume or job.resume else self._fresh()
-        progress = Progress(job.train_steps, start, self.stream, self.show)
+        checkpoints = self._checkpoint_steps(start)
+        board = TensorBoardLog(self.workspace / TENSORBOARD_FOLDER, start, checkpoints,
+                               enabled=self.tensorboard and start < job.train_steps)
+        with Progress(job.train_steps, start, self.stream, self.show) as progress, board:
+            step, test = self._run(start, set(checkpoints), progress, board)
+        self.log.write()
+        plot = self.log.plot(self.workspace / "metrics.png", f"{job.name}")
+        seconds = time.perf_counter() - t0
+        files = [self.log.path, plot, board.folder if self.tensorboard else None]
+        log.info("done: %d steps in %.1f s; %s", step, seconds,
+                 ", ".join(str(p) for p in files if p is not None))
+        return TrainResult(step, None if test is None else test["loss"],
+                           None if test is None else test["accuracy"], seconds,
+                           self.workspace)
+
+    def _run(self, start: int, checkpoints: set[int], progress: Progress,
+             board: TensorBoardLog) -> tuple[int, dict[str, float] | None]:
+        job = self.job
         if start >= job.train_steps and job.train_steps:
-            progress.message(f"nothing to do: the job is at step {start} of {job.train_steps}")
+            log.info("nothing to do: the job is at step %d of %d", start, job.train_steps)
         window = self._window
         last: dict[str, dict[str, float]] = {}
+        rate = Rate(start)  # steps/s for TensorBoard, whether or not progress is shown
 
         def on_step(step: int, metrics: list[Mapping[str, Any] | None]) -> None:
             live = [m for m in metrics if m is not None]
@@ -196,6 +230,8 @@ class Trainer:
                 lr = self.cluster.updater.lr(step)
                 self.log.add(Row(done, "train", loss, acc, lr))
                 progress.update(done, loss, acc, lr, force=True)
+                board.scalars("train", done, {"loss": loss, "accuracy": acc, "lr": lr,
+                                              "steps_per_second": rate.add(done)})
                 if shown:
                     window.clear()  # else kept: a resumed run goes on with the same window
             elif progress.tty:
@@ -204,37 +240,29 @@ class Trainer:
 
         step = start
         singa_written = -1
-        for stop in self._boundaries(start):
+        for stop in self._boundaries(start, board.stops(start)):
+            board.before_chunk(step, stop, self.params)
             self.cluster.run(self._step_fn, stop - step, start_step=step, on_step=on_step)
             step = stop
-            self._evaluate(step, step == job.train_steps, last, progress)
+            self._evaluate(step, step == job.train_steps, last, progress, board)
             self.log.write()
-            if due(step, job.checkpoint_freq, job.checkpoint_after) or (
-                    job.checkpoint_freq and step == job.train_steps):
+            if step in checkpoints:
+                board.histograms(step, self.params)
+                board.flush()  # what the checkpoint covers is on disk before it
                 path = self.save(step)
                 singa_written = step
-                progress.message(f"step {step}: checkpoint {path}")
+                log.info("step %d: checkpoint %s", step, path)
         if job.train_steps == 0 and start == 0:  # a job that only tests (SINGA's -test)
-            self._evaluate(0, True, last, progress)
+            self._evaluate(0, True, last, progress, board)
             self.log.write()
         if step == job.train_steps > 0 and singa_written != step and step > start:
             self.save_singa(step)  # SINGA's workers always save the model at the end
-        progress.close()
-        self.log.write()
-        plot = self.log.plot(self.workspace / "metrics.png", f"{job.name}")
-        seconds = time.perf_counter() - t0
-        if self.show:
-            where = ", ".join(str(p) for p in (self.log.path, plot) if p is not None)
-            progress.message(f"done: {step} steps in {seconds:.1f} s; {where}")
-        test = last.get("kTest")
-        return TrainResult(step, None if test is None else test["loss"],
-                           None if test is None else test["accuracy"], seconds,
-                           self.workspace)
+        return step, last.get("kTest")
 
     def _evaluate(self, step: int, final: bool, last: dict[str, dict[str, float]],
-                  progress: Progress) -> None:
-        """The validation and test due after ``step`` (the test also at the end), each a row
-        of metrics.csv."""
+                  progress: Progress, board: TensorBoardLog) -> None:
+        """The validation and the test due after ``step`` (the test also at the end), each
+        a row of metrics.csv and a TensorBoard scalar."""
         job = self.job
         lr = self.cluster.updater.lr(max(step - 1, 0))
         for phase, row, freq, after, steps in (
@@ -243,17 +271,35 @@ class Trainer:
             if phase not in self.eval_phases or not (due(step, freq, after) or (
                     final and phase == "kTest")):
                 continue
-            assert self.eval_net is not None
-            result = self.eval_net.evaluate(steps=steps, phase=phase)
+            net = self.eval_net
+            assert net is not None
+            progress.set_phase(row)
+            t = time.perf_counter()
+            result = net.evaluate(steps=steps, phase=phase)
+            seconds = time.perf_counter() - t
+            progress.set_phase("train")
             last[phase] = result
+            split = net.data_layer_of(phase).dataset.split(row)[1].shape[0]
+            batches = -(-split // net.data_layer_of(phase).batchsize)
+            if steps:
+                batches = min(batches, steps)
             self.log.add(Row(step, row, result["loss"], result["accuracy"], lr))
+            board.scalars(row, step, {"loss": result["loss"], "accuracy": result["accuracy"],
+                                      "steps_per_second": batches / max(seconds, 1e-9)})
             what = "validation" if row == "val" else "test"
-            progress.message(f"step {step}: {what} loss {result['loss']:.4f}, "
-                             f"accuracy {result['accuracy']:.2%}")
+            log.info("step %d: %s loss %.4f, accuracy %.2f%%", step, what, result["loss"],
+                     100 * result["accuracy"])
 
-    def _boundaries(self, start: int) -> list[int]:
+    def _checkpoint_steps(self, start: int) -> list[int]:
+        """The steps after ``start`` that write a checkpoint."""
         job = self.job
-        stops = {job.train_steps}
+        return [s for s in self._boundaries(start) if due(s, job.checkpoint_freq,
+                job.checkpoint_after) or (job.checkpoint_freq and s == job.train_steps)]
+
+    def _boundaries(self, start: int, extra: set[int] | frozenset[int] = frozenset()
+                    ) -> list[int]:
+        job = self.job
+        stops = {job.train_steps, *extra}
         for freq, after in ((job.test_freq, job.test_after),
                             (job.validate_freq, job.validate_after),
                             (job.checkpoint_freq, job.checkpoint_after)):
@@ -272,7 +318,8 @@ class Trainer:
         (:meth:`save_singa`)."""
         meta = {"format": FORMAT, "job": self.job.name, "step": step,
                 "params": self._layout(), "dtype": self.params.dtype.name,
-                "window": self._window}
+                "window": self._window, TABLE: param_table(self.params),
+                "job_conf": self.job.to_dict()}
         path = save_checkpoint(self.workspace / "checkpoints" / checkpoint_name(step),
                                self.cluster.state_dict(), meta)
         self.save_singa(step)
@@ -295,19 +342,16 @@ class Trainer:
         stale = list_checkpoints(self.workspace / "checkpoints")
         for _, path in stale:
             path.unlink()
-        if stale and self.show:
-            Progress(1, stream=self.stream).message(
-                f"a new run: removed {len(stale)} checkpoint(s) of an earlier run in "
-                f"{self.workspace / 'checkpoints'} (use --resume to continue one)")
+        if stale:
+            log.warning("a new run: removed %d checkpoint(s) of an earlier run in %s (use "
+                        "--resume to continue one)", len(stale), self.workspace / "checkpoints")
         return self.job.step
 
     def _resume(self) -> int:
         folder = self.workspace / "checkpoints"
         found = load_latest_checkpoint(folder)
         if found is None:
-            if self.show:
-                Progress(1, stream=self.stream).message(
-                    f"no checkpoint in {folder}: starting from step {self.job.step}")
+            log.warning("no checkpoint in %s: starting from step %d", folder, self.job.step)
             self.log.rows = []
             return self.job.step
         path, arrays, meta = found
@@ -321,8 +365,7 @@ class Trainer:
             (r.phase == "train" and due(step, self.disp_freq, job.disp_after))
             or (r.phase == "test" and due(step, job.test_freq, job.test_after))
             or (r.phase == "val" and due(step, job.validate_freq, job.validate_after))))
-        if self.show:
-            Progress(1, stream=self.stream).message(f"resuming from {path} (step {step})")
+        log.info("resuming from %s (step %d)", path, step)
         return step
 
     def load(self, path: str | os.PathLike[str]) -> None:
