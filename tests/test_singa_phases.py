@@ -267,3 +267,24 @@ def test_a_bad_checkpoint_path_is_a_checkpoint_error(tmp_path: Path) -> None:
     conf.update({"checkpoint_path": [str(tmp_path / "junk")]})
     with pytest.raises(CheckpointError, match="junk: not a SINGA checkpoint"):
         Trainer(conf, progress=False)
+
+
+def test_no_validation_data_is_refused_before_training(tmp_path: Path) -> None:
+    text = JOB.format(steps=4, ws=tmp_path, ckpt=0, vsteps=0, layers=LAYERS.format(data=""))
+    with pytest.raises(ParamError, match=r"layer 'data' \(kData\): there is no validation "
+                                         r"split \(val_fraction is 0"):
+        Trainer(parse_job(text), progress=False)
+
+
+def test_step_disp_after_and_resume_in_the_file(tmp_path: Path) -> None:
+    conf = job(tmp_path, 20, disp_after=3, step=6)
+    conf.update({"validate_freq": 0, "test_freq": 0, "test_steps": 0})
+    result = Trainer(conf, progress=False).train()
+    assert result.step == 20
+    train = [int(r["step"]) for r in rows(tmp_path) if r["phase"] == "train"]
+    assert train == [8, 13, 18, 20]  # from step 6 on; every 5 from 3; and the last
+    conf.update({"train_steps": 30, "checkpoint_freq": 10, "resume": False})
+    Trainer(conf, progress=False).train()
+    conf.update({"train_steps": 35, "resume": True})  # as --resume
+    assert Trainer(conf, progress=False).train().step == 35
+    assert [int(r["step"]) for r in rows(tmp_path) if r["phase"] == "train"][-2:] == [33, 35]

@@ -41,7 +41,7 @@ from paramserver.config.singa_enums import (
     UNROLL_CONN_TYPE,
     UNUSED_ENUMS,
 )
-from paramserver.report import component_doc
+from paramserver.report import component_data, component_doc
 from paramserver.singa import records
 
 DATA = Path(__file__).resolve().parent / "data" / "singa"
@@ -507,3 +507,13 @@ def test_doc_finds_every_singa_field() -> None:
     assert "no effect" in component_doc("poll_time")
     assert "no effect" in component_doc("warmup_steps")
     assert "val" in component_doc("validate_freq")
+
+
+def test_doc_of_a_field_as_json() -> None:
+    data = component_data("pool")
+    assert data["kind"] == "field" and len(data["places"]) == 1
+    assert data["places"][0]["where"].startswith("kPooling reads pooling_conf")
+    assert data["places"][0]["fields"][0]["enum"] == ["MAX", "AVG"]
+    layer = component_data("layer")
+    assert layer["kind"] == "configuration"
+    assert {f["name"] for f in layer["fields"]} >= {"include", "exclude", "partition_dim"}

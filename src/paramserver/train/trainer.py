@@ -131,6 +131,8 @@ class Trainer:
                                 phases=self.eval_phases)
             self._check_eval_params(self.eval_net)
             self.eval_net.bind(self.params)
+            for phase in self.eval_phases:  # a split to evaluate on: refused now, not later
+                self.eval_net.data_layer_of(phase).eval_batches(phase)
         self.log = MetricsLog(self.workspace / "metrics.csv")
         self._window: list[list[float]] = []  # train metrics since the last display row
         self.disp_freq = job.disp_freq or default_disp_freq(job.train_steps)
