@@ -168,6 +168,8 @@ DEFAULTS_DIFFER = {
     ("ParamProto", "name"): "'' is None here: generated <layer>_<index>",
     ("PoolingProto", "stride"): "v0.1.0 had 1, v0.2.0 and v0.3.0 have 2 (the latest kept)",
     ("StoreProto", "batchsize"): "v0.2.0's single value (1) became a repeated field",
+    ("LayerProto", "unroll_len"): "1 unless given, then the net's: None says 'not given', "
+                                  "which SINGA tells by has_unroll_len()",
 }
 TYPE_DEFAULT_SENTINELS = {"kUserAlg", "kUserUpdater", "kUserChange", "kUserInit",
                           "kUserLayer"}

@@ -25,7 +25,8 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -46,6 +47,8 @@ from ..config.job import JobConf, unbuilt_error
 from ..export import TABLE, param_table
 from ..params import ParamSet
 from ..singa import checkpoints as singa_checkpoints
+from . import algorithms
+from .layers.base import require_torch
 from .metrics import MetricsLog, Row
 from .net import Net
 from .progress import Progress, Rate
@@ -107,6 +110,7 @@ class Trainer:
         unbuilt = job.unbuilt()
         if unbuilt:
             raise unbuilt_error(unbuilt)
+        require_torch()
         self.tensorboard = tensorboard
         self.workspace = Path(job.workspace_dir)
         self.show = progress
@@ -120,7 +124,8 @@ class Trainer:
         else:
             nworkers = c.nworker_groups * c.nworkers_per_group
             self.nets = [Net(job.neuralnet, seed=job.seed, base_dir=base_dir,
-                             phases=("kTrain",)) for _ in range(nworkers)]
+                             phases=("kTrain",), device=worker_device(job, rank))
+                         for rank in range(nworkers)]
             self.params = self._make_params(self.nets[0])
             self.cluster = Cluster(job, self.params)
             for worker, net in zip(self.cluster.workers, self.nets):
@@ -128,7 +133,7 @@ class Trainer:
         self.eval_net: Net | None = None
         if self.eval_phases:
             self.eval_net = Net(job.neuralnet, seed=job.seed, base_dir=base_dir,
-                                phases=self.eval_phases)
+                                phases=self.eval_phases, device=worker_device(job, 0))
             self._check_eval_params(self.eval_net)
             self.eval_net.bind(self.params)
             for phase in self.eval_phases:  # a split to evaluate on: refused now, not later
@@ -155,9 +160,17 @@ class Trainer:
     def _make_params(self, net: Net) -> ParamSet:
         """The job's Params: initialised from the seed, then (``checkpoint_path``) loaded
         from SINGA checkpoints; records the versions SINGA checkpoints count from."""
-        params = ParamSet(net.param_specs())
-        params.init(self.job.seed)
         job = self.job
+        frozen = algorithms.frozen_params(net, job.train_one_batch)
+        specs = []
+        for spec in net.param_specs():
+            if spec.name in frozen and spec.conf.share_from is None:
+                conf = spec.conf.copy()
+                conf.__dict__.update(lr_scale=0.0, wd_scale=0.0)
+                spec = type(spec)(spec.name, spec.shape, conf, spec.place)
+            specs.append(spec)
+        params = ParamSet(specs)
+        params.init(self.job.seed)
         loaded = singa_checkpoints.load_checkpoints(params, job.checkpoint_path)
         self._base_versions = {
             p.name: (loaded[p.name] if p.name in loaded and not job.reset_param_version
@@ -200,7 +213,8 @@ class Trainer:
         checkpoints = self._checkpoint_steps(start)
         board = TensorBoardLog(self.workspace / TENSORBOARD_FOLDER, start, checkpoints,
                                enabled=self.tensorboard and start < job.train_steps)
-        with Progress(job.train_steps, start, self.stream, self.show) as progress, board:
+        with Progress(job.train_steps, start, self.stream, self.show) as progress, board, \
+                torch_threads(job.num_openblas_threads):
             step, test = self._run(start, set(checkpoints), progress, board)
         self.log.write()
         plot = self.log.plot(self.workspace / "metrics.png", f"{job.name}")
@@ -223,8 +237,8 @@ class Trainer:
 
         def on_step(step: int, metrics: list[Mapping[str, Any] | None]) -> None:
             live = [m for m in metrics if m is not None]
-            window.append([float(np.mean([m["loss"] for m in live])),
-                           float(np.mean([m["accuracy"] for m in live]))])
+            window.append([float(np.mean([m.get("loss", math.nan) for m in live])),
+                           float(np.mean([m.get("accuracy", math.nan) for m in live]))])
             done = step + 1
             shown = due(done, self.disp_freq, job.disp_after)
             if shown or done == job.train_steps:
@@ -280,17 +294,16 @@ class Trainer:
             result = net.evaluate(steps=steps, phase=phase)
             seconds = time.perf_counter() - t
             progress.set_phase("train")
-            last[phase] = result
-            split = net.data_layer_of(phase).dataset.split(row)[1].shape[0]
-            batches = -(-split // net.data_layer_of(phase).batchsize)
-            if steps:
-                batches = min(batches, steps)
-            self.log.add(Row(step, row, result["loss"], result["accuracy"], lr))
-            board.scalars(row, step, {"loss": result["loss"], "accuracy": result["accuracy"],
+            loss, acc = result.get("loss", math.nan), result.get("accuracy", math.nan)
+            last[phase] = {**result, "loss": loss, "accuracy": acc}
+            batches = net.eval_count(phase, steps=steps)
+            self.log.add(Row(step, row, loss, acc, lr))
+            board.scalars(row, step, {"loss": loss, "accuracy": acc,
                                       "steps_per_second": batches / max(seconds, 1e-9)})
             what = "validation" if row == "val" else "test"
-            log.info("step %d: %s loss %.4f, accuracy %.2f%%", step, what, result["loss"],
-                     100 * result["accuracy"])
+            log.info("step %d: %s %s", step, what, ", ".join(
+                f"{k} {100 * v:.2f}%" if k == "accuracy" else f"{k} {v:.4f}"
+                for k, v in result.items()) or f"{batches} batches, no metrics")
 
     def _checkpoint_steps(self, start: int) -> list[int]:
         """The steps after ``start`` that write a checkpoint."""
@@ -399,12 +412,50 @@ def due(step: int, freq: int, after: int) -> bool:
 
 
 def _train_step(net: Net, job: JobConf, worker: Worker, step: int) -> Mapping[str, Any]:
-    """One worker's step: its shard of the step's batch, forward and backward."""
+    """One worker's step: its shard of the step's batch, and its gradients by the job's
+    algorithm (:mod:`paramserver.train.algorithms`)."""
     c = job.cluster
     # Groups read different data: group g takes batch step * G + g of the data order.
     batch = net.batch(step * c.nworker_groups + worker.group, rank=worker.index,
                       num_workers=c.nworkers_per_group)
-    return net.train_step(batch, net.step_rng(step, worker.rank))
+    return algorithms.train_step(net, job.train_one_batch, batch,
+                                 net.step_rng(step, worker.rank))
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """PyTorch's intra-op threads set to ``n`` (``num_openblas_threads``) for a run, and
+    put back after. Tiny layers run fastest on one thread (a parallel region costs more
+    than their arithmetic, and much more when other processes load the cores)."""
+    torch = require_torch()
+    before = torch.get_num_threads()
+    torch.set_num_threads(int(n))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+_warned_gpu: set[str] = set()
+
+
+def worker_device(job: JobConf, rank: int) -> str | None:
+    """The torch device worker ``rank`` computes on: ``cuda:<id>`` of the job's ``gpu``
+    list (SINGA's: one id per worker, in turn) when torch sees that GPU, else None (the
+    CPU, with a warning once)."""
+    if not job.gpu:
+        return None
+    torch = require_torch()
+    gpu = int(job.gpu[rank % len(job.gpu)])
+    if torch.cuda.is_available() and gpu < torch.cuda.device_count():
+        return f"cuda:{gpu}"
+    why = ("torch sees no GPU" if not torch.cuda.is_available()
+           else f"torch sees {torch.cuda.device_count()} GPU(s)")
+    message = f"the job asks for GPU {gpu} (gpu) but {why}: computing on the CPU"
+    if message not in _warned_gpu:
+        _warned_gpu.add(message)
+        log.warning("%s", message)
+    return None
 
 
 def net_grad_fn(job: str, base_dir: str | None = None) -> Callable[[Worker, int], Any]:
@@ -412,7 +463,9 @@ def net_grad_fn(job: str, base_dir: str | None = None) -> Callable[[Worker, int]
     (:class:`~paramserver.cluster.ray_wire.RemoteGradFn` data) and bound to the worker's
     replica on the first step."""
     conf = JobConf.parse(json.loads(job))
-    net = Net(conf.neuralnet, seed=conf.seed, base_dir=base_dir, phases=("kTrain",))
+    require_torch().set_num_threads(int(conf.num_openblas_threads))  # the actor's own process
+    net = Net(conf.neuralnet, seed=conf.seed, base_dir=base_dir, phases=("kTrain",),
+              device=worker_device(conf, 0))
     bound: list[ParamSet] = []
 
     def grad_fn(worker: Worker, step: int) -> Mapping[str, Any]:
@@ -424,4 +477,4 @@ def net_grad_fn(job: str, base_dir: str | None = None) -> Callable[[Worker, int]
     return grad_fn
 
 
-__all__ = ["TrainResult", "Trainer", "due", "net_grad_fn"]
+__all__ = ["TrainResult", "Trainer", "due", "net_grad_fn", "worker_device"]
