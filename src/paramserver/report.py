@@ -73,24 +73,27 @@ def _show(value: Any) -> str:
 def job_report(job: JobConf) -> str:
     """What ``paramserver check`` prints: Params, updater, cluster and server loads."""
     from .cluster import server_loads
-    from .params import ParamSet
+    from .params import plan_params
     from .train.net import Net
 
     net = Net(job.neuralnet, seed=job.seed)
     specs = net.param_specs()
-    pset = ParamSet(specs)
-    layer_of = {s.name: s.place.split("'")[1] if "'" in s.place else "" for s in specs}
+    plan = plan_params(specs)  # sizes and sharing only: no memory for the Params
+    by_name = {s.name: s for s in specs}
     rows = []
-    for p in pset.params:
-        rows.append([p.name, layer_of.get(p.name, ""), "x".join(map(str, p.shape)) or "()",
-                     describe_conf(p.conf.init), format_number(p.lr_scale),
-                     format_number(p.wd_scale), p.owner.name if p.owner else ""])
+    for s in specs:
+        owner = by_name[plan.owner_of[s.name]]  # a sharer takes its owner's configuration
+        rows.append([s.name, s.place.split("'")[1] if "'" in s.place else "",
+                     "x".join(map(str, s.shape)) or "()", describe_conf(owner.conf.init),
+                     format_number(float(owner.conf.lr_scale)),
+                     format_number(float(owner.conf.wd_scale)),
+                     owner.name if owner is not s else ""])
     c = job.cluster
     out = [
         f"job '{job.name}': {job.train_steps} training steps, seed {job.seed}, "
         f"workspace {job.workspace_dir}",
         "",
-        f"Params: {len(pset.params)} ({len(pset.owners)} owners, {pset.values.size:,} values)",
+        f"Params: {len(specs)} ({len(plan.owners)} owners, {plan.num_values:,} values)",
         table(["name", "layer", "shape", "init", "lr_scale", "wd_scale", "shares"], rows),
         "",
         f"Updater: {describe_conf(job.updater)}",
@@ -102,8 +105,8 @@ def job_report(job: JobConf) -> str:
            "(Downpour)") + (f", staleness {c.staleness}" if c.staleness is not None else "")
         + f"; backend {c.backend}",
     ]
-    loads = server_loads(pset, c)
-    total = max(pset.values.size, 1)
+    loads = server_loads(plan.sizes, c)
+    total = max(plan.num_values, 1)
     out.append(table(["server", "slices", "values", "share"], [
         [x.server, _ranges(x.slice_ids), f"{x.num_values:,}",
          f"{100 * x.num_values / total:.1f}%"] for x in loads]))

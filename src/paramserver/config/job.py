@@ -24,12 +24,13 @@ class ParamGenConf(ComponentConf):
     type: str = field("kConstant", enum=param_generators, doc="Initialisation method.")
     user_type: str | None = field(None, enum=param_generators,
                                   doc="A user-registered initialisation method.")
-    value: float = field(1.0, doc="Constant value (kConstant) or factor the fill is "
-                                  "multiplied by (other methods).")
-    mean: float = field(0.0, doc="Mean of the Gaussian methods.")
-    std: float = field(1.0, lower=0.0, doc="Standard deviation of the Gaussian methods.")
-    low: float = field(-1.0, doc="Lower bound of the uniform methods.")
-    high: float = field(1.0, doc="Upper bound of the uniform methods.")
+    value: float = field(1.0, finite=True, doc="Constant value (kConstant) or factor the "
+                                               "fill is multiplied by (other methods).")
+    mean: float = field(0.0, finite=True, doc="Mean of the Gaussian methods.")
+    std: float = field(1.0, lower=0.0, finite=True,
+                       doc="Standard deviation of the Gaussian methods.")
+    low: float = field(-1.0, finite=True, doc="Lower bound of the uniform methods.")
+    high: float = field(1.0, finite=True, doc="Upper bound of the uniform methods.")
 
     def check(self) -> list[str]:
         if self.low > self.high:
@@ -44,8 +45,9 @@ class ParamConf(Parameter):
     init: ParamGenConf = field(factory=ParamGenConf, doc="Initialisation method.")
     share_from: str | None = field(None, doc="Name of the Param whose configuration and "
                                              "values this one shares.")
-    lr_scale: float = field(1.0, lower=0.0, doc="Multiplied with the learning rate.")
-    wd_scale: float = field(1.0, lower=0.0, doc="Multiplied with the weight decay.")
+    lr_scale: float = field(1.0, lower=0.0, finite=True,
+                            doc="Multiplied with the learning rate.")
+    wd_scale: float = field(1.0, lower=0.0, finite=True, doc="Multiplied with the weight decay.")
 
 
 class LRGenConf(ComponentConf):
@@ -55,7 +57,7 @@ class LRGenConf(ComponentConf):
     type: str = field("kFixed", enum=lr_methods, doc="Learning-rate change method.")
     user_type: str | None = field(None, enum=lr_methods,
                                   doc="A user-registered learning-rate method.")
-    base_lr: float = field(0.01, lower=0.0, doc="Base learning rate.")
+    base_lr: float = field(0.01, lower=0.0, finite=True, doc="Base learning rate.")
 
 
 class UpdaterConf(ComponentConf):
@@ -66,12 +68,14 @@ class UpdaterConf(ComponentConf):
     user_type: str | None = field(None, enum=updaters, doc="A user-registered updater.")
     learning_rate: LRGenConf = field(factory=LRGenConf, doc="Learning-rate change method.")
     momentum: float = field(0.0, lower=0.0, upper=1.0, doc="Momentum.")
-    weight_decay: float = field(0.0, lower=0.0, doc="Weight decay (L2) coefficient.")
-    delta: float = field(1e-8, lower=0.0, lower_exclusive=True,
+    weight_decay: float = field(0.0, lower=0.0, finite=True,
+                                doc="Weight decay (L2) coefficient.")
+    delta: float = field(1e-8, lower=0.0, lower_exclusive=True, finite=True,
                          doc="Small constant that keeps divisions finite (epsilon).")
-    clip_low: float = field(0.0, doc="Gradients are clamped into [clip_low, clip_high] "
-                                     "when clip_high > clip_low.")
-    clip_high: float = field(0.0, doc="See clip_low.")
+    clip_low: float = field(0.0, finite=True, doc="Gradients are clamped into "
+                                                  "[clip_low, clip_high] when clip_high > "
+                                                  "clip_low.")
+    clip_high: float = field(0.0, finite=True, doc="See clip_low.")
 
 
 class TrainOneBatchConf(Parameter):
@@ -118,15 +122,27 @@ class NetConf(Parameter):
         return problems
 
 
+#: Most workers or servers in a group, and most groups: each is a thread (embedded) or a Ray
+#: actor with its own share of the job, so a count beyond this is a typing mistake, and
+#: planning for 2**31 servers would take minutes and gigabytes before anything is said.
+MAX_NODES = 4096
+
+
 class ClusterConf(Parameter):
     """Servers and workers (SPEC §7); SINGA's ``cluster { ... }``."""
 
-    nworker_groups: int = field(1, lower=1, doc="Worker groups; asynchronous to each other.")
-    nserver_groups: int = field(1, lower=1, doc="Server groups, each holding all Params.")
-    nworkers_per_group: int = field(1, lower=1, doc="Workers in a group; synchronous (BSP).")
-    nservers_per_group: int = field(1, lower=1, doc="Servers in a group; each holds slices.")
-    nworkers_per_procs: int = field(1, lower=1, doc="Accepted for SINGA compatibility.")
-    nservers_per_procs: int = field(1, lower=1, doc="Accepted for SINGA compatibility.")
+    nworker_groups: int = field(1, lower=1, upper=MAX_NODES,
+                                doc="Worker groups; asynchronous to each other.")
+    nserver_groups: int = field(1, lower=1, upper=MAX_NODES,
+                                doc="Server groups, each holding all Params.")
+    nworkers_per_group: int = field(1, lower=1, upper=MAX_NODES,
+                                    doc="Workers in a group; synchronous (BSP).")
+    nservers_per_group: int = field(1, lower=1, upper=MAX_NODES,
+                                    doc="Servers in a group; each holds slices.")
+    nworkers_per_procs: int = field(1, lower=1, upper=MAX_NODES,
+                                    doc="Accepted for SINGA compatibility.")
+    nservers_per_procs: int = field(1, lower=1, upper=MAX_NODES,
+                                    doc="Accepted for SINGA compatibility.")
     server_worker_separate: bool = field(False, doc="Run servers apart from workers.")
     sync_freq: int = field(1, lower=1, doc="Steps between synchronisations of server groups.")
     staleness: int | None = field(None, lower=0, doc="Bounded staleness: a worker may run at "
@@ -213,6 +229,6 @@ def conf_from(cls: type[Any], x: Any, block_name: str) -> Any:
                      f"{block_name} block, not {type(x).__name__}")
 
 
-__all__ = ["ClusterConf", "JobConf", "LRGenConf", "LayerConf", "NetConf", "ParamConf",
+__all__ = ["MAX_NODES", "ClusterConf", "JobConf", "LRGenConf", "LayerConf", "NetConf", "ParamConf",
            "ParamGenConf", "TrainOneBatchConf", "UpdaterConf", "conf_from", "load_job",
            "parse_job"]

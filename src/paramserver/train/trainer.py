@@ -29,8 +29,9 @@ from ..checkpoint import (
     save_checkpoint,
 )
 from ..cluster import Cluster, Worker
+from ..config import ParamError
 from ..config.job import JobConf
-from ..params import ParamSet
+from ..params import ParamSet, physical_memory, plan_params
 from .metrics import MetricsLog, Row
 from .net import Net
 from .progress import Progress
@@ -76,18 +77,25 @@ class Trainer:
         self.stream = stream
         c = job.cluster
         self._step_fn: Any = self._grad_fn
-        if c.backend == "ray":
-            self._init_ray(base_dir, cluster_options or {})
-        else:
-            nworkers = c.nworker_groups * c.nworkers_per_group
-            self.nets = [Net(job.neuralnet, seed=job.seed, base_dir=base_dir)
-                         for _ in range(nworkers)]
-            self.params = ParamSet(self.nets[0].param_specs())
-            self.params.init(job.seed)
-            self.cluster = Cluster(job, self.params)
-            for worker, net in zip(self.cluster.workers, self.nets):
-                net.bind(worker.params)
-            self.eval_net = Net(job.neuralnet, seed=job.seed, base_dir=base_dir)
+        try:
+            if c.backend == "ray":
+                self._init_ray(base_dir, cluster_options or {})
+            else:
+                nworkers = c.nworker_groups * c.nworkers_per_group
+                self.nets = [Net(job.neuralnet, seed=job.seed, base_dir=base_dir)
+                             for _ in range(nworkers)]
+                self.params = ParamSet(self.nets[0].param_specs())
+                self.params.init(job.seed)
+                self.cluster = Cluster(job, self.params)
+                for worker, net in zip(self.cluster.workers, self.nets):
+                    net.bind(worker.params)
+                self.eval_net = Net(job.neuralnet, seed=job.seed, base_dir=base_dir)
+        except MemoryError:  # the Params fit, but not with a gradient per worker (or state)
+            plan = plan_params(Net(job.neuralnet, seed=job.seed, base_dir=base_dir)
+                               .param_specs())
+            raise ParamError(plan.too_big(np.float32, physical_memory()) + (
+                f"; every worker ({c.nworker_groups * c.nworkers_per_group}) holds its own "
+                "gradients, and the updater its state")) from None
         self.eval_net.bind(self.params)
         self.log = MetricsLog(self.workspace / "metrics.csv")
         self._window: list[list[float]] = []  # train metrics since the last display row
