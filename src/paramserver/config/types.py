@@ -11,7 +11,6 @@ from __future__ import annotations
 import enum
 import math
 import re
-import sys
 import types
 import typing
 from typing import Any
@@ -111,6 +110,8 @@ class IntType(FieldType):
     def convert(self, value: Value) -> int:
         raw = self.scalar(value).raw
         if isinstance(raw, str):
+            if len(raw) < 19 and raw.isdigit() and raw.isascii():
+                return int(raw)  # the common case (a long list of steps), without the regex
             m = _INT_RE.fullmatch(raw.strip())
             if m is None or len(m.group(2)) > 19:  # more digits can only overflow int64
                 raise Invalid(raw)
@@ -139,11 +140,11 @@ class FloatType(FieldType):
             if not _FLOAT_RE.fullmatch(text):
                 raise Invalid(raw)
             out = float(text.rstrip("fF"))
-            # As dmlc (strtod's ERANGE): 1e999 is a mistake, not infinity, and 1e-500 or a
-            # subnormal 2e-308 is not silently 0 or a value with fewer significant digits.
-            if math.isinf(out) or (abs(out) < sys.float_info.min
-                                   and _NONZERO_RE.search(text.partition("e")[0]
-                                                          .partition("E")[0])):
+            # As dmlc (strtod's ERANGE): 1e999 is a mistake, not infinity, and 1e-500 not a
+            # silent 0. (dmlc refuses subnormals such as 2e-308 too; they are kept here, as
+            # the repr of every float reads back to itself.)
+            if math.isinf(out) or (out == 0.0 and _NONZERO_RE.search(
+                    text.partition("e")[0].partition("E")[0])):
                 raise Invalid(raw, out_of_range=True)
             return out
         if isinstance(raw, bool) or not hasattr(raw, "__float__"):
