@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         status: int = args.run(args)
         return status
     except ParamError as e:
-        print(f"paramserver {args.command}: error:\n{e}", file=sys.stderr)
+        text = str(e)
+        # One problem of one line goes on the line of the command; more go below it.
+        sep = " " if "\n" not in text else "\n"
+        print(f"paramserver {args.command}: error:{sep}{text}", file=sys.stderr)
         return EXIT_USER_ERROR
     except RuntimeError as e:
         from .cluster import ClusterError
@@ -46,13 +51,36 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _import_user_module(name: str) -> None:
+    """Import a module of the user's; its failure is their mistake, told in one line:
+    the module, the exception, and the place in their code where it was raised."""
     try:
         importlib.import_module(name)
+    except ParamError:
+        raise  # a registration refused (a name taken twice): already a clear message
     except ModuleNotFoundError as e:
         if e.name and name.startswith(e.name):
             raise ParamError(f"--import {name}: no module named '{e.name}' (is it on "
                              "PYTHONPATH, or in the current folder?)") from None
-        raise
+        raise ParamError(f"--import {name}: {_exception_line(e)}") from None
+    except SyntaxError as e:
+        where = f"{e.filename}:{e.lineno}" + (f":{e.offset}" if e.offset else "")
+        raise ParamError(f"--import {name}: SyntaxError: {e.msg} ({where})") from None
+    except Exception as e:
+        raise ParamError(f"--import {name}: {_exception_line(e)}") from None
+
+
+def _exception_line(e: BaseException) -> str:
+    """``Type: message (file:line)``: the place is the innermost frame in the user's own
+    code (not in the standard library, installed packages or paramserver), else the
+    innermost one."""
+    frames = [f for f in traceback.extract_tb(e.__traceback__)
+              if not f.filename.startswith("<frozen")]
+    libraries = tuple({sys.prefix, sys.base_prefix, str(Path(__file__).parent)})
+    own = [f for f in frames if not os.path.abspath(f.filename).startswith(libraries)]
+    frames = own or frames
+    where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    message = str(e).strip().splitlines()
+    return f"{type(e).__name__}" + (f": {message[0]}" if message else "") + where
 
 
 def _parser() -> argparse.ArgumentParser:

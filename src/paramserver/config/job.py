@@ -8,6 +8,8 @@ the selected component's own ``*_conf`` declared by the component itself.
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -196,14 +198,38 @@ def parse_job(text: str, filename: str = "<string>") -> JobConf:
     return JobConf._build(block)
 
 
+#: The largest job file read. A job file holds settings (lists of a few thousand steps at
+#: most), and reads at about 2 MB/s; a larger file is a data file given by mistake.
+MAX_JOB_FILE_BYTES = 16 * 1024 * 1024
+
+
 def load_job(path: str | Path) -> JobConf:
-    """Read a job file."""
+    """Read a job file: a regular file of UTF-8 text, at most :data:`MAX_JOB_FILE_BYTES`."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        # Looked at before it is opened: opening a pipe waits for a writer, and a device
+        # (/dev/zero) never ends.
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file"
+            raise ParamError(f"{path}: cannot read the job file: it is {kind}")
+        with open(path, "rb") as f:
+            data = f.read(MAX_JOB_FILE_BYTES + 1)
     except OSError as e:
         raise ParamError(f"{path}: cannot read the job file: {e.strerror or e}") from None
+    if len(data) > MAX_JOB_FILE_BYTES:
+        size = os.path.getsize(path)
+        raise ParamError(f"{path}: the job file is {size / 2**20:,.1f} MiB; job files of more "
+                         f"than {MAX_JOB_FILE_BYTES // 2**20} MiB are refused (is it a data "
+                         "file?)")
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ParamError(f"{path}: the job file is not UTF-8 text ({e.reason})") from None
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ParamError(f"{path}:{line}: the job file is not UTF-8 text ({e.reason} at byte "
+                         f"{e.start})") from None
+    if "\x00" in text:
+        line = text.count("\n", 0, text.index("\x00")) + 1
+        raise ParamError(f"{path}:{line}: the job file is not text (it holds a NUL byte)")
     return parse_job(text, str(path))
 
 
@@ -229,6 +255,6 @@ def conf_from(cls: type[Any], x: Any, block_name: str) -> Any:
                      f"{block_name} block, not {type(x).__name__}")
 
 
-__all__ = ["MAX_NODES", "ClusterConf", "JobConf", "LRGenConf", "LayerConf", "NetConf", "ParamConf",
-           "ParamGenConf", "TrainOneBatchConf", "UpdaterConf", "conf_from", "load_job",
-           "parse_job"]
+__all__ = ["MAX_JOB_FILE_BYTES", "MAX_NODES", "ClusterConf", "JobConf", "LRGenConf",
+           "LayerConf", "NetConf", "ParamConf", "ParamGenConf", "TrainOneBatchConf",
+           "UpdaterConf", "conf_from", "load_job", "parse_job"]

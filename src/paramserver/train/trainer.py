@@ -35,6 +35,7 @@ from ..params import ParamSet, physical_memory, plan_params
 from .metrics import MetricsLog, Row
 from .net import Net
 from .progress import Progress
+from .workspace import check_workspace
 
 FORMAT = "paramserver-checkpoint/1"
 
@@ -72,7 +73,7 @@ class Trainer:
                  base_dir: str | os.PathLike[str] | None = None,
                  cluster_options: Mapping[str, Any] | None = None):
         self.job = job
-        self.workspace = Path(job.workspace_dir)
+        self.workspace = check_workspace(job.workspace_dir)  # before anything is built
         self.show = progress
         self.stream = stream
         c = job.cluster
@@ -138,7 +139,10 @@ class Trainer:
         start = self._resume() if resume else self._fresh()
         progress = Progress(job.train_steps, start, self.stream, self.show)
         if start >= job.train_steps:
+            # A resume with nothing to do changes nothing: no file is written again.
             progress.message(f"nothing to do: the job is at step {start} of {job.train_steps}")
+            progress.close()
+            return TrainResult(start, None, None, time.perf_counter() - t0, self.workspace)
         window = self._window
         test: dict[str, float] | None = None
 
@@ -237,8 +241,10 @@ class Trainer:
         step = self.cluster.step
         job = self.job
         # Keep what a straight run has at this step: rows of the steps before, and the
-        # display and test rows due at it (not the extra rows of a run that ended here).
-        self.log.resume_at(step, lambda r: r.step < step or (
+        # display and test rows due at it (not the extra rows of a run that ended here,
+        # unless this run ends here too: then they are its own last rows).
+        final = step == job.train_steps
+        self.log.resume_at(step, lambda r: r.step < step or final or (
             (r.phase == "train" and step % self.disp_freq == 0)
             or (r.phase == "test" and self._due(step, job.test_freq, job.test_after))))
         if self.show:
