@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numba
+from numba.core import config as numba_config  # NUMBA_* settings, read when used
 
 #: Where compiled kernels are cached: a folder, or None when they are not cached.
 CACHE_DIR: str | None = None
@@ -42,7 +43,7 @@ def _usable(folder: str | os.PathLike[str]) -> bool:
 
 def _numba_has_a_place(source_dir: Path) -> bool:
     """Whether numba finds a cache place for sources in ``source_dir`` by itself."""
-    if numba.config.CACHE_DIR:
+    if getattr(numba_config, "CACHE_DIR", ""):
         return True  # the user's choice (NUMBA_CACHE_DIR), numba's to honour
     if _usable(source_dir / "__pycache__"):
         return True
@@ -81,13 +82,13 @@ def configure(source_dir: str | os.PathLike[str] | None = None) -> str | None:
     global CACHE_DIR, _CACHING
     here = Path(source_dir) if source_dir is not None else Path(__file__).parent
     if _numba_has_a_place(here):
-        CACHE_DIR, _CACHING = numba.config.CACHE_DIR or None, True
+        CACHE_DIR, _CACHING = getattr(numba_config, "CACHE_DIR", "") or None, True
         return None
     folder = _private_folder()
     if folder is None:
         CACHE_DIR, _CACHING = None, False
         return None
-    numba.config.CACHE_DIR = folder
+    setattr(numba_config, "CACHE_DIR", folder)  # noqa: B010 (numba sets its settings so)
     os.environ["NUMBA_CACHE_DIR"] = folder  # worker processes (Ray actors) use it too
     CACHE_DIR, _CACHING = folder, True
     return folder
