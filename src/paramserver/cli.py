@@ -30,10 +30,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         status: int = args.run(args)
         return status
     except ParamError as e:
-        text = str(e)
-        # One problem of one line goes on the line of the command; more go below it.
-        sep = " " if "\n" not in text else "\n"
-        print(f"paramserver {args.command}: error:{sep}{text}", file=sys.stderr)
+        # One problem starts on the line of the command; several go below it, one a line.
+        sep = " " if len(e.problems) == 1 else "\n"
+        print(f"paramserver {args.command}: error:{sep}{e}", file=sys.stderr)
         return EXIT_USER_ERROR
     except RuntimeError as e:
         from .cluster import ClusterError
@@ -48,6 +47,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (``paramserver doc | head``)
         sys.stdout = None  # type: ignore[assignment]  # nothing more to flush at exit
         return 0
+    except OSError as e:  # the disk filled up, a file went away while running
+        place = f"{e.filename}: " if e.filename else ""
+        print(f"paramserver {args.command}: failed: {place}{e.strerror or e}", file=sys.stderr)
+        return 1
 
 
 def _import_user_module(name: str) -> None:
@@ -155,24 +158,21 @@ def _train(args: argparse.Namespace) -> int:
     from .train.trainer import Trainer
 
     job = load_job(args.job)
-    overrides: dict[str, Any] = {}
-    if args.steps is not None:
-        overrides["train_steps"] = args.steps
-    if args.seed is not None:
-        overrides["seed"] = args.seed
-    if args.workspace is not None:
-        overrides["workspace"] = args.workspace
-    try:
-        job.update(overrides, allow_unknown=False)
-        if args.backend is not None or args.address is not None:
-            cluster: dict[str, Any] = {}
-            if args.backend is not None:
-                cluster["backend"] = args.backend
-            if args.address is not None:
-                cluster["ray_address"] = args.address
-            job.cluster.update(cluster, allow_unknown=False)
-    except ParamError as e:
-        raise ParamError(f"command-line option: {e}") from None
+    # Each option checked as its field, every mistake named by its option.
+    options = [("--steps", job, "train_steps", args.steps), ("--seed", job, "seed", args.seed),
+               ("--workspace", job, "workspace", args.workspace),
+               ("--backend", job.cluster, "backend", args.backend),
+               ("--address", job.cluster, "ray_address", args.address)]
+    problems = []
+    for option, conf, key, value in options:
+        if value is None:
+            continue
+        try:
+            conf.update({key: value}, allow_unknown=False)
+        except ParamError as e:
+            problems.append(f"{option} {value}: {e}")
+    if problems:
+        raise ParamError(problems)
     trainer = Trainer(job, progress=not args.quiet, base_dir=Path(args.job).parent)
     try:
         trainer.train(resume=args.resume)

@@ -227,6 +227,9 @@ def load_job(path: str | Path) -> JobConf:
         line = data.count(b"\n", 0, e.start) + 1
         raise ParamError(f"{path}:{line}: the job file is not UTF-8 text ({e.reason} at byte "
                          f"{e.start})") from None
+    if not text.strip():
+        raise ParamError(f"{path}: the job file is empty (a job needs at least train_steps "
+                         "and neuralnet { ... })")
     if "\x00" in text:
         line = text.count("\n", 0, text.index("\x00")) + 1
         raise ParamError(f"{path}:{line}: the job file is not text (it holds a NUL byte)")

@@ -3,12 +3,15 @@
 A run writes ``metrics.csv``, ``metrics.png`` and ``checkpoints/`` into its workspace. A
 workspace that cannot take them (a file where a folder belongs, a folder where a file
 belongs, no write permission) is found here, with the path named, before training starts,
-not at the first checkpoint an hour in. Nothing is created or changed by the check.
+not at the first checkpoint an hour in. Nothing in the workspace is created or changed by
+the check (for a workspace still to be made, a folder is made and removed at once in the
+folder that will hold it).
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from ..config import ParamError
@@ -33,7 +36,7 @@ def check_workspace(workspace: str | os.PathLike[str]) -> Path:
         problems.append(f"workspace {ws}: cannot be made, {existing} is a file")
     elif existing == ws and not ws.is_dir():
         problems.append(f"workspace {ws} is a file, not a folder")
-    elif not _writable(existing):
+    elif not _writable(existing) or (existing != ws and not _can_make_folders(existing)):
         problems.append(f"workspace {ws}: " + (f"{existing} is not writable" if existing != ws
                                                else "the folder is not writable"))
     else:
@@ -56,6 +59,16 @@ def check_workspace(workspace: str | os.PathLike[str]) -> Path:
 def _writable(folder: Path) -> bool:
     """Whether files can be made in ``folder`` (a read-only mount counts, even for root)."""
     return os.access(folder, os.W_OK | os.X_OK)
+
+
+def _can_make_folders(parent: Path) -> bool:
+    """Whether a folder can be made in ``parent``, tried (and removed at once): permission
+    bits do not tell for root, nor on file systems such as /proc."""
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".paramserver-", dir=parent))
+    except OSError:
+        return False
+    return True
 
 
 __all__ = ["ENTRIES", "check_workspace"]
