@@ -13,8 +13,11 @@ import sys
 from types import FrameType
 from typing import Any
 
+import pytest
+
+from paramserver.config import ParamError
 from paramserver.config.job import parse_job
-from paramserver.config.textformat import parse_text
+from paramserver.config.textformat import MAX_PROBLEMS, parse_text
 
 
 def job_with_lists(n: int, separator: str = ", ") -> str:
@@ -63,3 +66,14 @@ def test_long_list_values_and_places() -> None:
     conf = block.entries[1].value.entries[0].value.entries[1].value  # type: ignore[union-attr]
     steps = conf.entries[0].value  # type: ignore[union-attr]
     assert [str(v.where) for v in steps.items] == ["f.conf:3:10", "f.conf:4:3", "f.conf:5:3"]
+
+
+def test_a_broken_long_list_reports_a_bounded_number_of_problems() -> None:
+    # The list loses its '[': each of its 3000 values would be a problem of its own.
+    text = "step_lr: 1, " + ", ".join(str(i) for i in range(3000)) + "\n"
+    with pytest.raises(ParamError) as e:
+        parse_text(text, "f.conf")
+    problems = e.value.problems
+    assert len(problems) == MAX_PROBLEMS + 1
+    assert problems[-1].message == "... and 2,950 more problems after this place"
+    assert str(problems[0]).startswith("f.conf:1:13: expected a field name, found '0'")

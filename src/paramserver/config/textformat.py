@@ -31,10 +31,12 @@ from google.protobuf import text_encoding
 from paramserver.config.errors import Location, ParamError, Problem
 from paramserver.config.tree import Block, Entry, ListValue, Scalar, Value
 
-__all__ = ["MAX_DEPTH", "parse_text"]
+__all__ = ["MAX_DEPTH", "MAX_PROBLEMS", "parse_text"]
 
 #: Deepest nesting of blocks and lists read (protobuf's C++ reader stops at 100 as well).
 MAX_DEPTH = 100
+#: Most problems reported for one file; the rest are counted.
+MAX_PROBLEMS = 50
 
 _CLOSER = {"{": "}", "<": ">"}
 _BLOCK_OPENERS = frozenset(_CLOSER)
@@ -107,6 +109,10 @@ def parse_text(text: str, filename: str = "<string>") -> Block:
     problems += reader.problems
     if problems:
         problems.sort(key=_position)
+        if len(problems) > MAX_PROBLEMS:  # a broken list can make one problem per value
+            rest = len(problems) - MAX_PROBLEMS
+            problems = [*problems[:MAX_PROBLEMS], Problem(
+                f"... and {rest:,} more problems after this place", problems[MAX_PROBLEMS].where)]
         raise ParamError(problems)
     return Block(entries, Location(filename, 1, 1))
 
