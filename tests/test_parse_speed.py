@@ -77,3 +77,14 @@ def test_a_broken_long_list_reports_a_bounded_number_of_problems() -> None:
     assert len(problems) == MAX_PROBLEMS + 1
     assert problems[-1].message == "... and 2,950 more problems after this place"
     assert str(problems[0]).startswith("f.conf:1:13: expected a field name, found '0'")
+
+
+def test_a_long_list_of_bad_values_reports_a_bounded_number_of_problems() -> None:
+    text = job_with_lists(3).replace("step: [0, 1, 2]", "step: [" + ", ".join(
+        f"x{i}" for i in range(1000)) + "]")
+    with pytest.raises(ParamError) as e:
+        parse_job(text, "f.conf")
+    messages = [p.message for p in e.value.problems]
+    assert len(messages) == 21
+    assert messages[0] == "Invalid Parameter format for step expect int but value='x0'"
+    assert messages[-1] == "... and 980 more bad values of step"

@@ -37,6 +37,7 @@ from .types import (
 _MISSING: Any = type("MISSING", (), {"__repr__": lambda self: "MISSING"})()
 _BAD: Any = type("BAD", (), {})()
 P = TypeVar("P", bound="Parameter")
+_MAX_ITEM_PROBLEMS = 20  # bad values of one list reported one by one; the rest are counted
 Where = Location | str | None
 
 
@@ -303,6 +304,11 @@ class Parameter:
                                         getattr(item, "where", None)))
             except ParamError as e:
                 problems.extend(e.problems)
+        if len(problems) > _MAX_ITEM_PROBLEMS:  # a long list of bad values: the first ones
+            rest = len(problems) - _MAX_ITEM_PROBLEMS
+            where = problems[_MAX_ITEM_PROBLEMS].where
+            problems[_MAX_ITEM_PROBLEMS:] = [
+                Problem(f"... and {rest:,} more bad values of {f.name}", where)]
         if problems:
             raise ParamError(problems)
         f.check_bounds(out)
