@@ -300,3 +300,20 @@ def test_metrics_that_are_not_text(capsys: pytest.CaptureFixture[str], trained: 
     code, err = run(capsys, "train", str(MLP), "--steps", "20", "--workspace", str(ws),
                     "--resume", "--quiet")
     assert_user_error(code, err, f"{ws / 'metrics.csv'}: cannot read the metrics of the run")
+
+
+# -- a model larger than the machine (row 8) ----------------------------------------------------
+
+
+def test_model_that_does_not_fit(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    job = tmp_path / "big.conf"
+    job.write_text(MLP.read_text().replace("num_output: 128", "num_output: 2147483648"))
+    code = main(["check", str(job)])
+    out, err = capsys.readouterr()
+    assert code == 0, err  # checked without allocating the model
+    assert "161,061,273,610 values" in out
+    ws = tmp_path / "ws"
+    code, err = run(capsys, "train", str(job), "--workspace", str(ws), "--quiet")
+    assert_user_error(code, err, "the model does not fit in memory: its Params hold "
+                                 "161,061,273,610 values", "'w1' 2147483648x64")
+    assert not ws.exists()
