@@ -8,13 +8,14 @@ the selected component's own ``*_conf`` declared by the component itself.
 
 from __future__ import annotations
 
+import difflib
 import os
 import stat
 from pathlib import Path
 from typing import Any, ClassVar
 
 from .components import ComponentConf, layers, lr_methods, param_generators, updaters
-from .errors import ParamError
+from .errors import ParamError, Problem
 from .parameter import Parameter, field
 from .tree import Block
 
@@ -112,15 +113,21 @@ class NetConf(Parameter):
     partition_dim: int = field(0, lower=-1, upper=1, doc="Accepted for SINGA compatibility; "
                                                         "layers are not partitioned here.")
 
-    def check(self) -> list[str]:
+    def check(self) -> list[Problem]:
         problems, seen = [], set()
-        for layer in self.layer:
+        for i, layer in enumerate(self.layer):
             if layer.name in seen:
-                problems.append(f"layer name '{layer.name}' is used twice")
+                problems.append(Problem(f"layer name '{layer.name}' is used twice",
+                                        f"layer[{i}].name"))
             seen.add(layer.name)
-        for layer in self.layer:
-            problems += [f"layer '{layer.name}' reads unknown layer '{src}'"
-                         for src in layer.srclayers if src not in seen]
+        for i, layer in enumerate(self.layer):
+            for k, src in enumerate(layer.srclayers):
+                if src not in seen:
+                    earlier = [x.name for x in self.layer[:i]]  # what it may read
+                    close = difflib.get_close_matches(src, earlier[::-1], n=1)
+                    hint = f"; did you mean '{close[0]}'?" if close else ""
+                    problems.append(Problem(f"layer '{layer.name}' reads unknown layer "
+                                            f"'{src}'{hint}", f"layer[{i}].srclayers[{k}]"))
         return problems
 
 
@@ -205,6 +212,12 @@ MAX_JOB_FILE_BYTES = 16 * 1024 * 1024
 
 def load_job(path: str | Path) -> JobConf:
     """Read a job file: a regular file of UTF-8 text, at most :data:`MAX_JOB_FILE_BYTES`."""
+    return parse_job(read_job_text(path), str(path))
+
+
+def read_job_text(path: str | os.PathLike[str]) -> str:
+    """The text of a job file, or a ParamError that names the file (and the line) and says
+    why it cannot be one: not a regular file, unreadable, too large, not UTF-8 text."""
     try:
         # Looked at before it is opened: opening a pipe waits for a writer, and a device
         # (/dev/zero) never ends.
@@ -233,7 +246,7 @@ def load_job(path: str | Path) -> JobConf:
     if "\x00" in text:
         line = text.count("\n", 0, text.index("\x00")) + 1
         raise ParamError(f"{path}:{line}: the job file is not text (it holds a NUL byte)")
-    return parse_job(text, str(path))
+    return text
 
 
 def conf_from(cls: type[Any], x: Any, block_name: str) -> Any:
@@ -260,4 +273,4 @@ def conf_from(cls: type[Any], x: Any, block_name: str) -> Any:
 
 __all__ = ["MAX_JOB_FILE_BYTES", "MAX_NODES", "ClusterConf", "JobConf", "LRGenConf",
            "LayerConf", "NetConf", "ParamConf", "ParamGenConf", "TrainOneBatchConf",
-           "UpdaterConf", "conf_from", "load_job", "parse_job"]
+           "UpdaterConf", "conf_from", "load_job", "parse_job", "read_job_text"]
