@@ -7,9 +7,9 @@ reproducible): bytes flipped, inserted, deleted or repeated; a line repeated, de
 moved; a number or name replaced by an awkward one (``1e999``, ``-1``, ``2147483648``,
 ``nan``, ``kSGDD``, a long list, unbalanced braces, stray quotes, NUL, invalid UTF-8); or a
 job written from scratch from the job schema with random values. In process, a mutant is
-read and checked as ``paramserver check`` does (``load_job`` then the report); the only
-acceptable failure is a ``ParamError``. Through the CLI (``python -m paramserver check``),
-the only acceptable exits are 0 and 2, with no traceback on stderr.
+given to the command's ``main(["check", FILE])``; the only acceptable outcomes are exit 0
+and exit 2 (a ``ParamError``), with nothing raised. Through the CLI (``python -m
+paramserver check``), the only acceptable exits are 0 and 2, with no traceback on stderr.
 
 Prints the counts: crashes (any other exception), hangs (over 5 s), exits other than 0 and
 2, tracebacks, and the first few examples of each, written to ``--out`` for replay.
@@ -18,6 +18,7 @@ Prints the counts: crashes (any other exception), hangs (over 5 s), exits other 
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import random
 import signal
@@ -28,12 +29,11 @@ import time
 import traceback
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
-from paramserver.config import ParamError
-from paramserver.config.job import load_job
-from paramserver.report import job_report
+from paramserver import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = [p.read_bytes() for p in sorted((ROOT / "examples").glob("*.conf"))]
@@ -166,13 +166,15 @@ def _alarm(signum: int, frame: Any) -> None:
 
 
 def check_in_process(path: Path) -> str:
-    """``ok``, ``param_error``, ``hang`` or ``crash: Type: message``."""
+    """``paramserver check PATH`` in this process: ``ok`` (exit 0), ``param_error`` (exit 2),
+    ``hang``, ``exit N`` or ``crash: Type: message`` (an exception out of the command)."""
     signal.setitimer(signal.ITIMER_REAL, HANG_SECONDS)
     try:
-        job_report(load_job(path))
-        return "ok"
-    except ParamError:
-        return "param_error"
+        with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()) as err:
+            code = cli.main(["check", str(path)])
+        if code not in (0, 2) or "Traceback" in err.getvalue():
+            return f"exit {code}: {err.getvalue()[-200:]}"
+        return "ok" if code == 0 else "param_error"
     except Hang:
         return "hang"
     except Exception as e:  # what the fuzzer is for
@@ -218,8 +220,8 @@ def main() -> None:
             t0 = time.perf_counter()
             outcome = check_in_process(path)
             slowest = max(slowest, time.perf_counter() - t0)
-            results[outcome.split(":")[0]] += 1
-            if outcome.startswith(("crash", "hang")):
+            results[outcome.split(":")[0].split(" ")[0]] += 1
+            if outcome.startswith(("crash", "hang", "exit")):
                 bad.append((outcome, data))
         in_process = time.perf_counter() - start
 
@@ -241,7 +243,8 @@ def main() -> None:
     crashes = sum(n for k, n in results.items() if k == "crash")
     print(f"in process: {args.mutants} mutants in {in_process:.0f} s (slowest "
           f"{slowest:.2f} s): {results['ok']} checked, {results['param_error']} ParamError, "
-          f"{crashes} crashes, {results['hang']} hangs over {HANG_SECONDS:g} s")
+          f"{crashes} crashes, {results['exit']} other exits or tracebacks, {results['hang']} "
+          f"hangs over {HANG_SECONDS:g} s")
     print(f"CLI: {args.cli} mutants in {cli_seconds:.0f} s: {cli_counts['ok']} exit 0, "
           f"{cli_counts['param_error']} exit 2, {cli_counts['exit']} other exits, "
           f"{cli_counts['traceback']} tracebacks, {cli_counts['hang']} hangs")

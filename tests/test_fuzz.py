@@ -3,19 +3,20 @@ ParamError, and does a bounded amount of work.
 
 Two sources of texts, derandomized so that every run sees the same ones: job files written
 by a grammar of the text format over the job schema's names and awkward values, and byte
-mutations of the example job files. "Checking" is what ``paramserver check`` does: read
-the job, then build its report (net, Params, slices and server loads, without the Params'
-memory). Work is bounded by counting Python calls (``sys.settrace``), a deterministic
+mutations of the example job files, each given to ``paramserver check`` (its ``main``, in
+this process): it must exit 0 or 2 (a ParamError, printed without a traceback) and raise
+nothing. Work is bounded by counting Python calls (``sys.settrace``), a deterministic
 stand-in for time; a watchdog turns a hang into a failure rather than a stuck run.
 ``benchmarks/fuzz_jobs.py`` runs ten thousand mutants, and a few hundred through the CLI.
 """
 
 from __future__ import annotations
 
+import io
 import signal
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -24,9 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from paramserver.config import ParamError
-from paramserver.config.job import parse_job
-from paramserver.report import job_report
+from paramserver.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = [p.read_bytes() for p in sorted((ROOT / "examples").glob("*.conf"))]
@@ -117,36 +116,40 @@ def bounded(calls: int, seconds: float = 60.0) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def check(data: bytes) -> None:
-    """What ``paramserver check`` does with a file's bytes; only ParamError may escape."""
-    with bounded(calls=100 * len(data) + 100_000):
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError:
-            return  # load_job refuses it with a ParamError (tests/test_cli_bad_input.py)
-        try:
-            job_report(parse_job(text, "fuzz.conf"))
-        except ParamError as e:
-            assert e.problems and all(str(p) for p in e.problems)
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("fuzz")
+    (path / "warm.conf").write_bytes(EXAMPLES[0])
+    with redirect_stdout(io.StringIO()):  # modules, registries and the data set, once
+        assert main(["check", str(path / "warm.conf")]) == 0
+    return path
 
 
-@pytest.fixture(scope="module", autouse=True)
-def warm() -> None:
-    job_report(parse_job(EXAMPLES[0].decode()))  # the data set and registries, once
+def check(data: bytes, folder: Path) -> None:
+    """``paramserver check`` of a file holding ``data``: it exits 0 or 2 (a ParamError,
+    printed without a traceback) and raises nothing."""
+    path = folder / "fuzz.conf"
+    path.write_bytes(data)
+    out, err = io.StringIO(), io.StringIO()
+    with bounded(calls=100 * len(data) + 100_000), redirect_stdout(out), redirect_stderr(err):
+        code = main(["check", str(path)])
+    assert code in (0, 2), err.getvalue()
+    assert "Traceback" not in err.getvalue()
+    assert code == 0 or err.getvalue().startswith("paramserver check: error: ")
 
 
 @FUZZ
-@given(job_texts)
-def test_grammar_generated_jobs(text: str) -> None:
-    check(text.encode())
+@given(text=job_texts)
+def test_grammar_generated_jobs(folder: Path, text: str) -> None:
+    check(text.encode(), folder)
 
 
 @FUZZ
-@given(mutants())
-def test_mutated_examples(data: bytes) -> None:
-    check(data)
+@given(data=mutants())
+def test_mutated_examples(folder: Path, data: bytes) -> None:
+    check(data, folder)
 
 
-def test_the_examples_check_within_the_bound() -> None:
+def test_the_examples_check_within_the_bound(folder: Path) -> None:
     for data in EXAMPLES:
-        check(data)
+        check(data, folder)
