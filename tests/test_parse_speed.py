@@ -88,3 +88,19 @@ def test_a_long_list_of_bad_values_reports_a_bounded_number_of_problems() -> Non
     assert len(messages) == 21
     assert messages[0] == "Invalid Parameter format for step expect int but value='x0'"
     assert messages[-1] == "... and 980 more bad values of step"
+
+
+def test_the_garbage_collector_is_paused_only_while_reading() -> None:
+    import gc
+
+    assert gc.isenabled()
+    parse_job(job_with_lists(10))
+    with pytest.raises(ParamError):
+        parse_job("train_steps: [")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        parse_job(job_with_lists(10))
+        assert not gc.isenabled()  # left as the caller had it
+    finally:
+        gc.enable()

@@ -199,10 +199,11 @@ class JobConf(Parameter):
 
 def parse_job(text: str, filename: str = "<string>") -> JobConf:
     """Read a job from the text of a job file; errors name ``filename:line:column``."""
-    from .textformat import parse_text
+    from .textformat import parse_text, paused_gc
 
     block = parse_text(text, filename)
-    return JobConf._build(block)
+    with paused_gc():
+        return JobConf._build(block)
 
 
 #: The largest job file read. A job file holds settings (lists of a few thousand steps at

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..config import Location, ParamError, Problem
 from ..config.job import JobConf, NetConf, read_job_text
-from ..config.textformat import parse_text
+from ..config.textformat import parse_text, paused_gc
 from ..config.tree import Block, Entry, Scalar
 from ..params import ParamSet, plan_params
 from .net import Net
@@ -80,7 +80,8 @@ def read_job_file(path: str | os.PathLike[str]) -> JobFile:
     text = read_job_text(path)
     tree = parse_text(text, str(path))  # the grammar: nothing more to check without it
     try:
-        job = JobConf._build(tree)
+        with paused_gc():
+            job = JobConf._build(tree)
     except ParamError as e:
         problems: list[Problem] = [*e.problems, *_net_problems(tree, path.parent)]
         problems.sort(key=_order)
