@@ -211,6 +211,9 @@ def main() -> None:
 
     bad: list[tuple[str, bytes]] = []
     with tempfile.TemporaryDirectory() as tmp:
+        warm = Path(tmp) / "warm.conf"  # imports and the data set, before any clock runs
+        warm.write_bytes(EXAMPLES[0])
+        assert check_in_process(warm) == "ok"
         start = time.perf_counter()
         results: Counter[str] = Counter()
         slowest = 0.0
