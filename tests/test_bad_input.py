@@ -161,11 +161,10 @@ def test_wrong_type_and_misspelt_field_are_reported_together() -> None:
     with pytest.raises(ParamError) as e:
         conf_from(UpdaterConf, "type: kSGDD\nmomentun: 0.9\n", "updater")
     first = [(str(p.where), p.message.splitlines()[0]) for p in e.value.problems]
-    assert first == [
-        ("<updater>:1:1", "Invalid Input: 'kSGDD', valid values are: {'kAdaDelta', 'kAdaGrad', "
-                          "'kAdam', 'kAdamW', 'kNesterov', 'kRMSProp', 'kSGD'}"),
-        ("<updater>:2:1", "Cannot find argument 'momentun', Possible Arguments:"),
-    ]
+    assert len(first) == 2
+    assert first[0][0] == "<updater>:1:1"
+    assert first[0][1].startswith("Invalid Input: 'kSGDD', valid values are: {'kAdaDelta', ")
+    assert first[1] == ("<updater>:2:1", "Cannot find argument 'momentun', Possible Arguments:")
     assert e.value.problems[0].message.endswith("Did you mean 'kSGD'?")
     assert e.value.problems[1].message.endswith("Did you mean 'momentum'?")
 

@@ -1,9 +1,18 @@
 """Reader for SINGA job files: the protocol-buffer text format, read without a schema.
 
 ``parse_text`` turns the text of a ``job.conf`` into the neutral tree of
-:mod:`paramserver.config.tree`; the declarations check it afterwards. The reader does not
-interpret values: numbers, enum names and ``true``/``false`` stay text exactly as written, so
-that one set of conversions and messages (SPEC section 1) serves files and Python mappings.
+:mod:`paramserver.config.tree`; the declarations check it afterwards. The reader interprets
+values only where protobuf's text format reads a token otherwise than the declarations'
+text parsing (SPEC section 1, the dmlc path) does, and hands those on typed:
+
+* hexadecimal and octal integers (``0x10``, ``-0x10``, ``010`` = 8) become integers
+  (:class:`WrittenInt`, which keeps its spelling for messages); a decimal integer with a
+  leading zero and a digit 8 or 9 (``08``) is an error, as protobuf says;
+* the booleans ``t`` and ``f`` become ``True`` and ``False``.
+
+Everything else (decimal numbers, enum names or numbers, ``true``/``false``) stays text
+exactly as written, so that one set of conversions and messages serves files and Python
+mappings. Enum values given by number (``type: 1``) are read by the enum field itself.
 
 Lexing follows protobuf's own: the tokens are those of
 :class:`google.protobuf.text_format.Tokenizer` (comments, whitespace, identifiers, numbers,
@@ -34,7 +43,7 @@ from google.protobuf import text_encoding
 from paramserver.config.errors import Location, ParamError, Problem
 from paramserver.config.tree import Block, Entry, ListValue, Scalar, Value
 
-__all__ = ["MAX_DEPTH", "MAX_PROBLEMS", "parse_text", "paused_gc"]
+__all__ = ["MAX_DEPTH", "MAX_PROBLEMS", "WrittenInt", "parse_text", "paused_gc"]
 
 #: Deepest nesting of blocks and lists read (protobuf's C++ reader stops at 100 as well).
 MAX_DEPTH = 100
@@ -57,6 +66,10 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 #: Whether it is a valid number is for the declaration to say; a sign alone is not a value.
 _WORD = re.compile(r"[+-]?(?:[0-9A-Za-z_]|\.[0-9])[0-9A-Za-z_.+-]*\Z")
 _TERMINATED = {q: re.compile(rf"{q}(?:[^{q}\\\n]|\\.)*{q}\Z") for q in _QUOTES}
+_HEX = re.compile(r"([+-]?)0[xX]([0-9a-fA-F]+)\Z")
+_OCTAL = re.compile(r"([+-]?)0([0-7]+)\Z")
+_LEADING_ZERO = re.compile(r"[+-]?0[0-9]+\Z")
+_BOOLS = {"t": True, "f": False}
 _ESCAPE = re.compile(r"\\(?:[0-7]{1,3}|x[0-9A-Fa-f]{1,2}|u[0-9A-Fa-f]{4}|U[0-9A-Fa-f]{8}|.?)")
 _SIMPLE_ESCAPES = frozenset("abfnrtv\\'\"?")
 
@@ -101,6 +114,24 @@ def paused_gc() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+class WrittenInt(int):
+    """An integer of a job file written in another base (``0x10``, ``010``): its value, and
+    its spelling as ``str()`` shows it, so that a message quotes what the file says."""
+
+    text: str
+
+    def __new__(cls, value: int, text: str) -> WrittenInt:
+        obj = super().__new__(cls, value)
+        obj.text = text
+        return obj
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __repr__(self) -> str:
+        return self.text
 
 
 def parse_text(text: str, filename: str = "<string>") -> Block:
@@ -383,7 +414,24 @@ class _Reader:
 
     def word(self, token: _Token) -> Scalar:
         """The value of a number or name token (read past already)."""
-        return Scalar(token.text, self.at(token))
+        return Scalar(self.typed(token), self.at(token))
+
+    def typed(self, token: _Token) -> object:
+        """A bare token's value where protobuf reads it otherwise than the declarations'
+        text parsing: hex and octal integers, ``t`` and ``f``; else its text."""
+        text = token.text
+        if text in _BOOLS:
+            return _BOOLS[text]
+        if "0" not in text[:2]:  # neither 0... nor a signed 0...: the common case, at once
+            return text
+        m = _HEX.match(text) or _OCTAL.match(text)
+        if m is not None:
+            value = int(m.group(2), 16 if m.re is _HEX else 8)
+            return WrittenInt(-value if m.group(1) == "-" else value, text)
+        if _LEADING_ZERO.match(text):
+            self.error(f"invalid number {_show(text)}: a leading 0 makes an integer octal "
+                       "(digits 0-7), as protobuf reads it", self.at(token))
+        return text
 
     def read_string(self, token: _Token) -> str:
         """The text of one string literal, escapes applied; problems reported, '' after one."""

@@ -17,13 +17,14 @@ from pathlib import Path
 from ..config import ParamError
 
 COLUMNS = ("step", "phase", "loss", "accuracy", "lr")
+PHASES = ("train", "val", "test")  # the phases of rows
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class Row:
     step: int
-    phase: str      # "train" (the mean over the display window) or "test"
+    phase: str      # "train" (the mean over the display window), "test" or "val"
     loss: float
     accuracy: float
     lr: float
@@ -48,8 +49,8 @@ def _parse_row(cells: list[str], where: str) -> Row:
     step, phase, *numbers = cells
     if not step.isascii() or not step.isdigit():
         raise MetricsError(f"{where}: step '{step}' is not a non-negative integer" + _FIX)
-    if phase not in ("train", "test"):
-        raise MetricsError(f"{where}: phase '{phase}' is neither train nor test" + _FIX)
+    if phase not in PHASES:
+        raise MetricsError(f"{where}: phase '{phase}' is not one of {', '.join(PHASES)}" + _FIX)
     values = []
     for name, text in zip(COLUMNS[2:], numbers):
         try:
@@ -110,8 +111,8 @@ class MetricsLog:
         os.replace(tmp, self.path)
 
     def plot(self, path: str | os.PathLike[str], title: str) -> Path | None:
-        """A PNG of loss, accuracy and learning rate against the step, train and test; None
-        without matplotlib (the ``examples`` extra).
+        """A PNG of loss, accuracy and learning rate against the step, train, test and val;
+        None without matplotlib (the ``examples`` extra).
 
         The accuracy axis spans the data (97 % and 99.7 % look different), not 0 to 1.
         """
@@ -126,7 +127,7 @@ class MetricsLog:
                         "'paramserver[examples]')")
             return None
         fig, (ax_loss, ax_acc, ax_lr) = plt.subplots(1, 3, figsize=(14, 4))
-        for phase, style in (("train", "-"), ("test", "o-")):
+        for phase, style in (("train", "-"), ("test", "o-"), ("val", "s--")):
             rows = [r for r in self.rows if r.phase == phase]
             if not rows:
                 continue

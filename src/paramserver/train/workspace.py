@@ -17,8 +17,8 @@ from pathlib import Path
 from ..config import ParamError
 
 #: What a run writes in its workspace: name and whether it is a folder.
-ENTRIES = (("checkpoints", True), ("checkpoints/servers", True), ("tensorboard", True),
-           ("metrics.csv", False), ("metrics.png", False))
+ENTRIES = (("checkpoints", True), ("checkpoints/servers", True), ("checkpoint", True),
+           ("tensorboard", True), ("metrics.csv", False), ("metrics.png", False))
 
 
 def check_workspace(workspace: str | os.PathLike[str]) -> Path:
