@@ -29,8 +29,10 @@ from typing import Any, NoReturn
 
 import numpy as np
 import numpy.typing as npt
-from numba import njit, prange
+from numba import prange
 from numba.extending import register_jitable
+
+from .numba_cache import njit
 
 __all__ = ["adadelta", "adagrad", "adam", "adamax", "nesterov", "rmsprop", "sgd", "warmup"]
 

@@ -47,7 +47,9 @@ import hashlib
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
+
+from .numba_cache import njit
 
 __all__ = [
     "fill_normal",

@@ -21,6 +21,7 @@ import numpy as np
 from .config import ParamError, Parameter, field
 from .config.components import updaters
 from .config.job import UpdaterConf, conf_from
+from .config.types import format_number
 from .params import Param, ParamSet
 from .schedules import create_lr_method
 
@@ -53,7 +54,18 @@ class Updater:
     # -- the batched core -------------------------------------------------------------------
 
     def init_state(self, size: int, num_segments: int, dtype: Any) -> State:
-        """Zeroed state for a range of ``size`` elements in ``num_segments`` segments."""
+        """Zeroed state for a range of ``size`` elements in ``num_segments`` segments.
+
+        Refuses a ``delta`` that is 0 in ``dtype`` (1e-300 in float32): every division it
+        guards would give Inf or NaN.
+        """
+        dt = np.dtype(dtype)
+        if dt.kind == "f" and not dt.type(self.conf.delta) > 0:
+            raise ParamError(
+                f"value {format_number(self.conf.delta)} for Parameter delta should be greater "
+                f"than 0 in {dt.name}, where it rounds to 0 (the smallest is "
+                f"{np.finfo(dt).smallest_subnormal!s})\n"
+                f"delta: {UpdaterConf.fields()['delta'].doc}")
         state = {role: np.zeros(size, dtype) for role in self.state_roles}
         if self.counted:
             state[COUNT] = np.zeros(num_segments, np.int64)

@@ -45,7 +45,7 @@ from ..cluster import Cluster, Worker
 from ..config import ParamError
 from ..config.job import JobConf, unbuilt_error
 from ..export import TABLE, param_table
-from ..params import ParamSet
+from ..params import ParamSet, physical_memory, plan_params
 from ..singa import checkpoints as singa_checkpoints
 from . import algorithms
 from .layers.base import require_torch
@@ -54,6 +54,7 @@ from .net import Net
 from .progress import Progress, Rate
 from .tensorboard import FOLDER as TENSORBOARD_FOLDER
 from .tensorboard import TensorBoardLog
+from .workspace import check_workspace
 
 FORMAT = "paramserver-checkpoint/1"
 log = logging.getLogger(__name__)
@@ -112,24 +113,31 @@ class Trainer:
             raise unbuilt_error(unbuilt)
         require_torch()
         self.tensorboard = tensorboard
-        self.workspace = Path(job.workspace_dir)
+        self.workspace = check_workspace(job.workspace_dir)  # before anything is built
         self.show = progress
         self.stream = stream
         self.eval_phases = job.eval_phases()
         c = job.cluster
         self._step_fn: Any = self._grad_fn
         self._base_versions: dict[str, int] = {}
-        if c.backend == "ray":
-            self._init_ray(base_dir, cluster_options or {})
-        else:
-            nworkers = c.nworker_groups * c.nworkers_per_group
-            self.nets = [Net(job.neuralnet, seed=job.seed, base_dir=base_dir,
-                             phases=("kTrain",), device=worker_device(job, rank))
-                         for rank in range(nworkers)]
-            self.params = self._make_params(self.nets[0])
-            self.cluster = Cluster(job, self.params)
-            for worker, net in zip(self.cluster.workers, self.nets):
-                net.bind(worker.params)
+        try:
+            if c.backend == "ray":
+                self._init_ray(base_dir, cluster_options or {})
+            else:
+                nworkers = c.nworker_groups * c.nworkers_per_group
+                self.nets = [Net(job.neuralnet, seed=job.seed, base_dir=base_dir,
+                                 phases=("kTrain",), device=worker_device(job, rank))
+                             for rank in range(nworkers)]
+                self.params = self._make_params(self.nets[0])
+                self.cluster = Cluster(job, self.params)
+                for worker, net in zip(self.cluster.workers, self.nets):
+                    net.bind(worker.params)
+        except MemoryError:  # the Params fit, but not with a gradient per worker (or state)
+            plan = plan_params(Net(job.neuralnet, seed=job.seed, base_dir=base_dir,
+                                   phases=("kTrain",)).param_specs())
+            raise ParamError(plan.too_big(np.float32, physical_memory()) + (
+                f"; every worker ({c.nworker_groups * c.nworkers_per_group}) holds its own "
+                "gradients, and the updater its state")) from None
         self.eval_net: Net | None = None
         if self.eval_phases:
             self.eval_net = Net(job.neuralnet, seed=job.seed, base_dir=base_dir,
@@ -209,7 +217,12 @@ class Trainer:
         the newest checkpoint."""
         job = self.job
         t0 = time.perf_counter()
-        start = self._resume() if resume or job.resume else self._fresh()
+        resumed = resume or job.resume
+        start = self._resume() if resumed else self._fresh()
+        if resumed and start >= job.train_steps and job.train_steps:
+            # A resume with nothing to do changes nothing: no file is written again.
+            log.info("nothing to do: the job is at step %d of %d", start, job.train_steps)
+            return TrainResult(start, None, None, time.perf_counter() - t0, self.workspace)
         checkpoints = self._checkpoint_steps(start)
         board = TensorBoardLog(self.workspace / TENSORBOARD_FOLDER, start, checkpoints,
                                enabled=self.tensorboard and start < job.train_steps)
@@ -375,8 +388,9 @@ class Trainer:
         job = self.job
         # Keep what a straight run has at this step: rows of the steps before, and the
         # display, validation and test rows due at it (not the extra rows of a run that
-        # ended here).
-        self.log.resume_at(step, lambda r: r.step < step or (
+        # ended here, unless this run ends here too: then they are its own last rows).
+        final = step == job.train_steps
+        self.log.resume_at(step, lambda r: r.step < step or final or (
             (r.phase == "train" and due(step, self.disp_freq, job.disp_after))
             or (r.phase == "test" and due(step, job.test_freq, job.test_after))
             or (r.phase == "val" and due(step, job.validate_freq, job.validate_after))))
