@@ -9,14 +9,16 @@ the same run, not one fix later.
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from ..config import Location, ParamError, Problem
+from ..config import Location, Parameter, ParamError, Problem
 from ..config.job import JobConf, NetConf, read_job_text, unbuilt_error
 from ..config.textformat import parse_text, paused_gc
 from ..config.tree import Block, Entry, Scalar
@@ -95,6 +97,69 @@ def read_job_file(path: str | os.PathLike[str]) -> JobFile:
     return JobFile(job, tree, path)
 
 
+_PART = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?:\[([^\]]+)\])?$")
+
+
+def apply_setting(job: JobConf, setting: str) -> None:
+    """Set one field of a read job from the command line: ``PATH=VALUE`` (``--set``).
+
+    ``PATH`` is the field's place, its parts joined by dots; a repeated block is picked by
+    its index or, for ``layer`` and ``param``, by name (every layer of that name, in every
+    phase): ``train_steps=20``, ``updater.momentum=0.5``,
+    ``neuralnet.layer[data].store_conf.batchsize=8``, ``cluster.nworkers_per_group=2``.
+    ``VALUE`` is read as the field reads text in a job file. Nothing changes on an error.
+
+    Raises:
+        ParamError: naming the setting, and the fields or names there are at the place
+            that is wrong.
+    """
+    path, sep, value = setting.partition("=")
+    where = f"--set {setting}"
+    if not sep or not path.strip():
+        raise ParamError(f"{where}: expected PATH=VALUE, e.g. "
+                         "neuralnet.layer[data].store_conf.batchsize=8")
+    parts = path.strip().split(".")
+    targets: list[Any] = [job]
+    for depth, part in enumerate(parts[:-1]):
+        m = _PART.match(part)
+        if m is None:
+            raise ParamError(f"{where}: '{part}' is not a field name (or name[index])")
+        name, pick = m.groups()
+        found: list[Any] = []
+        for target in targets:
+            if name not in target.__dict__:
+                known = sorted(k for k, v in target.__dict__.items()
+                               if isinstance(v, (Parameter, list)))
+                raise ParamError(f"{where}: {'.'.join(parts[:depth]) or 'the job'} has no "
+                                 f"block '{name}'; its blocks: {', '.join(known)}")
+            value_ = target.__dict__[name]
+            if isinstance(value_, list):
+                if pick is None:
+                    raise ParamError(f"{where}: '{name}' is repeated: pick one with "
+                                     f"{name}[index] or {name}[name]")
+                chosen = ([value_[int(pick)]] if pick.isdigit() and int(pick) < len(value_)
+                          else [v for v in value_ if getattr(v, "name", None) == pick])
+                if not chosen:
+                    names = [str(getattr(v, "name", i)) for i, v in enumerate(value_)]
+                    raise ParamError(f"{where}: no {name} '{pick}'; there are: "
+                                     f"{', '.join(names)}")
+                found += chosen
+            elif isinstance(value_, Parameter) and pick is None:
+                found.append(value_)
+            else:
+                raise ParamError(f"{where}: '{part}' is not a block")
+        targets = found
+    key = parts[-1]
+    trials = [copy.deepcopy(t) for t in targets]
+    try:
+        for trial in trials:
+            trial.update({key: value.strip()}, allow_unknown=False)
+    except ParamError as e:
+        raise ParamError([f"{where}: {p}" for p in e.problems]) from None
+    for target, trial in zip(targets, trials, strict=True):
+        target.__dict__.update(trial.__dict__)
+
+
 def place_net_problems(error: ParamError, tree: Block) -> ParamError:
     """The problems of ``error``, those that name a layer (at the start) or a Param and have
     no place of their own placed at that layer's or Param's block in ``tree``."""
@@ -169,4 +234,4 @@ def _order(problem: Problem) -> tuple[int, int, int]:
     return (1, 0, 0)
 
 
-__all__ = ["JobFile", "place_net_problems", "read_job_file"]
+__all__ = ["JobFile", "apply_setting", "place_net_problems", "read_job_file"]

@@ -239,6 +239,13 @@ class Trainer:
                            None if test is None else test["accuracy"], seconds,
                            self.workspace)
 
+    def run_steps(self, steps: int, start: int = 0) -> list[list[Mapping[str, Any] | None]]:
+        """Run ``steps`` training steps from ``start`` on the cluster and nothing else: no
+        evaluation, display, file or checkpoint (what ``benchmarks/train.py`` times).
+        Returns each step's metrics by worker."""
+        with torch_threads(self.job.num_openblas_threads):
+            return self.cluster.run(self._step_fn, steps, start_step=start)
+
     def _run(self, start: int, checkpoints: set[int], progress: Progress,
              board: TensorBoardLog) -> tuple[int, dict[str, float] | None]:
         job = self.job

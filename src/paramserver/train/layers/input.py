@@ -278,9 +278,10 @@ def _read_store(path: Path, backend: str, separator: str, has_label: bool) -> An
 
 class StoreInputLayer(InputLayer):
     """Reads the records of a SINGA store (see the module docstring): each step the next
-    ``batchsize`` records in stored order, wrapping around, after skipping a random number
-    in ``[0, random_skip]`` (keyed by the job seed) at the start. Tests and validations
-    read the store from its first record."""
+    ``batchsize`` records in stored order, wrapping around (a batch may be larger than the
+    store, as in SINGA), after skipping a random number in ``[0, random_skip]`` (keyed by
+    the job seed) at the start. Tests and validations read the store from its first
+    record, ``batchsize`` at a time (the last batch may be smaller)."""
 
     #: The store's backend when the configuration does not say.
     backend = "kvfile"
@@ -301,6 +302,11 @@ class StoreInputLayer(InputLayer):
     def setup(self) -> None:
         super().setup()
         path, backend, separator, has_label, shape = self.store()
+        if getattr(self.own, "encoded", False):
+            raise self.error("store_conf encoded: true (JPEG records) is not read; write the "
+                             "records as raw pixels (paramserver data)")
+        if self.batchsize < 1:
+            raise self.error("the batchsize is not given (store_conf batchsize)")
         if backend not in ("kvfile", "textfile", "shard"):
             raise self.error(f"store_conf backend '{backend}' is not one of SINGA's: "
                              "'kvfile', 'textfile'")
@@ -317,9 +323,6 @@ class StoreInputLayer(InputLayer):
             x = x.reshape((x.shape[0], *shape))
         self.x, self.y = x, samples.y
         self.out_shape = tuple(x.shape[1:])
-        if self.batchsize > x.shape[0]:
-            raise self.error(f"batchsize {self.batchsize} is more than the {x.shape[0]} "
-                             f"records of '{path}'")
         self.skip = self._random_skip()
         self.setup_normalisation()
 
@@ -561,7 +564,10 @@ class RGBImageLayer(_ImageLayer):
             try:
                 mean = stores.read_mean(self.own.meanfile, "shard")
             except ParamError as e:
-                raise _problems_at(self, e) from None
+                try:  # v0.2.0's examples write the mean as a kvfile at the same path
+                    mean = stores.read_mean(self.own.meanfile, "kvfile")
+                except ParamError:
+                    raise _problems_at(self, e) from None
             shape = self.srcs[0].out_shape
             if mean.size != int(np.prod(shape)):
                 raise self.error(f"meanfile '{self.own.meanfile}' holds {mean.size} values; "
