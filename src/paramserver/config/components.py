@@ -217,6 +217,14 @@ class ComponentConf(Parameter):
                ) -> P:
         extensions = [e for e in block.entries if e.extension]
         known = [e for e in block.entries if not e.extension]
+        # A user's component may read a block named like a built-in one's (rnnlm's kData
+        # reads data_conf): written without brackets (a dict in Python), it is the selected
+        # component's, as its bracketed extension block would be.
+        selected = cls._selected_component(known)
+        key = cls.registry.conf_name(selected) if selected is not None else None
+        if key is not None and cls.registry.by_conf_name(key) != selected:
+            extensions += [Entry(e.key, e.value, e.where, True) for e in known if e.key == key]
+            known = [e for e in known if e.key != key]
         loose: dict[str, Any] = {}
         try:
             obj = super()._build(Block(known, block.where), loose)
@@ -286,6 +294,20 @@ class ComponentConf(Parameter):
         if problems:
             raise ParamError(problems)
         return obj
+
+    @classmethod
+    def _selected_component(cls, entries: list[Entry]) -> str | None:
+        """The component ``user_type`` (a user's) or ``type`` selects, if registered."""
+        for key in ("user_type", "type"):
+            entry = next((e for e in entries if e.key == key), None)
+            if entry is None or not isinstance(entry.value, Scalar) or not isinstance(
+                    entry.value.raw, str):
+                continue
+            raw = entry.value.raw
+            if key == "user_type" and cls.registry.user_namespace:
+                return cls.registry.user_lookup(raw)
+            return cls.registry.lookup(raw) if raw in cls.registry else None
+        return None
 
     @classmethod
     def _named_component(cls, entries: list[Entry]) -> str | None:
