@@ -23,6 +23,7 @@ import numpy as np
 from ..config import ParamError
 from ..config.job import TrainOneBatchConf
 from .data import Batch
+from .layers.base import require_torch
 from .net import Net
 
 #: The algorithms built, by SINGA's name.
@@ -51,12 +52,8 @@ def trained_layers(net: Net, alg: TrainOneBatchConf) -> list[Any]:
 def frozen_params(net: Net, alg: TrainOneBatchConf) -> set[str]:
     """The Params no step of ``alg`` changes (kCD: those of the layers that are not RBM
     layers); the trainer gives them ``lr_scale`` and ``wd_scale`` 0."""
-    trained = {p.name for layer in trained_layers(net, alg) for p in _param_names(net, layer)}
+    trained = {p.name for layer in trained_layers(net, alg) for p in net.layer_params(layer)}
     return {s.name for s in net.param_specs()} - trained
-
-
-def _param_names(net: Net, layer: Any) -> list[Any]:
-    return [s for s in net._net("kTrain").specs.get(layer.name, [])]
 
 
 def contrastive_divergence(net: Net, batch: Batch, k: int = 1,
@@ -71,17 +68,15 @@ def contrastive_divergence(net: Net, batch: Batch, k: int = 1,
     if not layers:
         raise ParamError("kCD trains RBM layers (kRBMVis, kRBMHid); the kTrain net has none")
     gen = rng if rng is not None else net.step_rng(batch.step, batch.rank)
-    for i in range(k):
+    with require_torch().no_grad():
+        for i in range(k):
+            for layer in layers:
+                layer.negative(gen, first=i == 0)
+        net.zero_grads()
         for layer in layers:
-            layer.negative(gen, first=i == 0)
-    if net._pset is not None:
-        net._pset.zero_grads()
-    net._weights.zero_device_grads()
-    for layer in layers:
-        layer.cd_gradient()
-    net._weights.grads_to_host()
-    metrics = {**metrics, **net.metrics("kTrain")}
-    return metrics
+            layer.cd_gradient()
+    net.grads_to_host()
+    return {**metrics, **net.metrics("kTrain")}
 
 
 __all__ = ["ALGORITHMS", "contrastive_divergence", "frozen_params", "train_step",

@@ -152,8 +152,12 @@ def apply_setting(job: JobConf, setting: str) -> None:
     key = parts[-1]
     trials = [copy.deepcopy(t) for t in targets]
     try:
+        # The value as a job file writes it (a list as [a, b], a string quoted or not).
+        text = value.strip()
+        block = parse_text(f"{key}: {text}", "--set") if text[:1] == "[" else \
+            {key: text}
         for trial in trials:
-            trial.update({key: value.strip()}, allow_unknown=False)
+            trial.update(block, allow_unknown=False)
     except ParamError as e:
         raise ParamError([f"{where}: {p}" for p in e.problems]) from None
     for target, trial in zip(targets, trials, strict=True):

@@ -316,6 +316,10 @@ class Net:
         """
         return list(self._specs)
 
+    def layer_params(self, layer: Layer, phase: str = "kTrain") -> list[ParamSpec]:
+        """The Params of ``layer`` of the net of ``phase``, in order."""
+        return list(self._net(phase).specs.get(layer.name, []))
+
     def bind(self, pset: ParamSet) -> None:
         """Use the Params of ``pset`` (by name) from now on, in every phase: each layer gets
         them and torch tensors viewing their values and gradients
@@ -394,16 +398,27 @@ class Net:
         what is there unless ``zero_grads``)."""
         torch = require_torch()
         net = self._net(phase)
-        if zero_grads and self._pset is not None:
-            self._pset.zero_grads()
-        self._weights.zero_device_grads()
+        if zero_grads:
+            self.zero_grads()
         with torch.no_grad():
             for layer in net.layers:
                 layer.grad = None
             for layer in reversed(net.layers):
                 if layer.requires_grad and (layer.is_loss or layer.grad is not None):
                     layer.backward()
-        self._weights.grads_to_host()
+        self.grads_to_host()
+
+    def zero_grads(self) -> None:
+        """Zero the bound Params' gradients (and their device copies)."""
+        if self._pset is not None:
+            self._pset.zero_grads()
+        if self._weights is not None:
+            self._weights.zero_device_grads()
+
+    def grads_to_host(self) -> None:
+        """Add the gradients computed on the device into the Params' (no-op on the CPU)."""
+        if self._weights is not None:
+            self._weights.grads_to_host()
 
     def train_step(self, batch: Batch | int, rng: np.random.Generator | None = None, *,
                    zero_grads: bool = True) -> dict[str, float]:

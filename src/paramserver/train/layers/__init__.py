@@ -64,6 +64,7 @@ from .input import (
     ShardDataLayer,
     StoreInputLayer,
 )
+from .rbm import RBMHidLayer, RBMLayer, RBMVisLayer
 from .loss import (
     AccuracyLayer,
     ArgSortLayer,
@@ -82,7 +83,7 @@ __all__ = ["TORCH_MISSING", "AccuracyLayer", "ActivationLayer", "ArgSortLayer",
            "DataConf", "DataLayer", "DropoutLayer", "DummyLayer", "EmbeddingLayer",
            "EuclideanLossLayer", "ImagePreprocessLayer", "InnerProductLayer", "InputLayer",
            "LRNLayer", "LabelLayer", "Layer", "LossLayer", "MnistLayer", "OneHotLayer",
-           "PoolingLayer", "RGBImageLayer", "RNNDummyLayer", "RNNLabelLayer",
+           "PoolingLayer", "RBMHidLayer", "RBMLayer", "RBMVisLayer", "RGBImageLayer", "RNNDummyLayer", "RNNLabelLayer",
            "RecordInputLayer", "RecordOutputLayer", "ReLULayer", "STanhLayer",
            "ShardDataLayer", "SigmoidLayer", "SliceLayer", "SlicePart", "SoftmaxLayer",
            "SoftmaxLossLayer", "SplitLayer", "StoreInputLayer", "TanhLayer", "phase_name",
