@@ -80,8 +80,8 @@ def test_net_from_a_dict() -> None:
     ('layer { name: "a" type: kReLU srclayers: "a" }', "layer 'a' reads itself"),
     ('layer { name: "data" type: kData } layer { name: "fc" type: kInnerProduct '
      'innerproduct_conf { num_output: 10 } srclayers: "data" }',
-     "a net needs a loss layer (kSoftmaxLoss, kEuclideanLoss, ...) in phase kTrain; found "
-     "none"),
+     "a net needs a loss layer (kSoftmaxLoss, kEuclideanLoss, ...) in phase kTrain to train "
+     "by kBP; found none"),
     ('layer { name: "d1" type: kData } layer { name: "d2" type: kData }'
      'layer { name: "fc" type: kInnerProduct innerproduct_conf { num_output: 10 } '
      'srclayers: "d1" } layer { name: "loss" type: kSoftmaxLoss srclayers: ["fc", "d1"] }',
@@ -90,7 +90,7 @@ def test_net_from_a_dict() -> None:
 ])
 def test_structure_errors(layers: str, message: str) -> None:
     with pytest.raises(ParamError) as info:
-        Net(net_conf(layers))
+        Net(net_conf(layers)).check_trainable()
     assert message in str(info.value)
 
 

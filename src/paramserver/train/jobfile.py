@@ -53,8 +53,11 @@ class JobFile:
         if unbuilt:
             raise unbuilt_error(unbuilt)
         with self.placing():
-            return Net(self.job.neuralnet, seed=self.job.seed, base_dir=self.base_dir,
-                       phases=("kTrain", *self.job.eval_phases()))
+            net = Net(self.job.neuralnet, seed=self.job.seed, base_dir=self.base_dir,
+                      phases=("kTrain", *self.job.eval_phases()))
+            if self.job.train_steps > self.job.step:
+                net.check_trainable(self.job.train_one_batch.alg)
+            return net
 
     def check_params(self, net: Net) -> None:
         """Make and initialise the net's Params as training would (an init method that does

@@ -77,6 +77,7 @@ class _Phase:
     specs: dict[str, list[ParamSpec]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self.losses_checked = False
         self.short = phase_name(self.name)
         base = Layer.metrics
         self.reporting = [x for x in self.layers if type(x).metrics is not base]
@@ -198,10 +199,6 @@ class Net:
                              f"kShardData, kCSVInput, kCharRNN, ...); found {len(inputs)}"
                              + (f": {names_}" if names_ else "") + f" in phase {phase}")
         losses = [x for x in layers if x.is_loss]
-        if phase == "kTrain" and not losses and not any(
-                getattr(x, "is_rbm", False) for x in layers):
-            raise ParamError("a net needs a loss layer (kSoftmaxLoss, kEuclideanLoss, ...) "
-                             "in phase kTrain; found none")
         net = _Phase(phase, layers, built, inputs[0], losses)
         for layer in layers:  # which layers' outputs depend on Params (only they need grads)
             layer.requires_grad = bool(layer.param_shapes()) or any(
@@ -315,6 +312,19 @@ class Net:
         ``param`` entries than Params gets its defaults for the rest (see each layer).
         """
         return list(self._specs)
+
+    def check_trainable(self, alg: str = "kBP") -> None:
+        """Refuse a kTrain net that training algorithm ``alg`` cannot train: back-propagation
+        (kBP, kBPTT) needs a loss layer, kCD an RBM (a job that only tests needs
+        neither)."""
+        layers = self._net("kTrain").layers
+        if alg == "kCD":
+            if not any(getattr(x, "is_rbm", False) for x in layers):
+                raise ParamError("kCD trains RBMs: the kTrain net has no kRBMVis/kRBMHid "
+                                 "layers")
+        elif not any(x.is_loss for x in layers):
+            raise ParamError("a net needs a loss layer (kSoftmaxLoss, kEuclideanLoss, ...) "
+                             f"in phase kTrain to train by {alg}; found none")
 
     def layer_params(self, layer: Layer, phase: str = "kTrain") -> list[ParamSpec]:
         """The Params of ``layer`` of the net of ``phase``, in order."""
@@ -438,6 +448,9 @@ class Net:
             SPEC §7 has it).
         """
         net = self._net("kTrain")
+        if not net.losses_checked:
+            self.check_trainable()
+            net.losses_checked = True
         if not isinstance(batch, Batch):
             batch = net.data_layer.batch(int(batch))
         metrics = self.forward(batch, "kTrain", rng, backward=True)
@@ -484,6 +497,10 @@ class Net:
                 for k, v in metrics.items():
                     totals[k] = totals.get(k, 0.0) + v * batch.size
                 count += batch.size
+        for layer in net.layers:
+            end = getattr(layer, "end_evaluation", None)
+            if end is not None:
+                end()
         return {k: v / max(count, 1) for k, v in totals.items()}
 
     # -- helpers ----------------------------------------------------------------------------

@@ -128,6 +128,8 @@ class Trainer:
                 self.nets = [Net(job.neuralnet, seed=job.seed, base_dir=base_dir,
                                  phases=("kTrain",), device=worker_device(job, rank))
                              for rank in range(nworkers)]
+                if job.train_steps > job.step:
+                    self.nets[0].check_trainable(job.train_one_batch.alg)
                 self.params = self._make_params(self.nets[0])
                 self.cluster = Cluster(job, self.params)
                 for worker, net in zip(self.cluster.workers, self.nets):
@@ -372,8 +374,11 @@ class Trainer:
     def _fresh(self) -> int:
         """A new run from the job's ``step`` (0 unless given): forget the metrics and
         checkpoints of an earlier run of this workspace, so that a later ``--resume`` cannot
-        pick up one of them."""
+        pick up one of them. A job that trains no step (it only tests, as SINGA's char-rnn
+        sampling job, which shares the training job's workspace) removes none."""
         self.log.rows = []
+        if self.job.train_steps <= self.job.step:
+            return self.job.step
         stale = list_checkpoints(self.workspace / "checkpoints")
         for _, path in stale:
             path.unlink()

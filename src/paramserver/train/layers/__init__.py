@@ -65,6 +65,7 @@ from .input import (
     StoreInputLayer,
 )
 from .rbm import RBMHidLayer, RBMLayer, RBMVisLayer
+from .rnn import CharRNNOutputLayer, GRULayer
 from .loss import (
     AccuracyLayer,
     ArgSortLayer,
@@ -77,11 +78,11 @@ from .loss import (
 
 __all__ = ["TORCH_MISSING", "AccuracyLayer", "ActivationLayer", "ArgSortLayer",
            "BridgeDstLayer", "BridgeSrcLayer", "CConvolutionLayer", "CPoolingLayer",
-           "CSVInputLayer", "CSVOutputLayer", "CharRNNLayer", "ChosenActivationLayer",
+           "CSVInputLayer", "CSVOutputLayer", "CharRNNLayer", "CharRNNOutputLayer", "ChosenActivationLayer",
            "ConcateLayer", "ConvolutionLayer", "CudnnActivationLayer", "CudnnConvLayer",
            "CudnnLRNLayer", "CudnnPoolLayer", "CudnnSoftmaxLayer", "CudnnSoftmaxLossLayer",
            "DataConf", "DataLayer", "DropoutLayer", "DummyLayer", "EmbeddingLayer",
-           "EuclideanLossLayer", "ImagePreprocessLayer", "InnerProductLayer", "InputLayer",
+           "EuclideanLossLayer", "GRULayer", "ImagePreprocessLayer", "InnerProductLayer", "InputLayer",
            "LRNLayer", "LabelLayer", "Layer", "LossLayer", "MnistLayer", "OneHotLayer",
            "PoolingLayer", "RBMHidLayer", "RBMLayer", "RBMVisLayer", "RGBImageLayer", "RNNDummyLayer", "RNNLabelLayer",
            "RecordInputLayer", "RecordOutputLayer", "ReLULayer", "STanhLayer",

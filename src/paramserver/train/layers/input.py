@@ -704,7 +704,10 @@ def unrolled_column(layer: Layer, src: Layer, offset: int = 0) -> Any:
 @register_layer("kOneHot")
 class OneHotLayer(Layer):
     """Ids to one-hot vectors of ``onehot_conf { vocab_size }`` floats (the copy of an
-    unrolled net reads its column of a kCharRNN)."""
+    unrolled net reads its column of a kCharRNN). Without ``vocab_size`` (0, as SINGA's
+    char-rnn sampling file leaves it, which SINGA's layer did not survive), the vectors are
+    as long as the ids its source can give (a kCharRNN's vocabulary, a kRNNDummy's
+    ``high``)."""
 
     Config = OnehotConf
 
@@ -714,18 +717,22 @@ class OneHotLayer(Layer):
         if not src.int_output:
             raise self.error(f"srclayer '{src.name}' gives floats; {self.type} reads ids")
         size = int(self.own.vocab_size)
-        if size < 1:
-            raise self.error("onehot_conf vocab_size must be set (at least 1)")
         ids = getattr(src, "id_range", lambda: None)()
+        if size < 1:
+            if ids is None:
+                raise self.error("onehot_conf vocab_size must be set (at least 1): srclayer "
+                                 f"'{src.name}' does not tell how many ids there are")
+            size = ids[1] + 1
         if ids is not None and ids[1] >= size:
             raise self.error(f"the ids of '{src.name}' go up to {ids[1]}, beyond vocab_size "
                              f"{size}")
+        self.size = size
         self.out_shape = (size,)
 
     def forward(self, phase: str, rng: np.random.Generator | None) -> None:
         torch = require_torch()
         ids = unrolled_column(self, self.srcs[0]).long()
-        size = int(self.own.vocab_size)
+        size = self.size
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= size):
             raise self.error(f"an id is outside [0, {size})")
         self.data = torch.nn.functional.one_hot(ids, size).to(torch_dtype(self.dtype))
