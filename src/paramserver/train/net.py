@@ -51,6 +51,16 @@ from .data import Batch, Dataset, derive_rng
 from .layers.base import Layer, phase_name, require_torch
 from .layers.connection import SliceLayer, SlicePart
 from .layers.input import DataLayer, InputLayer
+from .partition import (
+    SPLIT_PARAMS,
+    Comm,
+    Gather,
+    Narrow,
+    check_feature_partition,
+    effective_dim,
+    param_parts,
+    part_conf,
+)
 
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -112,7 +122,8 @@ class Net:
 
     def __init__(self, netconf: NetConf | dict[str, Any] | str, seed: int = 0,
                  dtype: Any = np.float32, *, base_dir: str | os.PathLike[str] | None = None,
-                 phases: Sequence[str] = ("kTrain", "kTest"), device: Any = None):
+                 phases: Sequence[str] = ("kTrain", "kTest"), device: Any = None,
+                 comm: Comm | None = None):
         self.conf: NetConf = conf_from(NetConf, netconf, "neuralnet")
         self.seed = int(seed)
         self.dtype = np.dtype(dtype)
@@ -127,6 +138,7 @@ class Net:
         if not names:
             raise ParamError("a Net is built for at least one phase")
         self.device = device
+        self.comm = comm if comm is not None and comm.size > 1 else None
         self._by_spelling: dict[str, _Phase] = {}
         self._phases = {p: self._build(p, base_dir) for p in names}
         self._main = self._phases[names[0]]
@@ -172,6 +184,7 @@ class Net:
         later: dict[str, list[str]] = {}
         for node in nodes:
             cls = layer_registry.get(node.conf.component)
+            need = self._partition_of(node.conf, cls)
             srcs = []
             for s in node.srcs:
                 if s not in built:  # a layer written later (reads_later)
@@ -180,13 +193,17 @@ class Net:
                 src = built[s]
                 if isinstance(src, SliceLayer):
                     src = self._slice_part(src, node, built)
+                if self.comm is not None:
+                    src = self._connect(src, need, built)
                 srcs.append(src)
-            layer: Layer = cls(node.conf, srcs, dtype=self.dtype, seed=self.seed,
-                               base_dir=base_dir)
-            layer.name = node.name
-            layer.unroll_index = node.index
-            layer.device = self.device
-            layer.setup()
+            conf = node.conf
+            template = None
+            if need == "whole" and self.comm is not None:  # one part of its Params here
+                template = self._make(cls, conf, srcs, node, base_dir)
+                conf = part_conf(conf, self.comm.size)
+            layer = self._make(cls, conf, srcs, node, base_dir)
+            layer.partition = "cols" if need == "whole" else need
+            layer.template = template
             built[node.name] = layer
         layers = list(built.values())
         for i, layer in enumerate(layers):
@@ -210,7 +227,8 @@ class Net:
                 continue
             first.setdefault(layer.conf.name, layer.name)
             out = []
-            for i, (shape, pc) in enumerate(zip(layer.param_shapes(), layer.param_confs(),
+            whole = getattr(layer, "template", None) or layer  # a split layer: all its Params
+            for i, (shape, pc) in enumerate(zip(whole.param_shapes(), whole.param_confs(),
                                                 strict=True)):
                 name = pc.name or f"{layer.conf.name}_{i}"
                 if pc.shape and tuple(pc.shape) != tuple(shape):
@@ -222,6 +240,50 @@ class Net:
                                      f"layer '{layer.conf.name}', param {i}"))
             net.specs[layer.name] = out
         return net
+
+    def _make(self, cls: type, conf: LayerConf, srcs: list[Layer], node: _Node,
+              base_dir: str | os.PathLike[str] | None) -> Layer:
+        layer: Layer = cls(conf, srcs, dtype=self.dtype, seed=self.seed, base_dir=base_dir)
+        layer.name = node.name
+        layer.unroll_index = node.index
+        layer.device = self.device
+        layer.setup()
+        return layer
+
+    def _partition_of(self, conf: LayerConf, cls: type) -> str:
+        """What part of its input a layer of this worker reads (:mod:`.partition`): its
+        rows of the batch, its part of the features, or the whole (a layer whose Params
+        are split)."""
+        if self.comm is None or issubclass(cls, InputLayer) or getattr(cls, "is_loss", False):
+            return "rows"
+        if effective_dim(conf, int(self.conf.partition_dim)) == 0:
+            return "rows"
+        check_feature_partition(conf, cls, self.comm.size)
+        return "whole" if conf.component in SPLIT_PARAMS else "cols"
+
+    def _connect(self, src: Layer, need: str, built: dict[str, Layer]) -> Layer:
+        """``src`` as a layer that needs ``need`` of it reads it: through the connection
+        layers that gather the workers' parts and keep this worker's (built once)."""
+        have = getattr(src, "partition", "rows")
+        if have == need:
+            return src
+        assert self.comm is not None
+        steps: list[tuple[type, int]] = []
+        if have != "whole":
+            steps.append((Gather, 0 if have == "rows" else 1))
+        if need != "whole":
+            steps.append((Narrow, 0 if need == "rows" else 1))
+        for kind, axis in steps:
+            key = f"{kind.__name__}:{axis}:{src.name}"
+            if key not in built:
+                layer = kind(src, axis, self.comm, dtype=self.dtype, seed=self.seed)
+                layer.device = self.device
+                layer.setup()
+                layer.partition = ("whole" if kind is Gather else
+                                   "rows" if axis == 0 else "cols")
+                built[key] = layer
+            src = built[key]
+        return src
 
     def _slice_part(self, src: SliceLayer, node: _Node, built: dict[str, Layer]) -> Layer:
         """The piece of kSlice ``src`` that ``node`` reads: a :class:`SlicePart` put between
@@ -347,7 +409,14 @@ class Net:
             for layer in net.layers:
                 names = [s.name for s in net.specs.get(layer.name, [])]
                 mine = [pset[n] for n in names]
-                layer.bind(mine, [weights[n] for n in names])
+                tensors = [weights[n] for n in names]
+                if getattr(layer, "template", None) is not None:
+                    assert self.comm is not None
+                    layer.template.bind(mine, tensors)
+                    tensors = param_parts(layer, tensors, self.comm.index, self.comm.size)
+                    layer.bind(mine, tensors, whole=False)
+                    continue
+                layer.bind(mine, tensors)
                 params += [p for p in mine if all(p is not q for q in params)]
         self.params = params
         self._pset = pset
@@ -414,7 +483,8 @@ class Net:
             for layer in net.layers:
                 layer.grad = None
             for layer in reversed(net.layers):
-                if layer.requires_grad and (layer.is_loss or layer.grad is not None):
+                if layer.requires_grad and (layer.is_loss or layer.grad is not None
+                                            or getattr(layer, "collective", False)):
                     layer.backward()
         self.grads_to_host()
 

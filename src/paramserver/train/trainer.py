@@ -51,6 +51,7 @@ from . import algorithms
 from .layers.base import require_torch
 from .metrics import MetricsLog, Row
 from .net import Net
+from .partition import Comm, GroupExchange, effective_dim
 from .progress import Progress, Rate
 from .tensorboard import FOLDER as TENSORBOARD_FOLDER
 from .tensorboard import TensorBoardLog
@@ -124,10 +125,14 @@ class Trainer:
             if c.backend == "ray":
                 self._init_ray(base_dir, cluster_options or {})
             else:
-                nworkers = c.nworker_groups * c.nworkers_per_group
+                per_group = c.nworkers_per_group
+                exchanges = [GroupExchange(per_group, c.timeout)
+                             for _ in range(c.nworker_groups)]
                 self.nets = [Net(job.neuralnet, seed=job.seed, base_dir=base_dir,
-                                 phases=("kTrain",), device=worker_device(job, rank))
-                             for rank in range(nworkers)]
+                                 phases=("kTrain",), device=worker_device(job, rank),
+                                 comm=Comm(rank % per_group, per_group,
+                                           exchanges[rank // per_group]))
+                             for rank in range(c.nworker_groups * per_group)]
                 if job.train_steps > job.step:
                     self.nets[0].check_trainable(job.train_one_batch.alg)
                 self.params = self._make_params(self.nets[0])
@@ -158,6 +163,12 @@ class Trainer:
         from ..cluster.ray_wire import RemoteGradFn
 
         job = self.job
+        if job.cluster.nworkers_per_group > 1 and any(
+                effective_dim(x, int(job.neuralnet.partition_dim)) == 1
+                for x in job.neuralnet.phase_layers("kTrain")):
+            raise ParamError("partition_dim 1 (layers partitioned on the features among the "
+                             "workers of a group) runs on the embedded cluster (backend "
+                             "local): its workers exchange the parts in memory")
         self.nets = []  # each worker actor builds its own
         self.params = self._make_params(Net(job.neuralnet, seed=job.seed, base_dir=base_dir,
                                             phases=("kTrain",)))

@@ -207,13 +207,18 @@ class Layer:
                              f"{len(given)} param {{ }} entries are given")
         return given + [self.default_param_conf(i) for i in range(len(given), len(shapes))]
 
-    def bind(self, params: Sequence[Param], weights: Sequence[Any]) -> None:
+    def bind(self, params: Sequence[Param], weights: Sequence[Any], *,
+             whole: bool = True) -> None:
         """Use ``params`` (one per :meth:`param_shapes`, same shapes) and their tensors
-        ``weights`` from now on."""
+        ``weights`` from now on. ``whole=False``: the tensors are parts of the Params (a
+        layer partitioned on the features), of the layer's shapes."""
         shapes = self.param_shapes()
         if len(params) != len(shapes) or len(weights) != len(shapes):
             raise self.error(f"needs {len(shapes)} Params, {len(params)} given")
-        for i, (p, shape) in enumerate(zip(params, shapes, strict=True)):
+        for i, (p, t, shape) in enumerate(zip(params, weights, shapes, strict=True)):
+            if not whole:
+                assert tuple(t.shape) == shape, (p.name, t.shape, shape)
+                continue
             if p.shape != shape:
                 raise self.error(f"Param {i} ('{p.name}') has shape {shape_text(p.shape)}, "
                                  f"expected {shape_text(shape)}")
