@@ -175,10 +175,11 @@ class LayerConf(ComponentConf):
                              doc="Per source, how many steps back a kUnrollOneToOne copy "
                                  "reads (copies before it read nothing from that source).")
     partition_dim: int = field(-1, lower=-1, upper=1,
-                               doc="Partition this layer over the workers of a group on "
-                                   "the batch (0) or the features (1); -1: the net's. Values "
-                                   "are the same either way; here each worker computes its "
-                                   "share of the batch.")
+                               doc="How the workers of a group share this layer: 0, the "
+                                   "batch (each computes its rows, with all the Params); 1, "
+                                   "the features (each computes its part of the outputs for "
+                                   "the whole batch, with its part of the Params); -1: the "
+                                   "net's. Input and loss layers always take the batch.")
     partition_id: int = field(0, lower=0, doc="Set internally by SINGA; no effect.")
     num_partitions: int = field(1, lower=1, doc="Set internally by SINGA; no effect.")
 
@@ -252,9 +253,8 @@ class NetConf(Parameter):
     layer: list[LayerConf] = field(factory=list, doc="The layers.")
     partition_dim: int = field(0, lower=-1, upper=1,
                                doc="Default partition_dim of the layers: 0 (the batch), 1 (the "
-                                   "features) or -1 (none). Values are the same either way; "
-                                   "here each worker of a group computes its share of the "
-                                   "batch.")
+                                   "features) or -1 (the batch as well: with several workers "
+                                   "in a group every layer is partitioned).")
     layer_group: list[LayerGroupConf] = field(factory=list, doc="Groups of layers unrolled "
                                                                 "together; no effect, as in "
                                                                 "SINGA, which reads it "
@@ -376,8 +376,9 @@ class JobConf(Parameter):
     disp_after: int = field(0, lower=0, doc="First step of the progress reports; then every "
                                             "disp_freq steps.")
     gpu: list[int] = field(factory=list, lower=0,
-                           doc="SINGA's GPU device ids, one per worker of a process; no "
-                               "effect yet: layers compute on the CPU.")
+                           doc="SINGA's GPU device ids, one per worker (in turn): each "
+                               "worker's net computes on cuda:<id> when torch sees that GPU, "
+                               "else on the CPU (with a warning). Tests run on the first.")
     test_freq: int = field(0, lower=0, doc="Steps between tests, from test_after (0: no tests "
                                            "during training). With test_freq or test_steps "
                                            "a test runs at the end too.")
