@@ -11,7 +11,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from layer_tools import Source, make, run  # noqa: E402
-
 from paramserver import ParamError  # noqa: E402
 from paramserver.config.job import parse_job  # noqa: E402
 from paramserver.singa import stores  # noqa: E402
@@ -97,7 +96,7 @@ def test_onehot_rnn_label_and_dummy(tmp_path: Path) -> None:
     vocab.write_text("xyz")
     out = make("kCharRNNOutput", [Source(np.array([[2], [0]]), "argsort")],
                char_rnn_conf={"vocab_path": str(vocab)})
-    out.stream = open(tmp_path / "out.txt", "w")  # type: ignore[attr-defined]  # noqa: SIM115
+    out.stream = open(tmp_path / "out.txt", "w")  # type: ignore[attr-defined]
     run(out)
     out.stream.close()  # type: ignore[attr-defined]
     assert out.text == "zx" and (tmp_path / "out.txt").read_text() == "zx"  # type: ignore

@@ -22,7 +22,6 @@ from layer_tools import (  # noqa: E402
     randn,
     run,
 )
-
 from paramserver import ParamError  # noqa: E402
 from paramserver.config.components import layers  # noqa: E402
 from paramserver.config.job import LayerConf, parse_job  # noqa: E402
@@ -400,7 +399,7 @@ def test_convolution_kernel_x_y_and_no_bias() -> None:
     check_gradients(conv)
     with pytest.raises(ParamError, match="num_filters must be set"):
         make("kConvolution", [Source(randn(1, 2, 6, 6))], convolution_conf={"kernel": 3})
-    with pytest.raises(ParamError, match="the height 2 .* is smaller than the kernel 3"):
+    with pytest.raises(ParamError, match=r"the height 2 .* is smaller than the kernel 3"):
         make("kConvolution", [Source(randn(1, 1, 2, 6))],
              convolution_conf={"num_filters": 1, "kernel": 3})
 

@@ -11,12 +11,12 @@ import pytest
 
 pytest.importorskip("torch")
 
-from paramserver import ParamError  # noqa: E402
-from paramserver.config.job import JobConf, parse_job  # noqa: E402
-from paramserver.singa.datasets import write_dataset  # noqa: E402
-from paramserver.train.jobfile import apply_setting, read_job_file  # noqa: E402
-from paramserver.train.net import Net  # noqa: E402
-from paramserver.train.trainer import Trainer  # noqa: E402
+from paramserver import ParamError
+from paramserver.config.job import JobConf, parse_job
+from paramserver.singa.datasets import write_dataset
+from paramserver.train.jobfile import apply_setting, read_job_file
+from paramserver.train.net import Net
+from paramserver.train.trainer import Trainer
 
 HYBRID = Path(__file__).resolve().parents[1] / "examples" / "singa" / "cifar10" / "hybrid.conf"
 
@@ -158,6 +158,6 @@ def test_what_cannot_be_partitioned_on_the_features(tmp_path: Path) -> None:
         Net(parse_job(lrn).neuralnet, phases=("kTrain",), comm=Comm(0, 2, GroupExchange(2)))
     ray = parse_job(MLP.format(steps=1, a=1, b=0, k=2, ws=tmp_path).replace(
         "nworkers_per_group: 2", 'nworkers_per_group: 2 backend: "ray"'))
-    with pytest.raises(ParamError, match="partition_dim 1 .* runs on the embedded cluster"):
+    with pytest.raises(ParamError, match=r"partition_dim 1 .* runs on the embedded cluster"):
         Trainer(ray, progress=False, tensorboard=False)
 

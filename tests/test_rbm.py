@@ -14,13 +14,13 @@ import pytest
 
 pytest.importorskip("torch")
 
-from paramserver import ParamError  # noqa: E402
-from paramserver.cli import main  # noqa: E402
-from paramserver.config.job import TrainOneBatchConf, parse_job  # noqa: E402
-from paramserver.singa.datasets import write_dataset  # noqa: E402
-from paramserver.train import algorithms  # noqa: E402
-from paramserver.train.metrics import MetricsLog  # noqa: E402
-from paramserver.train.net import Net  # noqa: E402
+from paramserver import ParamError
+from paramserver.cli import main
+from paramserver.config.job import TrainOneBatchConf, parse_job
+from paramserver.singa.datasets import write_dataset
+from paramserver.train import algorithms
+from paramserver.train.metrics import MetricsLog
+from paramserver.train.net import Net
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "singa" / "rbm"
 

@@ -15,7 +15,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from layer_tools import Source, check_gradients, make, run  # noqa: E402
-
 from paramserver import ParamError  # noqa: E402
 from paramserver.cli import main  # noqa: E402
 from paramserver.config.job import parse_job  # noqa: E402
@@ -197,7 +196,7 @@ def test_a_sampling_gru_keeps_its_state(tmp_path: Path) -> None:
     gru = net["gru"]
     assert gru.carries_state  # type: ignore[attr-defined]
     out = net["out"]
-    out.stream = open(os.devnull, "w")  # type: ignore[attr-defined]  # noqa: SIM115
+    out.stream = open(os.devnull, "w")  # type: ignore[attr-defined]
     net.evaluate(steps=5, phase="kTest")
     first = out.text  # type: ignore[attr-defined]
     states = []

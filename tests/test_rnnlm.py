@@ -16,7 +16,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from layer_tools import Source, check_gradients, make  # noqa: E402
-
 from paramserver import ParamError  # noqa: E402
 from paramserver.cli import main  # noqa: E402
 from paramserver.config.components import USER, layers  # noqa: E402

@@ -15,9 +15,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from paramserver.cli import main  # noqa: E402
-from paramserver.singa.datasets import write_dataset  # noqa: E402
-from paramserver.train.metrics import MetricsLog  # noqa: E402
+from paramserver.cli import main
+from paramserver.singa.datasets import write_dataset
+from paramserver.train.metrics import MetricsLog
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "singa"

@@ -367,7 +367,7 @@ def test_check_reads_every_example_and_asks_only_for_its_data(
     built (users' layers to --import, v0.3.0's batch normalisation)."""
     monkeypatch.chdir(tmp_path)
     code = main(["check", str(path)])
-    out, err = capsys.readouterr()
+    err = capsys.readouterr().err
     assert code == 2
     key = str(path.relative_to(DATA))
     if key in UNBUILT:

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from paramserver.config import Parameter, ParamError, field
+from paramserver.config import ParamError, Parameter, field
 from paramserver.singa import stores
 from paramserver.singa.records import WordRecord, parse
 from paramserver.train.data import Batch

@@ -360,5 +360,5 @@ def _wrap(value: Any, where: Any) -> Any:
     return out
 
 
-__all__ = ["USER", "ComponentConf", "ComponentRegistry", "is_users", "layers", "lr_methods", "param_generators",
-           "updaters"]
+__all__ = ["USER", "ComponentConf", "ComponentRegistry", "is_users", "layers", "lr_methods",
+           "param_generators", "updaters"]

@@ -108,7 +108,7 @@ def vocabulary(train: str, vocab_size: int | None) -> list[str]:
         if vocab_size < 2:
             raise ParamError("--vocab-size must be at least 2 (</s> and one word)")
         if len(ranked) > vocab_size - 1:
-            ranked = ranked[:vocab_size - 2] + [UNKNOWN]
+            ranked = [*ranked[:vocab_size - 2], UNKNOWN]
     return [END, *ranked]
 
 
@@ -144,11 +144,13 @@ def write_words(text: str, train: str, output: str | os.PathLike[str], nclass: i
         start.setdefault(c, i)
         end[c] = i + 1
     index = {w: i for i, w in enumerate(vocab)}
-    records = []
+    records: list[tuple[str, bytes]] = []
+    unknown = index.get(UNKNOWN)
     for w in words_of(text):
-        i = index.get(w, index.get(UNKNOWN))
-        if i is None:
+        found = index.get(w, unknown)
+        if found is None:
             continue  # not in the vocabulary (rnnlm's create_data leaves it out too)
+        i = found
         c = of[i]
         r = WordRecord(word=vocab[i], word_index=i, class_index=c, class_start=start[c],
                        class_end=end[c])

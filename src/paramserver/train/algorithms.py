@@ -64,7 +64,7 @@ def contrastive_divergence(net: Net, batch: Batch, k: int = 1,
     if k < 1:
         raise ParamError(f"cd_k must be at least 1, got {k}")
     metrics = net.forward(batch, "kTrain", rng)
-    layers = [x for x in net.phase_layers("kTrain") if getattr(x, "is_rbm", False)]
+    layers: list[Any] = [x for x in net.phase_layers("kTrain") if getattr(x, "is_rbm", False)]
     if not layers:
         raise ParamError("kCD trains RBM layers (kRBMVis, kRBMHid); the kTrain net has none")
     gen = rng if rng is not None else net.step_rng(batch.step, batch.rank)

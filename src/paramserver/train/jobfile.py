@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import Location, Parameter, ParamError, Problem
+from ..config import Location, ParamError, Parameter, Problem
 from ..config.job import JobConf, NetConf, read_job_text, unbuilt_error
 from ..config.textformat import parse_text, paused_gc
 from ..config.tree import Block, Entry, Scalar

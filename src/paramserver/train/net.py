@@ -185,25 +185,25 @@ class Net:
         for node in nodes:
             cls = layer_registry.get(node.conf.component)
             need = self._partition_of(node.conf, cls)
-            srcs = []
+            srcs: list[Layer] = []
             for s in node.srcs:
                 if s not in built:  # a layer written later (reads_later)
                     later.setdefault(node.name, []).append(s)
                     continue
-                src = built[s]
-                if isinstance(src, SliceLayer):
-                    src = self._slice_part(src, node, built)
+                reads = built[s]
+                if isinstance(reads, SliceLayer):
+                    reads = self._slice_part(reads, node, built)
                 if self.comm is not None:
-                    src = self._connect(src, need, built)
-                srcs.append(src)
+                    reads = self._connect(reads, need, built)
+                srcs.append(reads)
             conf = node.conf
             template = None
             if need == "whole" and self.comm is not None:  # one part of its Params here
                 template = self._make(cls, conf, srcs, node, base_dir)
                 conf = part_conf(conf, self.comm.size)
             layer = self._make(cls, conf, srcs, node, base_dir)
-            layer.partition = "cols" if need == "whole" else need
-            layer.template = template
+            layer.partition = "cols" if need == "whole" else need  # type: ignore[attr-defined]
+            layer.template = template  # type: ignore[attr-defined]
             built[node.name] = layer
         layers = list(built.values())
         for i, layer in enumerate(layers):
@@ -410,9 +410,10 @@ class Net:
                 names = [s.name for s in net.specs.get(layer.name, [])]
                 mine = [pset[n] for n in names]
                 tensors = [weights[n] for n in names]
-                if getattr(layer, "template", None) is not None:
+                template = getattr(layer, "template", None)
+                if template is not None:
                     assert self.comm is not None
-                    layer.template.bind(mine, tensors)
+                    template.bind(mine, tensors)
                     tensors = param_parts(layer, tensors, self.comm.index, self.comm.size)
                     layer.bind(mine, tensors, whole=False)
                     continue
@@ -680,12 +681,13 @@ class LazyRng:
     """A NumPy generator of :func:`~paramserver.train.data.derive_rng`, made on first use."""
 
     def __init__(self, seed: int, *tags: int | str):
-        self._key = (seed, *tags)
+        self._seed = seed
+        self._tags = tags
         self._gen: np.random.Generator | None = None
 
     def __getattr__(self, name: str) -> Any:
         if self._gen is None:
-            self._gen = derive_rng(*self._key)
+            self._gen = derive_rng(self._seed, *self._tags)
         return getattr(self._gen, name)
 
 

@@ -215,9 +215,11 @@ def part_conf(conf: LayerConf, size: int) -> LayerConf:
     """The configuration of one worker's part of a layer whose Params are split."""
     part = conf.copy()
     own = conf.own.copy()
-    key = "num_output" if conf.component == "kInnerProduct" else "num_filters"
-    own.__dict__[key] = int(getattr(own, key)) // size
-    part.__dict__[part.registry.conf_name(conf.component)] = own
+    field = "num_output" if conf.component == "kInnerProduct" else "num_filters"
+    own.__dict__[field] = int(getattr(own, field)) // size
+    key = part.registry.conf_name(conf.component)
+    assert key is not None
+    part.__dict__[key] = own
     return part
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ...config import Parameter, ParamError, field
+from ...config import ParamError, Parameter, field
 from ...config.job import LayerConf
 from ...singa.confs import (
     CharRNNConf,

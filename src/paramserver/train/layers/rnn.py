@@ -72,7 +72,7 @@ class GRULayer(Layer):
 
     def param_shapes(self) -> list[tuple[int, ...]]:
         h, v = int(self.own.dim_hidden), self.vdim
-        shapes: list[tuple[int, ...]] = [(h, v)] * 3 + [(h, h)] * 3
+        shapes: list[tuple[int, ...]] = [(h, v), (h, v), (h, v), (h, h), (h, h), (h, h)]
         return shapes + [(h,)] * 3 if self.has_bias else shapes
 
     def reset_state(self) -> None:
