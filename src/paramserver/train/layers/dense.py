@@ -40,6 +40,7 @@ class InnerProductLayer(Layer):
     """
 
     Config = InnerProductConf
+    _ones: Any = None
 
     def setup(self) -> None:
         super().setup()
@@ -81,8 +82,12 @@ class InnerProductLayer(Layer):
             w.grad.addmm_(x.t(), g)
         else:
             w.grad.addmm_(g.t(), x)
-        if self.own.bias_term:
-            self.weights[1].grad.add_(g.sum(0))
+        if self.own.bias_term:  # Σ over the batch, added in one fused call
+            ones = self._ones
+            if ones is None or ones.shape[0] != g.shape[0] or ones.dtype != g.dtype \
+                    or ones.device != g.device:
+                ones = self._ones = g.new_ones(g.shape[0])
+            self.weights[1].grad.addmv_(g.t(), ones)
         if self.wants_grad(0):
             self.give_grad(0, g @ (w.t() if self.own.transpose else w))
 

@@ -47,7 +47,8 @@ class SoftmaxLossLayer(LossLayer):
 
     def __init__(self, conf: LayerConf, srcs: Sequence[Layer] = (), **kwargs: Any):
         super().__init__(conf, srcs, **kwargs)
-        self.accuracy: Any = float("nan")
+        self.hits: Any = None
+        self._n = 0
         self._minus: Any = None
 
     def setup(self) -> None:
@@ -78,8 +79,14 @@ class SoftmaxLossLayer(LossLayer):
             _check_labels(self, y, n, classes)
         logp = torch.log_softmax(z, 1)
         self.data = logp.exp()
-        self.loss = logp.gather(1, y[:, None]).mean().mul_(-float(self.own.scale))
-        self.accuracy = topk_hits(z, y, int(self.own.topk)).to(z.dtype).mean()
+        picked = logp.gather(1, y[:, None])
+        self.loss = picked.sum().mul_(-float(self.own.scale) / max(n, 1))
+        if self.own.topk == 1:  # right when no class scores higher (logp keeps z's order)
+            hits = (picked >= logp.amax(1, keepdim=True)).sum()
+        else:
+            hits = topk_hits(z, y, int(self.own.topk)).sum()
+        self._n = n
+        self.hits = hits
 
     def backward(self) -> None:
         if not self.wants_grad(0):
@@ -93,9 +100,15 @@ class SoftmaxLossLayer(LossLayer):
         g = self.data.mul(k) if k != 1.0 else self.data.clone()
         self.give_grad(0, g.scatter_add_(1, y[:, None], self._minus))
 
+    @property
+    def accuracy(self) -> float:
+        """The share of the batch counted as correct (see the class docstring)."""
+        return float(self.hits) / self._n if self._n else float("nan")
+
     def metrics(self) -> dict[str, float]:
-        loss, accuracy = require_torch().stack([self.loss, self.accuracy]).tolist()
-        return {"loss": loss, "accuracy": accuracy}
+        loss, hits = require_torch().stack([self.loss, self.hits.to(self.loss.dtype)]
+                                           ).tolist()
+        return {"loss": loss, "accuracy": hits / self._n if self._n else float("nan")}
 
 
 @register_layer("kCudnnSoftmaxLoss")
