@@ -119,14 +119,35 @@ def test_assignment_to_data_and_grad_is_checked() -> None:
      "value inf for Parameter weight_decay should be a finite number\n"
      "weight_decay: Weight decay (L2) coefficient."),
     ({"clip_low": "nan"},
-     "value nan for Parameter clip_low should be a finite number\n"
-     "clip_low: Gradients are clamped into [clip_low, clip_high] when clip_high > clip_low."),
-    ({"clip_high": float("nan")}, "value nan for Parameter clip_high should be a finite number"),
+     "value nan for Parameter clip_low should be a number (inf and -inf are), not nan\n"
+     "clip_low: Gradients are clamped into [clip_low, clip_high] when clip_high > clip_low;"),
+    ({"clip_high": float("nan")},
+     "value nan for Parameter clip_high should be a number (inf and -inf are), not nan"),
+    ({"clip_high": "nan(x)"}, "value nan for Parameter clip_high should be a number"),
     ({"delta": "inf"}, "value inf for Parameter delta should be a finite number"),
     ({"delta": "1e-500"}, "Out of range value for delta, value='1e-500'"),
 ])
 def test_updater_values_must_be_finite(conf: dict[str, Any], expected: str) -> None:
     assert error(UpdaterConf.parse, conf).startswith(expected)
+
+
+@pytest.mark.parametrize(("low", "high", "expected"), [
+    ("-inf", "0.5", [-3.0, 0.5, 0.5, -0.25]),   # clipped above only
+    ("-0.5", "inf", [-0.5, 2.0, 1e30, -0.25]),  # below only
+    ("-inf", "inf", [-3.0, 2.0, 1e30, -0.25]),  # a clip that changes nothing
+])
+def test_clip_bounds_may_be_infinite(low: str, high: str, expected: list[float]) -> None:
+    """One-sided clipping (SPEC §5: clip bounds must not be NaN; infinite ones are bounds)."""
+    text = f"type: kSGD clip_low: {low} clip_high: {high} learning_rate {{ base_lr: 1 }}"
+    conf = UpdaterConf.parse(parse_text(text, "updater"))
+    assert (conf.clip_low, conf.clip_high) == (float(low), float(high))
+    for dtype in (np.float32, np.float64):  # kernels run in the Params' type
+        w = np.zeros(4, dtype)
+        updater = create_updater(conf)
+        updater.apply(0, w, np.array([-3.0, 2.0, 1e30, -0.25], dtype), updater.init_state(4, 1, dtype),
+                      np.array([0, 4], np.int64))
+        assert np.array_equal(-w, np.array(expected, dtype)), (dtype, w)
+        assert np.isfinite(w).all()
 
 
 def test_param_scales_must_be_finite() -> None:
