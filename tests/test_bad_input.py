@@ -144,8 +144,8 @@ def test_clip_bounds_may_be_infinite(low: str, high: str, expected: list[float])
     for dtype in (np.float32, np.float64):  # kernels run in the Params' type
         w = np.zeros(4, dtype)
         updater = create_updater(conf)
-        updater.apply(0, w, np.array([-3.0, 2.0, 1e30, -0.25], dtype), updater.init_state(4, 1, dtype),
-                      np.array([0, 4], np.int64))
+        g = np.array([-3.0, 2.0, 1e30, -0.25], dtype)
+        updater.apply(0, w, g, updater.init_state(4, 1, dtype), np.array([0, 4], np.int64))
         assert np.array_equal(-w, np.array(expected, dtype)), (dtype, w)
         assert np.isfinite(w).all()
 
@@ -161,6 +161,64 @@ def test_param_scales_must_be_finite() -> None:
     for key in ("value", "mean", "std", "low", "high"):
         assert "should be a finite number" in error(
             parse_job, MLP.replace("type: kGaussian std: 0.01", f"type: kGaussian {key}: nan"))
+
+
+# -- the SINGA layer and data configurations (issue 14's): no value that makes training
+# non-finite or a layer impossible ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(("block", "expected"), [
+    ("lrn_conf { knorm: 0 }", "value 0 for Parameter knorm should be greater than 0"),
+    ("lrn_conf { alpha: -1 }", "value -1 for Parameter alpha should be greater equal to 0"),
+    ("lrn_conf { beta: inf }", "value inf for Parameter beta should be a finite number"),
+    ("lrn_conf { local_size: 4 }", "local_size must be odd (the window is centred on the "
+                                   "channel), got 4"),
+    ("convolution_conf { num_filters: 8 stride: 0 }",
+     "value 0 for Parameter stride should be greater equal to 1"),
+    ("convolution_conf { num_filters: 8 kernel_x: 0 }",
+     "value 0 for Parameter kernel_x should be greater equal to 1"),
+    ("pooling_conf { stride_y: 0 }", "value 0 for Parameter stride_y should be greater equal "
+                                     "to 1"),
+    ("pooling_conf { kernel: 0 }", "value 0 for Parameter kernel should be greater equal to 1"),
+    ("softmaxloss_conf { scale: inf }", "value inf for Parameter scale should be a finite"),
+    ("relu_conf { negative_slope: nan }", "value nan for Parameter negative_slope should be a "
+                                          "finite number"),
+    ("rnn_dummy_conf { low: 1 high: 0 }", "low must not exceed high, got low 1 and high 0"),
+    ("rnn_dummy_conf { high: inf }", "value inf for Parameter high should be a finite number"),
+    ("dropout_conf { dropout_ratio: nan }", "value nan for Parameter dropout_ratio exceed "
+                                            "bound [0,1]"),
+    # data
+    ("store_conf { std_value: 0 }", "value 0 for Parameter std_value should be greater than 0"),
+    ("store_conf { mean_value: -inf }", "value -inf for Parameter mean_value should be a "
+                                        "finite number"),
+    ("store_conf { separator: '' }", "separator must not be empty"),
+    ("store_conf { batchsize: 0 }", "value 0 for Parameter batchsize should be greater equal "
+                                    "to 1"),
+    ("mnist_conf { norm_a: 0 }", "value 0 for Parameter norm_a should be greater than 0"),
+    ("mnist_conf { norm_b: nan }", "value nan for Parameter norm_b should be a finite number"),
+    ("mnist_conf { sigma: -1 }", "value -1 for Parameter sigma should be greater equal to 0"),
+    ("rgbimage_conf { scale: inf }", "value inf for Parameter scale should be a finite number"),
+    ("sharddata_conf { path: 'x' batchsize: 0 }",
+     "value 0 for Parameter batchsize should be greater equal to 1"),
+])
+def test_singa_layer_and_data_values_are_checked(block: str, expected: str) -> None:
+    name = block.split()[0]
+    from paramserver.config.components import layers
+
+    layer_type = next(t for t in layers.names() if layers.conf_name(t) == name)
+    text = MLP.replace("neuralnet {", f'neuralnet {{\n  layer {{ name: "x" type: {layer_type} '
+                                      f"{block} }}", 1)
+    message = error(parse_job, text, "job.conf")
+    assert message.startswith("job.conf:") and expected in message, message
+
+
+def test_singa_example_values_are_still_accepted() -> None:
+    from paramserver.singa.confs import LRNConf, MnistConf, PoolingConf, StoreConf
+
+    assert LRNConf.parse({"local_size": 3, "alpha": 5e-05, "beta": 0.75, "knorm": 1}).knorm == 1
+    assert MnistConf.parse({"norm_a": 127.5, "norm_b": 1}).norm_a == 127.5
+    assert PoolingConf.parse({"kernel": 3, "stride": 2, "pool": "AVG"}).stride == 2
+    assert StoreConf.parse({"std_value": 255, "mean_value": 127.5}).std_value == 255
 
 
 def test_delta_that_rounds_to_zero_in_the_data_type_is_refused() -> None:
