@@ -104,7 +104,11 @@ def workspace_lock(workspace: str | os.PathLike[str]) -> Iterator[Path]:
     except ImportError:  # not on this system: runs are not kept apart
         yield ws
         return
-    fd = os.open(ws, os.O_RDONLY)
+    try:
+        fd = os.open(ws, os.O_RDONLY)
+    except OSError:  # a folder that can be written but not read: not kept apart either
+        yield ws
+        return
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
