@@ -219,6 +219,8 @@ def test_a_new_run_refuses_a_workspace_with_an_earlier_run(
         capsys: pytest.CaptureFixture[str], made: tuple[Path, Path, Path], ws: Path,
         kind: str) -> None:
     described = _earlier(ws, kind)
+    (ws / "checkpoints").mkdir(exist_ok=True)  # a killed write's: kept too, as it all is
+    (ws / "checkpoints" / ".step-00000030.ckpt.safetensors.0123456789ab.tmp").write_bytes(b"")
     before = snapshot(ws)
     code, err = run(capsys, made[0], ws)
     assert code == 2 and "Traceback" not in err

@@ -229,16 +229,16 @@ class Trainer:
                              "in the workspace, or overwrite it" + (
                                  " (the job file sets resume: true)" if not resume else ""))
         with workspace_lock(self.workspace):
-            removed = remove_temporaries(self.workspace)
-            if removed:
-                log.info("removed %d temporary file(s) of an interrupted run: %s",
-                         len(removed), ", ".join(str(p) for p in removed))
             return self._train(resumed, overwrite)
 
     def _train(self, resumed: bool, overwrite: bool) -> TrainResult:
         job = self.job
         t0 = time.perf_counter()
-        start = self._resume() if resumed else self._fresh(overwrite)
+        start = self._resume() if resumed else self._fresh(overwrite)  # or refused, as it was
+        removed = remove_temporaries(self.workspace)  # held: no other run writes them
+        if removed:
+            log.info("removed %d temporary file(s) of an interrupted run: %s",
+                     len(removed), ", ".join(str(p) for p in removed))
         if resumed and start >= job.train_steps and job.train_steps:
             # A resume with nothing to do changes nothing: no file is written again (only a
             # plot that a run killed at its very end did not write yet).
