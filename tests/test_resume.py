@@ -6,6 +6,7 @@ temporaries of a killed run's writes (only those) are removed at the next start.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -249,11 +250,16 @@ def test_overwrite_deletes_the_earlier_run(capsys: pytest.CaptureFixture[str],
 
 
 def test_overwrite_keeps_the_checkpoints_the_job_reads(made: tuple[Path, Path, Path],
-                                                       ws: Path) -> None:
+                                                       ws: Path,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
     source = ws / "checkpoint" / "step20-worker0"
     conf = parse_job(JOB + f'checkpoint_path: "{source}"\n')
     conf.update({"workspace": str(ws), "train_steps": 5, "checkpoint_freq": 0})
-    Trainer(conf, progress=False, tensorboard=False).train(overwrite=True)
+    with caplog.at_level(logging.WARNING, logger="paramserver"):
+        Trainer(conf, progress=False, tensorboard=False).train(overwrite=True)
+    assert caplog.messages == [f"--overwrite: deleted the earlier run's 2 checkpoints in "
+                               f"{ws / 'checkpoints'}, 1 SINGA checkpoint in "
+                               f"{ws / 'checkpoint'}, {ws / 'metrics.csv'}"]
     assert sorted(p.name for p in (ws / "checkpoint").iterdir()) == ["step20-worker0",
                                                                      "step5-worker0"]
     assert list_checkpoints(ws / "checkpoints") == []

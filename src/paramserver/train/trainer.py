@@ -400,9 +400,9 @@ class Trainer:
                 "newest checkpoint, or --overwrite to start afresh (deleting them), or "
                 "another --workspace")
         removed = remove_earlier_run(earlier, keep=job.checkpoint_path)
-        if removed:
+        if removed.files:
             log.warning("--overwrite: deleted the earlier run's %s",
-                        earlier.describe(self.workspace))
+                        removed.describe(self.workspace))
         self.log.rows = []
         return job.step
 

@@ -205,18 +205,20 @@ def earlier_run(workspace: str | os.PathLike[str], training: bool) -> EarlierRun
 
 
 def remove_earlier_run(earlier: EarlierRun, keep: Sequence[str | os.PathLike[str]] = ()
-                       ) -> list[Path]:
+                       ) -> EarlierRun:
     """Delete an earlier run's files (the user asked: ``--overwrite``), except those in
-    ``keep`` (files the new run reads, such as its ``checkpoint_path``). Returns the paths
+    ``keep`` (files the new run reads, such as its ``checkpoint_path``). Returns what was
     deleted."""
     kept = {os.path.realpath(p) for p in keep}
-    removed = []
-    for path in earlier.files:
-        if os.path.realpath(path) in kept:
-            continue
-        path.unlink(missing_ok=True)
-        removed.append(path)
-    return removed
+
+    def delete(paths: list[Path]) -> list[Path]:
+        out = [p for p in paths if os.path.realpath(p) not in kept]
+        for path in out:
+            path.unlink(missing_ok=True)
+        return out
+
+    return EarlierRun(delete(earlier.checkpoints), delete(earlier.singa_checkpoints),
+                      delete(earlier.event_files), delete(earlier.metrics))
 
 
 def set_aside(path: Path) -> Path:
