@@ -196,8 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             os.chdir(cwd)
     load = os.getloadavg()
+    threads = args.threads or "the job's (1)"
     print(f"\ntorch {torch.__version__}, {os.cpu_count()} CPUs, torch threads "
-          f"{args.threads or "the job's (1)"}; {args.rounds} rounds, interleaved; "
+          f"{threads}; {args.rounds} rounds, interleaved; "
           f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     print(f"{'job':<24} {'contender':<14} {'min':>9} {'median':>9} {'max':>9}  "
           "ratio of medians (paramserver / plain)")

@@ -162,7 +162,7 @@ def test_char_rnn_trains_then_samples(cwd: Path, capsys: pytest.CaptureFixture[s
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0], losses
     assert Path("examples/char-rnn/checkpoint/step6-worker0").exists()
     capsys.readouterr()
-    assert main(["train", "sample.conf", "--quiet", "--no-tensorboard",
+    assert main(["train", "sample.conf", "--quiet", "--no-tensorboard", "--overwrite",
                  "--set", "neuralnet.layer[gru1].gru_conf.dim_hidden=16",
                  "--set", "neuralnet.layer[gru2].gru_conf.dim_hidden=16",
                  "--set", "test_steps=30",

@@ -48,7 +48,7 @@ def train(job: Path, steps: int, *settings: str, disp: int = 2) -> list[float]:
     if not local.exists():
         shutil.copy(job, local)
     args = ["train", str(local), "--steps", str(steps), "--quiet", "--no-tensorboard",
-            "--set", f"disp_freq={disp}", "--set", "checkpoint_freq=0"]
+            "--overwrite", "--set", f"disp_freq={disp}", "--set", "checkpoint_freq=0"]
     for s in settings:
         args += ["--set", s]
     assert main(args) == 0
