@@ -22,7 +22,7 @@ import numpy as np
 from .config import ParamError, Parameter
 from .config.components import param_generators
 from .config.job import ParamGenConf, conf_from
-from .params import Param
+from .params import Param, ParamSet
 
 T = TypeVar("T", bound=type)
 
@@ -96,6 +96,30 @@ def create_param_generator(x: ParamGenConf | dict[str, Any] | str) -> ParamGener
     conf = conf_from(ParamGenConf, x, "init")
     generator: ParamGenerator = param_generators.get(conf.component)(conf)
     return generator
+
+
+def init_params(params: ParamSet, seed: int = 0) -> None:
+    """Initialise every owner of a ParamSet with its method; the same seed gives the same
+    values always.
+
+    Each Param draws from its own stream, keyed by ``(seed, name)``, so values do not depend
+    on the order Params are made in, nor on threads, workers or servers. Sharers see their
+    owner's values; every owner's version goes back to 0.
+
+    Args:
+        params: the Params; each owner's ``init { }`` configuration chooses its method.
+        seed: the job's seed, an int in ``[0, 2**64)``.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not (
+            0 <= seed < 1 << 64):
+        raise ParamError(f"seed must be an int in [0, 2**64), not {seed!r}")
+    generators: dict[int, ParamGenerator] = {}
+    for p in params.owners:
+        key = id(p.conf.init)
+        gen = generators.get(key) or create_param_generator(p.conf.init)
+        generators[key] = gen
+        gen.fill(p, stream(seed, p.name))
+        p.version = 0
 
 
 def _fans(param: Param, method: str, *, exactly_2d: bool = False) -> tuple[int, int]:
@@ -295,5 +319,5 @@ class TruncatedNormal(ParamGenerator):
         _fill_times(data, c.value, lambda s: rng.truncated_normal(data, c.mean * s, c.std * s))
 
 
-__all__ = ["ParamGenerator", "Stream", "create_param_generator", "register_param_generator",
-           "stream"]
+__all__ = ["ParamGenerator", "Stream", "create_param_generator", "init_params",
+           "register_param_generator", "stream"]

@@ -32,6 +32,8 @@ import numpy.typing as npt
 from numba import njit, prange
 from numba.extending import register_jitable
 
+from .config import ParamError
+
 __all__ = ["adadelta", "adagrad", "adam", "nesterov", "rmsprop", "sgd", "warmup"]
 
 CHUNK = 1 << 15
@@ -227,19 +229,19 @@ def _launch(
     clip_high: float,
 ) -> int:
     if not isinstance(w, np.ndarray) or w.dtype not in (np.float32, np.float64):
-        raise TypeError(f"w must be a float32 or float64 numpy array, not {_describe(w)}")
+        raise ParamError(f"w must be a float32 or float64 numpy array, not {_describe(w)}")
     dtype = w.dtype
     for role, a in (("w", w), ("g", g), *states.items()):
         if not isinstance(a, np.ndarray) or a.dtype != dtype:
-            raise TypeError(f"{role} must be a {dtype} numpy array like w, not {_describe(a)}")
+            raise ParamError(f"{role} must be a {dtype} numpy array like w, not {_describe(a)}")
         if a.ndim != 1 or a.shape != w.shape or not a.flags.c_contiguous:
-            raise ValueError(
+            raise ParamError(
                 f"{role} must be 1-D, C-contiguous and of w's length {w.shape[0]}, "
                 f"got shape {a.shape} (contiguous: {a.flags.c_contiguous})"
             )
     for role, a in (("w", w), *states.items()):
         if not a.flags.writeable:
-            raise ValueError(f"{role} is read-only; it is updated in place")
+            raise ParamError(f"{role} is read-only; it is updated in place")
     offsets = np.ascontiguousarray(offsets, dtype=np.int64)
     if offsets.ndim != 1 or offsets.shape[0] < 1 or offsets[0] != 0 or offsets[-1] != w.shape[0]:
         _bad_offsets(offsets, w)
@@ -248,8 +250,8 @@ def _launch(
     try:
         for row, value in enumerate((gscale, wd, *k)):
             seg[row] = value
-    except ValueError:
-        raise ValueError(
+    except ValueError:  # numpy's: a row of the wrong length
+        raise ParamError(
             f"per-segment arguments must be scalars or have one entry per segment ({nseg})"
         ) from None
     hyp = np.zeros(2 + _NUM_PARAMS, dtype)
@@ -265,7 +267,7 @@ def _launch(
 
 
 def _bad_offsets(offsets: np.ndarray, w: np.ndarray) -> NoReturn:
-    raise ValueError(
+    raise ParamError(
         f"offsets must be non-decreasing from 0 to len(w) = {w.shape[0]}, got {offsets!r}"
     )
 
@@ -533,7 +535,7 @@ def adam(
     """
     t = _f64(step)
     if np.any(t < 1):
-        raise ValueError(f"step must be >= 1 (the number of this update), got {step!r}")
+        raise ParamError(f"step must be >= 1 (the number of this update), got {step!r}")
     lr64 = _f64(lr)
     a = lr64 / -np.expm1(t * np.log(beta1)) if beta1 > 0 else lr64
     b = 1.0 / np.sqrt(-np.expm1(t * np.log(beta2))) if beta2 > 0 else 1.0

@@ -273,27 +273,6 @@ class ParamSet:
         rep._by_name = by_name
         return rep
 
-    # -- initialisation ---------------------------------------------------------------------
-
-    def init(self, seed: int = 0) -> None:
-        """Initialise every owner with its method; the same seed gives the same values always.
-
-        Each Param draws from its own stream, keyed by ``(seed, name)``, so values do not
-        depend on the order Params are made in, nor on threads, workers or servers.
-        """
-        from .init import create_param_generator, stream
-
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not (
-                0 <= seed < 1 << 64):
-            raise ParamError(f"seed must be an int in [0, 2**64), not {seed!r}")
-        generators: dict[int, Any] = {}
-        for p in self.owners:
-            key = id(p.conf.init)
-            gen = generators.get(key) or create_param_generator(p.conf.init)
-            generators[key] = gen
-            gen.fill(p, stream(seed, p.name))
-            p.version = 0
-
     def __repr__(self) -> str:
         return (f"ParamSet({len(self.params)} params, {len(self.owners)} owners, "
                 f"{self.values.size} values, {self.dtype.name})")

@@ -5,8 +5,10 @@ Configuration mistakes are :class:`paramserver.config.ParamError`, as everywhere
 
 from __future__ import annotations
 
+from ..config.errors import Error
 
-class ClusterError(RuntimeError):
+
+class ClusterError(Error, RuntimeError):
     """Training on the cluster failed; the message says where, at which step, and why.
 
     A failure caused by an exception (a worker's gradient function raising) chains it as

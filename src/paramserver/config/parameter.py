@@ -26,6 +26,7 @@ from .types import (
     FieldType,
     Invalid,
     ListType,
+    Nested,
     NestedType,
     OptionalType,
     format_number,
@@ -141,7 +142,7 @@ def _suggest(key: str, names: Iterable[str]) -> str:
     return f"\nDid you mean '{close[0]}'?" if close else ""
 
 
-class Parameter:
+class Parameter(Nested):
     """Base class of every declared configuration; see the module docstring."""
 
     __fields__: ClassVar[dict[str, Field]] = {}

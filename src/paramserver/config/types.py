@@ -337,10 +337,13 @@ class NestedType(FieldType):
         return "{...}"
 
 
+class Nested:
+    """The base of configurations a field may nest (``Parameter``): known here by this mark,
+    so that this module need not import the one that imports it."""
+
+
 def type_for(annotation: Any, choices: tuple[str, ...] | None) -> FieldType:
     """The field type for an annotation such as ``int``, ``tuple[int, ...]`` or ``X | None``."""
-    from .parameter import Parameter
-
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
     if origin in (typing.Union, types.UnionType):
@@ -366,6 +369,6 @@ def type_for(annotation: Any, choices: tuple[str, ...] | None) -> FieldType:
         return StrType(choices)
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
         return EnumType(annotation)
-    if isinstance(annotation, type) and issubclass(annotation, Parameter):
+    if isinstance(annotation, type) and issubclass(annotation, Nested):
         return NestedType(annotation)
     raise TypeError(f"unsupported field type {annotation!r}")

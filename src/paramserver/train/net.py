@@ -22,6 +22,7 @@ import numpy as np
 from ..config import ParamError
 from ..config.components import layers as layer_registry
 from ..config.job import NetConf, conf_from
+from ..init import init_params
 from ..params import Param, ParamSet, ParamSpec
 from .data import Batch, Dataset, derive_rng
 from .layers import EXCLUDE_NAMES, DataLayer, Layer, LossLayer, phase_name
@@ -202,7 +203,7 @@ class Net:
         """A new ParamSet for :meth:`param_specs`, initialised from the seed, and bound."""
         pset = ParamSet(self.param_specs(), self.dtype)
         if init:
-            pset.init(self.seed)
+            init_params(pset, self.seed)
         self.bind(pset)
         return pset
 

@@ -30,6 +30,7 @@ from ..checkpoint import (
 )
 from ..cluster import Cluster, Worker
 from ..config.job import JobConf
+from ..init import init_params
 from ..params import ParamSet
 from .metrics import MetricsLog, Row
 from .net import Net
@@ -83,7 +84,7 @@ class Trainer:
             self.nets = [Net(job.neuralnet, seed=job.seed, base_dir=base_dir)
                          for _ in range(nworkers)]
             self.params = ParamSet(self.nets[0].param_specs())
-            self.params.init(job.seed)
+            init_params(self.params, job.seed)
             self.cluster = Cluster(job, self.params)
             for worker, net in zip(self.cluster.workers, self.nets):
                 net.bind(worker.params)
@@ -103,7 +104,7 @@ class Trainer:
         self.nets = []  # each worker actor builds its own
         self.eval_net = Net(job.neuralnet, seed=job.seed, base_dir=base_dir)
         self.params = ParamSet(self.eval_net.param_specs())
-        self.params.init(job.seed)
+        init_params(self.params, job.seed)
         folder = self.workspace / "checkpoints" / "servers"
         self.cluster = RayCluster(job, self.params,
                                   **{"checkpoint_dir": folder, **dict(options)})
