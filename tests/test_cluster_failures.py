@@ -36,13 +36,13 @@ def reference(contributions, steps, updater=SGD):
     """Values after applying, per step, the mean of the given ranks' gradients by hand."""
     ps = make_params()
     up = create_updater(updater)
-    state = up.init_state(ps.values.size, 2, ps.dtype)
+    state = up.init_state(ps.offsets, ps.dtype)
     for step in range(steps):
         ranks = contributions(step)
         total = grad_of(ranks[0], step)
         for r in ranks[1:]:
             total = total + grad_of(r, step)
-        up.apply(step, ps.values, total, state, ps.offsets, 1.0, 1.0, 1.0 / len(ranks))
+        up.apply(step, ps.values, total, state, 1.0, 1.0, 1.0 / len(ranks))
     return ps.values
 
 

@@ -22,9 +22,8 @@ import pytest
 from paramserver import ParamError
 from paramserver.checkpoint import load_checkpoint
 from paramserver.cluster import Cluster, ClusterError, plan_servers
+from paramserver.cluster.gradfn import RemoteGradFn, build_grad_fn
 from paramserver.cluster.ray_wire import (
-    RemoteGradFn,
-    build_grad_fn,
     layout_from_data,
     layout_to_data,
     params_from_data,
@@ -155,7 +154,7 @@ def test_a_synchronous_job_on_ray_equals_the_embedded_run_bit_for_bit(
     local.train()
     remote = Trainer(ray_job(tmp_path / "ray", 30, "ray"), progress=False)
     try:
-        assert type(remote.cluster).__name__ == "RayCluster" and remote.nets == []
+        assert type(remote.cluster.backend).__name__ == "RayBackend" and remote.nets == []
         remote.train()
     finally:
         remote.close()
@@ -187,11 +186,11 @@ def test_a_killed_server_actor_is_restarted_and_the_run_completes_exactly(
             ray_session.kill(cluster.servers[(0, 1)], no_restart=False)
 
     try:
-        with pytest.warns(RuntimeWarning, match="a server actor was lost"):
+        with pytest.warns(RuntimeWarning, match="a server was lost"):
             metrics = cluster.run(fill, 8, on_step=on_step)
         # Between runs too: the next run starts from the checkpoint the last one ended with.
         ray_session.kill(cluster.servers[(0, 0)], no_restart=False)
-        with pytest.warns(RuntimeWarning, match="a server actor was lost"):
+        with pytest.warns(RuntimeWarning, match="a server was lost"):
             metrics += cluster.run(fill, 4, on_step=on_step)
     finally:
         cluster.close()

@@ -19,6 +19,7 @@ import numpy as np
 
 from .config import ParamError
 from .config.job import ParamConf
+from .state import UpdaterState
 
 _DTYPES = {np.dtype(np.float32), np.dtype(np.float64)}
 
@@ -56,6 +57,8 @@ class Param:
         self.data = np.zeros(self.shape, self.dtype) if data is None else self._fit(data, "data")
         self.grad = np.zeros(self.shape, self.dtype) if grad is None else self._fit(grad, "grad")
         self._version = 0
+        #: Its updater state (an owner's; made by the updater that first updates it).
+        self.updater_state: UpdaterState | None = None
 
     def _fit(self, a: np.ndarray, role: str) -> np.ndarray:
         """Memory given for ``role``: fills and updates work on it in place, as one block."""
@@ -143,6 +146,8 @@ class ParamSet:
         grads: one flat array with every Param's gradient, owners first.
         offsets: int64 array, ``offsets[i]:offsets[i + 1]`` is owner i's range of ``values``.
         num_shares: int64 array, for owner i the number of Params using its values (>= 1).
+        updater_state: the updater state of the owners (one segment each; each owner's
+            ``updater_state`` views its part), made by the updater that first updates them.
     """
 
     def __init__(self, items: Iterable[ParamSpec | tuple[Any, ...]], dtype: Any = np.float32):
@@ -178,6 +183,7 @@ class ParamSet:
         self.owners = [by_name[s.name] for s in owners]
         self._by_name = by_name
         self._index = {p.name: i for i, p in enumerate(self.owners)}
+        self.updater_state: UpdaterState | None = None
         self.num_shares = np.ones(len(owners), np.int64)
         for s in sharers:
             self.num_shares[self._index[owner_of[s.name]]] += 1
@@ -251,6 +257,7 @@ class ParamSet:
                              f"shape {self.values.shape}, not {what}")
         rep = copy.copy(self)  # every attribute as it is; then what the replica has its own
         rep.values = values
+        rep.updater_state = None
         rep.grads = np.zeros_like(self.grads)
         by_name: dict[str, Param] = {}
         for i, p in enumerate(self.owners):

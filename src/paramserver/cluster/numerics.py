@@ -4,7 +4,8 @@
   that compares exponent bits as integers (exact, and vectorised without fast-math);
 - :func:`nonfinite_counts`: the slow, exact account for the error message, per range;
 - :func:`sum_into`: ``out = a + b``, elementwise, in parallel (the fixed-order sum of
-  several workers' gradients is a chain of these);
+  several workers' gradients is a chain of these), counting the non-finite sums in the same
+  pass (so a sum's check for NaN, Inf and overflow costs nothing);
 - :func:`kernel_guard`: numba's ``workqueue`` threading layer aborts the process when two
   threads launch parallel kernels at once; under it every kernel launch of the cluster is
   serialised (``omp`` and ``tbb`` are thread-safe and run unguarded).
@@ -55,14 +56,21 @@ def _build() -> dict[str, Any]:
         @njit(parallel=True, nogil=True, cache=True)
         def add(out, a, b):  # type: ignore[no-untyped-def]
             n = out.shape[0]
+            bad = 0
             for c in prange((n + _CHUNK - 1) // _CHUNK):
                 lo = c * _CHUNK
                 hi = min(lo + _CHUNK, n)
                 o = out[lo:hi]
                 x = a[lo:hi]
                 y = b[lo:hi]
+                count = 0
                 for i in range(hi - lo):
-                    o[i] = x[i] + y[i]
+                    s = x[i] + y[i]
+                    o[i] = s
+                    d = s - s  # 0, or NaN for an Inf or NaN sum
+                    count += d != d
+                bad += count
+            return bad
 
         _kernels.update(count=count_nonfinite_chunks, add=add)
         return _kernels
@@ -100,14 +108,15 @@ def nonfinite_counts(x: np.ndarray) -> tuple[int, int]:
     return int(np.count_nonzero(np.isnan(x))), int(np.count_nonzero(np.isinf(x)))
 
 
-def sum_into(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
-    """``out[i] = a[i] + b[i]`` in the arrays' precision; ``out`` may be ``a``."""
+def sum_into(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> int:
+    """``out[i] = a[i] + b[i]`` in the arrays' precision; ``out`` may be ``a``. Returns the
+    number of sums that are NaN or Inf (an input was, or the sum overflowed)."""
     if out.size < _SMALL:
         np.add(a, b, out=out)
-        return
+        return int(out.size - np.count_nonzero(np.isfinite(out)))
     add = _build()["add"]
     with kernel_guard():
-        add(out, a, b)
+        return int(add(out, a, b))
 
 
 __all__ = ["all_finite", "kernel_guard", "nonfinite_counts", "sum_into"]

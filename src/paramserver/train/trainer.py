@@ -28,7 +28,7 @@ from ..checkpoint import (
     load_latest_checkpoint,
     save_checkpoint,
 )
-from ..cluster import Cluster, Worker
+from ..cluster import Cluster, RemoteGradFn, Worker
 from ..config.job import JobConf
 from ..init import init_params
 from ..params import ParamSet
@@ -58,14 +58,15 @@ class Trainer:
         progress: show a progress bar (or, off a terminal, a line per display step).
         stream: where progress goes (default stderr).
         base_dir: folder that relative data paths are read from (the job file's folder).
-        cluster_options: with ``cluster.backend: ray``, keyword arguments of
-            :class:`~paramserver.cluster.ray_backend.RayCluster` (``placement``,
-            ``server_options``, ``worker_options``, ...).
+        cluster_options: keyword arguments of :class:`~paramserver.cluster.Cluster`
+            (``max_restarts``; on Ray ``placement``, ``server_options``,
+            ``worker_options``, ...).
 
-    With ``cluster.backend: ray`` the workers are Ray actors that build their own Nets
-    from the job's configuration (sent as JSON, with the names of the modules that
-    registered user components); :attr:`nets` is then empty, and the servers' checkpoints
-    are in ``<workspace>/checkpoints/servers``. :meth:`close` stops the actors.
+    Every worker builds its own Net from the job's configuration (sent as JSON, with the
+    names of the modules that registered user components), in its thread or its Ray actor;
+    :attr:`nets` is empty. The servers' own checkpoints (kept where servers can be lost and
+    restarted: on Ray) are in ``<workspace>/checkpoints/servers``. :meth:`close` stops the
+    actors.
     """
 
     def __init__(self, job: JobConf, *, progress: bool = True, stream: TextIO | None = None,
@@ -75,52 +76,28 @@ class Trainer:
         self.workspace = Path(job.workspace_dir)
         self.show = progress
         self.stream = stream
-        c = job.cluster
-        self._step_fn: Any = self._grad_fn
-        if c.backend == "ray":
-            self._init_ray(base_dir, cluster_options or {})
-        else:
-            nworkers = c.nworker_groups * c.nworkers_per_group
-            self.nets = [Net(job.neuralnet, seed=job.seed, base_dir=base_dir)
-                         for _ in range(nworkers)]
-            self.params = ParamSet(self.nets[0].param_specs())
-            init_params(self.params, job.seed)
-            self.cluster = Cluster(job, self.params)
-            for worker, net in zip(self.cluster.workers, self.nets):
-                net.bind(worker.params)
-            self.eval_net = Net(job.neuralnet, seed=job.seed, base_dir=base_dir)
+        # Every worker builds its own Net from the job (here in a thread, or in a Ray
+        # actor): the cluster's backend decides where workers run, nothing here.
+        self.nets: list[Net] = []
+        self.eval_net = Net(job.neuralnet, seed=job.seed, base_dir=base_dir)
+        self.params = ParamSet(self.eval_net.param_specs())
+        init_params(self.params, job.seed)
+        folder = self.workspace / "checkpoints" / "servers"
+        self.cluster = Cluster(job, self.params,
+                               **{"checkpoint_dir": folder, **dict(cluster_options or {})})
+        self._step_fn = RemoteGradFn(f"{__name__}:net_grad_fn", {
+            "job": job.to_json(), "base_dir": os.path.abspath(base_dir or os.getcwd())})
         self.eval_net.bind(self.params)
         self.log = MetricsLog(self.workspace / "metrics.csv")
         self._window: list[list[float]] = []  # train metrics since the last display row
         steps = job.train_steps
         self.disp_freq = job.disp_freq or max(1, steps // 30)
 
-    def _init_ray(self, base_dir: str | os.PathLike[str] | None,
-                  options: Mapping[str, Any]) -> None:
-        from ..cluster.ray_backend import RayCluster
-        from ..cluster.ray_wire import RemoteGradFn
-
-        job = self.job
-        self.nets = []  # each worker actor builds its own
-        self.eval_net = Net(job.neuralnet, seed=job.seed, base_dir=base_dir)
-        self.params = ParamSet(self.eval_net.param_specs())
-        init_params(self.params, job.seed)
-        folder = self.workspace / "checkpoints" / "servers"
-        self.cluster = RayCluster(job, self.params,
-                                  **{"checkpoint_dir": folder, **dict(options)})
-        self._step_fn = RemoteGradFn(f"{__name__}:net_grad_fn", {
-            "job": job.to_json(), "base_dir": os.path.abspath(base_dir or os.getcwd())})
-
     def close(self) -> None:
         """Stop the cluster's actors (Ray backend; nothing to do embedded)."""
         close = getattr(self.cluster, "close", None)
         if close is not None:
             close()
-
-    # -- one step on one worker -------------------------------------------------------------
-
-    def _grad_fn(self, worker: Worker, step: int) -> Mapping[str, Any]:
-        return _train_step(self.nets[worker.rank], self.job, worker, step)
 
     # -- the run ----------------------------------------------------------------------------
 

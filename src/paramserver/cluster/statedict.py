@@ -2,7 +2,8 @@
 
 Keys: ``step``; ``layout`` (each server's ``[start, stop)``, so that a state is only loaded
 into the same server ranges); and for every server ``server/<group>/<index>/<name>``, where
-``<name>`` is ``values``, ``versions`` or ``state/<role>``. Plain arrays only: no pickle.
+``<name>`` is ``values``, ``versions`` or ``state/<param>/<role>`` (the updater state's one
+key scheme, :mod:`paramserver.state`). Plain arrays only: no pickle.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ def split_state(state: Mapping[str, np.ndarray], layouts: Sequence[ServerLayout]
                 ) -> tuple[list[str], dict[Address, dict[str, np.ndarray]]]:
     """Every server's part of a flat state, and the problems that forbid loading it."""
     problems = [f"'{key}' is missing" for key in _TOP if key not in state]
+    if "step" in state:
+        problems += step_problems(state["step"])
     if "layout" in state and not np.array_equal(np.asarray(state["layout"]),
                                                 layout_array(layouts)):
         problems.append("the state was saved with other server ranges (another model or "
@@ -54,6 +57,14 @@ def split_state(state: Mapping[str, np.ndarray], layouts: Sequence[ServerLayout]
     return problems, parts
 
 
+def step_problems(step: object) -> list[str]:
+    """Why a saved step cannot be the step to go on from (an integer >= 0)."""
+    arr = np.asarray(step)
+    if arr.ndim != 0 or arr.dtype.kind not in "iu" or int(arr) < 0:
+        return [f"'step' is {arr.tolist()!r} ({arr.dtype}): it must be an integer >= 0"]
+    return []
+
+
 def owner_versions(layouts: Sequence[ServerLayout],
                    versions_of: Callable[[ServerLayout], np.ndarray]) -> dict[int, int]:
     """Each owner Param's version: the smallest of its slices' (in server group 0)."""
@@ -65,4 +76,4 @@ def owner_versions(layouts: Sequence[ServerLayout],
     return per_owner
 
 
-__all__ = ["join_state", "layout_array", "owner_versions", "split_state"]
+__all__ = ["join_state", "layout_array", "owner_versions", "split_state", "step_problems"]
