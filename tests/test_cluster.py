@@ -238,6 +238,35 @@ def test_server_groups_sync_every_update_into_the_master(sync_freq):
     assert np.shares_memory(c.workers[2].params.values, ps.values)  # group 2: server group 0
 
 
+@pytest.mark.parametrize("sync_freq", [1, 3])
+def test_async_server_groups_end_a_run_with_every_update_in_every_group(backend, sync_freq):
+    """4 asynchronous worker groups on 2 server groups: at the end of a run every server
+    group holds the sum of every applied delta, exactly (a final sync)."""
+    if backend == "ray" and sync_freq == 1:
+        pytest.skip("one sync_freq is enough on Ray (8 actors: slow to start)")
+    ps = ParamSet([("w", (12,)), ("b", (5,))])  # zeros: the sums below are exact
+    c = Cluster(ClusterConf(backend=backend, nworker_groups=4, nserver_groups=2,
+                            nservers_per_group=2, sync_freq=sync_freq, timeout=20.0), ps, PLAIN)
+
+    def grads(worker, step):
+        worker.params.grads.fill(float(worker.group + 1))  # a delta of its own per group
+
+    try:
+        c.run(grads, 10)
+        state = c.state_dict()
+        c.run(grads, 1)
+        after = c.state_dict()
+    finally:
+        c.close()
+    for g in (0, 1):
+        for i, L in enumerate(c.layouts):
+            assert np.array_equal(state[f"server/{g}/{i}/values"],
+                                  np.full(L.size, -10 * (1 + 2 + 3 + 4), np.float32))
+            assert np.array_equal(after[f"server/{g}/{i}/values"],
+                                  np.full(L.size, -11 * 10, np.float32))
+    assert np.array_equal(ps.values, np.full(17, -110, np.float32))
+
+
 def test_server_groups_start_from_the_values_the_first_run_finds():
     ps = ParamSet([("w", (6,))])
     c = Cluster(conf(nworker_groups=2, nserver_groups=2, sync_freq=4), ps, PLAIN)

@@ -210,9 +210,9 @@ class Backend(Protocol):
         function), by name and step."""
         ...
 
-    def revive(self) -> bool:
-        """Wait until every server answers; whether one was lost and restarted since the
-        last call (it then has no values until restored)."""
+    def revive(self) -> list[Address]:
+        """Wait until every server answers; the servers lost and restarted since the last
+        call (they have no values until restored)."""
         ...
 
     def kill_server(self, address: Address) -> None:
@@ -331,15 +331,22 @@ class Driver:
         """The servers start a part of a run at ``step``: their values (a put, a restart
         with the values held, or their checkpoint after a loss), who is gone, and their
         checkpoint of ``step`` when they keep them."""
-        if recovering:
-            self.backend.revive()
+        # A server lost since the last part (or in it) is back, empty: all go back together.
+        lost = self.backend.revive()
+        if lost and not recovering:
+            warnings.warn(f"a server was lost: {', '.join(self._names[a] for a in lost)} (its "
+                          f"process died since the last part); the servers go back to their "
+                          f"checkpoint of step {step}", RuntimeWarning, stacklevel=5)
+        if lost or recovering:
             if self._saved == step:
                 self._every(lambda a: Restore(step), "a restore")
             elif self._pristine:
                 self._put_values(step)
             else:
-                raise ClusterError(f"a server was lost, and the servers have no checkpoint of "
-                                   f"step {step} to go back to")
+                names = ", ".join(self._names[a] for a in lost) or "a server"
+                raise ClusterError(f"{names} was lost, and the servers have no checkpoint of "
+                                   f"step {step} to go back to (max_restarts is "
+                                   f"{self.max_restarts})")
         elif self._pristine:
             self._put_values(step)
         else:
@@ -376,6 +383,24 @@ class Driver:
             versions[index] = reply.versions
         per_owner = owner_versions(self.layouts, lambda L: versions[L.index])
         for owner, version in per_owner.items():
+            self.params.owners[owner].version = version
+
+    def _look_after_failure(self) -> None:
+        """After a failed run, ``params`` show what server group 0 holds (a stopped server
+        still answers for its state); best effort: a lost server has nothing to show."""
+        try:
+            replies = self._ask({(0, L.index): GetState() for L in self.layouts}, "a look")
+        except ClusterError:
+            return
+        versions: dict[int, np.ndarray] = {}
+        for (_, index), reply in replies.items():
+            assert isinstance(reply, State)
+            target = self.params.values[self._range((0, index))]
+            values = reply.arrays.get("values")
+            if values is not None and not np.shares_memory(target, values):
+                np.copyto(target, values)
+            versions[index] = reply.arrays["versions"]
+        for owner, version in owner_versions(self.layouts, lambda L: versions[L.index]).items():
             self.params.owners[owner].version = version
 
     # -- running ----------------------------------------------------------------------------
@@ -416,6 +441,7 @@ class Driver:
                 self._run_part(fn, first, last, start, results, left, reported, on_step)
             self._finish(stop)
         except _Stop as f:
+            self._look_after_failure()
             err = f.error()
             raise err from err.__cause__  # the cause, not this context
         self.step = stop
@@ -438,7 +464,7 @@ class Driver:
                 return
             except (_Stop, ClusterError) as e:
                 f = e if isinstance(e, _Stop) else _Stop(str(e), e, isinstance(e, ServerLost))
-                lost = f.server_lost or (self.saves and self.backend.revive())
+                lost = f.server_lost or bool(self.saves and self.backend.revive())
                 if not lost or self.backend.busy() or attempt == self.max_restarts == 0:
                     raise f from None  # a worker stuck in its step cannot run it again
                 if attempt == self.max_restarts:

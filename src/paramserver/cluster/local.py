@@ -64,7 +64,7 @@ class LocalBackend:
         self.local_workers: Sequence[Worker] = self.workers
         self._fns = [GradFnCache() for _ in self.workers]
         self._threads: list[threading.Thread] = []
-        self._restarted = False
+        self._restarted: list[Address] = []
 
     def _server(self, layout: ServerLayout, group: int) -> Server:
         return Server(layout, self.updater, self.conf, group,
@@ -106,8 +106,8 @@ class LocalBackend:
     def busy(self) -> list[str]:
         return [t.name for t in self._threads if t.is_alive()]
 
-    def revive(self) -> bool:
-        restarted, self._restarted = self._restarted, False
+    def revive(self) -> list[Address]:
+        restarted, self._restarted = self._restarted, []
         return restarted
 
     def kill_server(self, address: Address) -> None:
@@ -121,7 +121,7 @@ class LocalBackend:
         self.servers[address] = new
         if isinstance(self.transport, LocalTransport):
             self.transport.servers[address] = new
-        self._restarted = True
+        self._restarted.append(address)
         old.abort(f"{old.name} was lost", lost=True)
 
     def close(self) -> None:

@@ -112,7 +112,8 @@ def sum_into(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> int:
     """``out[i] = a[i] + b[i]`` in the arrays' precision; ``out`` may be ``a``. Returns the
     number of sums that are NaN or Inf (an input was, or the sum overflowed)."""
     if out.size < _SMALL:
-        np.add(a, b, out=out)
+        with np.errstate(over="ignore", invalid="ignore"):  # counted, and said, by the caller
+            np.add(a, b, out=out)
         return int(out.size - np.count_nonzero(np.isfinite(out)))
     add = _build()["add"]
     with kernel_guard():

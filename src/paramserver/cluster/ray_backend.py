@@ -298,13 +298,13 @@ class RayBackend:
     def busy(self) -> list[str]:
         return [t.name for t in self._readers if t.is_alive()]
 
-    def revive(self) -> bool:
-        """Wait for every server actor to answer (Ray restarts a dead one); whether one was
-        restarted since we last looked (it is then connected again)."""
+    def revive(self) -> list[Address]:
+        """Wait for every server actor to answer (Ray restarts a dead one); those restarted
+        since we last looked (they are then connected again)."""
         ray = self._ray
         limit = max(60.0, 2 * self.conf.timeout)
         deadline = time.monotonic() + limit
-        restarted = False
+        restarted: list[Address] = []
         for address, h in self.servers.items():
             name = self._names[address]
             while True:
@@ -320,15 +320,28 @@ class RayBackend:
                                            "actor died") from None
                     time.sleep(0.05)  # the actor is restarting; ask again
             if now != self._incarnations.get(address):
-                restarted = True
+                restarted.append(address)
                 self._incarnations[address] = now
         if restarted:
             self._connect()
         return restarted
 
     def kill_server(self, address: Address) -> None:
-        """Kill a server's actor; Ray restarts it (with no values until restored)."""
-        self._ray.kill(self.servers[address], no_restart=False)
+        """Kill a server's actor, and return once Ray has restarted it (with no values until
+        restored) or given it up (no restarts left)."""
+        ray = self._ray
+        h, old = self.servers[address], self._incarnations.get(address)
+        ray.kill(h, no_restart=False)
+        deadline = time.monotonic() + max(60.0, 2 * self.conf.timeout)
+        while time.monotonic() < deadline:
+            try:
+                if ray.get(h.ping.remote(), timeout=5.0) != old:
+                    return
+            except ray.exceptions.ActorDiedError:
+                return
+            except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
+                pass
+            time.sleep(0.05)  # the old actor is still going, or the new one starting
 
     # -- the end ----------------------------------------------------------------------------
 
