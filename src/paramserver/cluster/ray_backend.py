@@ -166,8 +166,9 @@ class RayBackend:
             warnings.warn(f"components registered in __main__ ({', '.join(main)}) cannot be "
                           "imported by Ray actors; define them in a module (paramserver "
                           "--import MODULE)", RuntimeWarning, stacklevel=4)
-        common: dict[str, Any] = {"cluster": c.to_json(), "modules": sorted({*user_modules(), *modules}),
-                  "sys_path": [os.getcwd(), *(p for p in sys.path if isinstance(p, str))]}
+        common: dict[str, Any] = {
+            "cluster": c.to_json(), "modules": sorted({*user_modules(), *modules}),
+            "sys_path": [os.getcwd(), *(p for p in sys.path if isinstance(p, str))]}
 
         def options(base: dict[str, Any], extra: Options, key: Any) -> dict[str, Any]:
             opts = dict(base)
