@@ -24,17 +24,18 @@ Importing this module is what pays the numba import; compiled kernels are cached
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 import numpy as np
 import numpy.typing as npt
-from numba import njit, prange
+from numba import get_num_threads, njit, prange, set_num_threads
 from numba.extending import register_jitable
 
 from .config import ParamError
 
-__all__ = ["adadelta", "adagrad", "adam", "nesterov", "rmsprop", "sgd", "warmup"]
+__all__ = ["adadelta", "adagrad", "adam", "nesterov", "rmsprop", "sgd", "threads_for", "warmup"]
 
 CHUNK = 1 << 15
 """Elements per parallel work item. The range is cut into chunks regardless of segment
@@ -260,10 +261,29 @@ def _launch(
     gv = g.view()
     gv.flags.writeable = False
     h, u = (*states.values(), w[:0], w[:0])[:2]
-    nonfinite = int(kernel(w, gv, h, u, offsets, seg, hyp, bool(clip_high > clip_low)))
+    with threads_for(w.shape[0]):
+        nonfinite = int(kernel(w, gv, h, u, offsets, seg, hyp, bool(clip_high > clip_low)))
     if nonfinite < 0:
         _bad_offsets(offsets, w)
     return nonfinite
+
+
+@contextlib.contextmanager
+def threads_for(n: int, chunk: int = CHUNK) -> Iterator[None]:
+    """Run the parallel kernels of this block on no more threads than ``n`` values have
+    chunks of ``chunk``. A parallel region waits at its end for every thread it started, and
+    on a busy machine a thread with nothing to do may not be scheduled for milliseconds
+    (measured: 1.4 ms instead of 9 µs for one chunk of 5k values on two loaded cores)."""
+    threads = get_num_threads()
+    chunks = max(1, -(-n // chunk))
+    if chunks >= threads:
+        yield
+        return
+    set_num_threads(chunks)
+    try:
+        yield
+    finally:
+        set_num_threads(threads)
 
 
 def _bad_offsets(offsets: np.ndarray, w: np.ndarray) -> NoReturn:

@@ -96,10 +96,12 @@ def all_finite(x: np.ndarray) -> bool:
     """Whether a 1-D float32/float64 array holds no NaN and no Inf."""
     if x.size < _SMALL:
         return bool(np.isfinite(x).all())
+    from ..kernels import threads_for
+
     uint, mask = _EXPONENT[x.dtype]
     bits = np.ascontiguousarray(x).view(uint)
     count = _build()["count"]
-    with kernel_guard():
+    with kernel_guard(), threads_for(x.size, _CHUNK):
         return int(count(bits, uint(mask))) == 0
 
 
@@ -115,8 +117,10 @@ def sum_into(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> int:
         with np.errstate(over="ignore", invalid="ignore"):  # counted, and said, by the caller
             np.add(a, b, out=out)
         return int(out.size - np.count_nonzero(np.isfinite(out)))
+    from ..kernels import threads_for
+
     add = _build()["add"]
-    with kernel_guard():
+    with kernel_guard(), threads_for(out.size, _CHUNK):
         return int(add(out, a, b))
 
 
