@@ -248,7 +248,7 @@ def _train_step(net: Net, job: JobConf, worker: Worker, step: int) -> Mapping[st
 
 def net_grad_fn(job: str, base_dir: str | None = None) -> Callable[[Worker, int], Any]:
     """The gradient function of a Ray worker actor: its own Net, built from the job's JSON
-    (:class:`~paramserver.cluster.ray_wire.RemoteGradFn` data) and bound to the worker's
+    (:class:`~paramserver.cluster.gradfn.RemoteGradFn` data) and bound to the worker's
     replica on the first step."""
     conf = JobConf.parse(json.loads(job))
     net = Net(conf.neuralnet, seed=conf.seed, base_dir=base_dir)
