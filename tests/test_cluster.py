@@ -197,31 +197,37 @@ def test_async_groups_with_several_servers():
 
 
 def staleness_run(staleness, groups=3, steps=12):
+    """Group 0 is the slow one: before each step it waits until every other group has
+    started as far ahead as the bound allows (a condition, not a clock)."""
     ps = ParamSet([("w", (8,))])
     c = Cluster(conf(nworker_groups=groups, staleness=staleness), ps, PLAIN)
-    started = [0] * groups
-    violations = []
-    lock = threading.Lock()
-    slow = threading.Event()
+    started = [0] * groups  # steps each group has started
+    violations, leads = [], [0]
+    cond = threading.Condition()
 
     def grads(worker, step):
-        with lock:
+        with cond:
             started[worker.group] = step + 1
+            cond.notify_all()
             lead = step - min(started[g] for g in range(groups) if g != worker.group)
             if lead > staleness:
                 violations.append((worker.group, step, list(started)))
-        if worker.group == 0:
-            slow.wait(0.005)  # group 0 is the slow one
+            if worker.group == 0:
+                bound = min(step + staleness, steps - 1) + 1
+                cond.wait_for(lambda: min(started[1:]) >= bound, timeout=30)
+            else:  # how far ahead of group 0, as the bound counts it
+                leads[0] = max(leads[0], step - started[0])
         worker.params.grads[:] = 1.0
 
     c.run(grads, steps)
-    return violations, ps
+    return violations, leads[0], ps
 
 
 @pytest.mark.parametrize("staleness", [0, 1, 3])
 def test_bounded_staleness_never_lets_a_group_pass_the_bound(staleness):
-    violations, ps = staleness_run(staleness)
+    violations, lead, ps = staleness_run(staleness)
     assert violations == []
+    assert lead == staleness  # the others did run ahead by the whole bound
     assert np.array_equal(ps.values, np.full(8, -36, np.float32))
 
 
