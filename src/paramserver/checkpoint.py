@@ -39,10 +39,11 @@ def save_checkpoint(path: str | os.PathLike[str], arrays: dict[str, np.ndarray],
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {k: np.asarray(v, order="C") for k, v in arrays.items()}  # keeps 0-d arrays
     if META in payload:
-        raise ValueError(f"'{META}' is reserved for the checkpoint's metadata")
+        raise CheckpointError(f"'{META}' is reserved for the checkpoint's metadata")
     for key, arr in payload.items():
         if arr.dtype.hasobject:
-            raise ValueError(f"checkpoint array '{key}' holds Python objects; only numbers")
+            raise CheckpointError(f"checkpoint array '{key}' holds Python objects; only "
+                                  "numbers")
     payload[META] = np.frombuffer(json.dumps(meta, sort_keys=True).encode(), np.uint8)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

@@ -223,7 +223,7 @@ class Backend(Protocol):
         ...
 
 
-class _Stop(Exception):
+class _Stop(ClusterError):
     """The first failure of a part of a run."""
 
     def __init__(self, message: str, cause: BaseException | None = None,

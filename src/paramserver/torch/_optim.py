@@ -182,32 +182,32 @@ class Optimizer(torch.optim.Optimizer):
         if isinstance(params, torch.Tensor):
             params = [params]
         elif isinstance(params, set):
-            raise TypeError("optimizer parameters need to be organized in ordered collections, "
+            raise ParamError("optimizer parameters need to be organized in ordered collections, "
                             "not a set")
         params = list(params)
         named = [p for p in params if isinstance(p, tuple)]
         if named and len(named) != len(params):
-            raise ValueError("all optimizer params should be with/without names. Some param "
+            raise ParamError("all optimizer params should be with/without names. Some param "
                              "names are missing")
         if named:
             group["param_names"] = [str(n) for n, _ in named]
             params = [t for _, t in named]
         for t in params:
             if not isinstance(t, torch.Tensor):
-                raise TypeError("optimizer can only optimize Tensors, but one of the params "
+                raise ParamError("optimizer can only optimize Tensors, but one of the params "
                                 f"is {type(t).__name__}")
             if not (t.is_leaf or t.retains_grad):
-                raise ValueError("can't optimize a non-leaf Tensor")
+                raise ParamError("can't optimize a non-leaf Tensor")
         group["params"] = params
         for key, default in self.defaults.items():
             group.setdefault(key, default)
         if len({id(t) for t in params}) != len(params):
-            raise ValueError("a parameter group holds one parameter twice")
+            raise ParamError("a parameter group holds one parameter twice")
         seen = {id(t) for g in self.param_groups for t in g["params"]}
         if any(id(t) in seen for t in params):
-            raise ValueError("some parameters appear in more than one parameter group")
+            raise ParamError("some parameters appear in more than one parameter group")
         if any(("param_names" in g) != ("param_names" in group) for g in self.param_groups):
-            raise ValueError("all optimizer param groups should be with/without names")
+            raise ParamError("all optimizer param groups should be with/without names")
         self.param_groups.append(group)
 
     def _layout(self, strict: bool) -> None:
