@@ -31,8 +31,10 @@ def _seconds(fill: Callable[[], object]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", type=int, default=16 * 1024 * 1024)
-    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--size", type=int, default=16 * 1024 * 1024,
+                        help="values per fill (default: 16 Mi)")
+    parser.add_argument("--repeats", type=int, default=15,
+                        help="timed fills per method (default: 15)")
     args = parser.parse_args()
 
     buffer = np.empty(args.size, np.float32)

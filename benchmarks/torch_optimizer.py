@@ -10,6 +10,7 @@ in turn, repetition by repetition, so that machine noise falls on all of them al
 table gives medians after warm-up, and the ratio of torch's best to paramserver's.
 
     python benchmarks/torch_optimizer.py [--reps 15] [--blocks 16] [--width 1024]
+                                         [--methods sgd nesterov adam adamw adadelta]
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ METHODS: dict[str, tuple[str, Any, dict[str, Any], tuple[str, ...]]] = {
                  torch.optim.Adadelta, {"lr": 1.0, "rho": 0.9, "eps": 1e-6},
                  ("for-loop", "foreach")),
 }
+
+#: ``--methods`` names (any letter case) -> the method.
+OPTIONS = {"sgd": "SGD momentum", "nesterov": "Nesterov", "adam": "Adam", "adamw": "AdamW",
+           "adadelta": "AdaDelta"}
 
 VARIANTS = {"for-loop": {"foreach": False}, "foreach": {"foreach": True},
             "fused": {"fused": True}}
@@ -100,11 +105,15 @@ def bench(name: str, base: torch.nn.Module, reps: int, warmup: int) -> dict[str,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--reps", type=int, default=15)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--blocks", type=int, default=16)
-    ap.add_argument("--width", type=int, default=1024)
-    ap.add_argument("--methods", nargs="*", default=list(METHODS))
+    ap.add_argument("--reps", type=int, default=15, help="timed steps per contender "
+                    "(default: 15)")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (default: 3)")
+    ap.add_argument("--blocks", type=int, default=16, help="Linear+LayerNorm blocks "
+                    "(default: 16)")
+    ap.add_argument("--width", type=int, default=1024, help="width of a block (default: 1024)")
+    ap.add_argument("--methods", nargs="+", type=str.lower, choices=list(OPTIONS),
+                    default=list(OPTIONS), metavar="METHOD",
+                    help=f"only these methods, of: {', '.join(OPTIONS)} (default: all)")
     args = ap.parse_args()
     base = make_module(args.blocks, args.width)
     n = sum(p.numel() for p in base.parameters())
@@ -118,7 +127,7 @@ def main() -> None:
     print(f"| method | {'torch for-loop':>14} | {'torch foreach':>13} | {'torch fused':>11} | "
           f"{'paramserver':>11} | torch best / paramserver |")
     print("|---|---:|---:|---:|---:|---:|")
-    for name in args.methods:
+    for name in (OPTIONS[m] for m in args.methods):
         med = bench(name, base, args.reps, args.warmup)
         torch_best = min(v for k, v in med.items() if k.startswith("torch"))
         best_name = min((v, k) for k, v in med.items() if k.startswith("torch"))[1]

@@ -347,7 +347,11 @@ def compile_times() -> list[tuple[float, float]]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer and shorter rounds")
-    parser.add_argument("--methods", nargs="*", help="only these methods (names as printed)")
+    names = [m.name for m in METHODS]
+    parser.add_argument("--methods", nargs="+", metavar="METHOD",
+                        type=lambda x: next((n for n in names if n.lower() == x.lower()), x),
+                        choices=names, help=f"only these methods, of: {', '.join(names)} "
+                                            "(default: all)")
     parser.add_argument(
         "--best", action="store_true", help="the fastest call instead of the median (busy hosts)"
     )

@@ -6,6 +6,9 @@ no weight decay (as SINGA's examples configure them), all from one job text.
 
     python examples/torch_digits.py               # one process: paramserver.torch.Optimizer
     python examples/torch_digits.py --workers 2   # 2 synchronous workers on the cluster
+    python examples/torch_digits.py --save digits.ckpt.safetensors   # and keep a checkpoint,
+    paramserver export digits.ckpt.safetensors --to digits.safetensors   # then the model:
+    # DigitsCNN().load_state_dict(safetensors.torch.load_file("digits.safetensors"))
 
 Needs ``pip install 'paramserver[torch,examples]'`` (PyTorch and scikit-learn).
 """
@@ -86,9 +89,12 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=0,
                     help="train on the embedded cluster with this many synchronous workers "
                          "(default: one process, paramserver.torch.Optimizer)")
+    ap.add_argument("--save", metavar="CKPT", help="write a paramserver checkpoint here at the "
+                    "end (paramserver export turns it into a model file)")
+    ap.add_argument("--steps", type=int, help="train this many steps (default: the job's)")
     args = ap.parse_args()
     job = pst.parse_job(JOB, "torch_digits.job")
-    steps, seed = job.conf.train_steps, job.conf.seed
+    steps, seed = args.steps or job.conf.train_steps, job.conf.seed
     x_tr, y_tr, x_te, y_te = load()
     torch.manual_seed(seed)
     model = DigitsCNN()
@@ -107,6 +113,8 @@ def main() -> None:
                 print(f"step {step:4d}  loss {loss.item():.4f}  "
                       f"lr {opt.param_groups[0]['lr']:.4f}")
         how = "paramserver.torch.Optimizer"
+        if args.save:
+            opt.save_checkpoint(args.save)
     else:
         job.conf.cluster.nworkers_per_group = args.workers
 
@@ -121,12 +129,17 @@ def main() -> None:
                 print(f"step {step:4d}  loss {np.mean(losses):.4f} (mean of "
                       f"{len(losses)} workers)")
 
-        pst.train_on_cluster(model, loss_fn, job, on_step=report)
+        tc = pst.TorchCluster(model, job)
+        tc.run(loss_fn, steps, on_step=report)
         how = f"{args.workers} workers on paramserver's embedded cluster"
+        if args.save:
+            tc.save_checkpoint(args.save)
 
     print(f"trained {steps} steps with {how} in {time.perf_counter() - t0:.1f} s")
     print(f"test accuracy: {accuracy(model, x_te, y_te):.4f} "
           f"(train {accuracy(model, x_tr, y_tr):.4f})")
+    if args.save:
+        print(f"checkpoint: {args.save} (paramserver export {args.save} --to model.safetensors)")
 
 
 if __name__ == "__main__":

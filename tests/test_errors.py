@@ -27,8 +27,9 @@ SRC = Path(paramserver.__file__).parent
 #: Built-in exceptions raised as part of a Python protocol, not as an error report.
 PROTOCOL = {"AttributeError", "ImportError", "NotImplementedError", "StopIteration"}
 #: (module, function): a built-in error that never leaves the package (its caller catches).
-INTERNAL = {("config/components.py", "_dynamic_field"), ("config/parameter.py",
-                                                         "_dynamic_field")}
+INTERNAL = {("config/components.py", "_dynamic_field"),
+            ("config/parameter.py", "_dynamic_field"),
+            ("checkpoint.py", "_read_safetensors")}
 BUILTIN_ERRORS = {name for name, value in vars(builtins).items()
                   if isinstance(value, type) and issubclass(value, BaseException)}
 

@@ -36,6 +36,8 @@ from paramserver.rng import fill_normal, fill_uniform, param_key
 BUILTINS = ["glorot_normal", "glorot_uniform", "he_normal", "he_uniform", "kConstant",
             "kGaussian", "kGaussianSqrtFanIn", "kUniform", "kUniformSqrtFanIn",
             "kUniformSqrtFanInOut", "orthogonal", "truncated_normal"]
+#: Every built-in name: the fills above and kFromFile (which reads a file: tests/test_export.py).
+REGISTERED = [*BUILTINS, "kFromFile"]
 
 
 def draw(conf: Any, shape: tuple[int, ...], seed: int = 0, dtype: Any = np.float32,
@@ -66,7 +68,7 @@ def truncated_std(a: float, b: float) -> float:
 
 
 def test_every_method_is_registered() -> None:
-    assert sorted(param_generators.names()) == sorted(BUILTINS)
+    assert sorted(param_generators.names()) == sorted(REGISTERED)
 
 
 def test_value_defaults_to_1_for_every_method() -> None:
@@ -345,7 +347,7 @@ def test_user_method_in_a_paramset_is_reproducible(foo: type) -> None:
 def test_unknown_user_type_lists_the_registered_names(foo: type) -> None:
     with pytest.raises(ParamError) as e:
         create_param_generator('user_type: "FooPram"')
-    names = "{" + ", ".join(repr(n) for n in sorted([*BUILTINS, "FooParam"])) + "}"
+    names = "{" + ", ".join(repr(n) for n in sorted([*REGISTERED, "FooParam"])) + "}"
     assert str(e.value) == (f"<init>:1:1: Invalid Input: 'FooPram', valid values are: {names}"
                             "\nDid you mean 'FooParam'?")
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from paramserver import ParamError
-from paramserver.checkpoint import load_checkpoint
+from paramserver.checkpoint import checkpoint_name, load_checkpoint
 from paramserver.cluster import Cluster, plan_servers
 from paramserver.cluster.gradfn import RemoteGradFn, build_grad_fn
 from paramserver.cluster.ray_wire import (
@@ -132,7 +132,7 @@ def test_a_synchronous_job_on_ray_equals_the_embedded_run_bit_for_bit(
     assert ((tmp_path / "local" / "metrics.csv").read_bytes()
             == (tmp_path / "ray" / "metrics.csv").read_bytes())
     for step in (10, 20, 30):
-        name = f"step-{step:08d}.ckpt.npz"
+        name = checkpoint_name(step)
         a, _ = load_checkpoint(tmp_path / "local" / "checkpoints" / name)
         b, _ = load_checkpoint(tmp_path / "ray" / "checkpoints" / name)
         assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)

@@ -11,7 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from paramserver.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+from paramserver.checkpoint import (
+    checkpoint_name,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+)
 from paramserver.config.job import parse_job
 from paramserver.train.trainer import Trainer
 
@@ -61,8 +67,8 @@ def test_resume_is_exact(tmp_path: Path) -> None:
     a = (tmp_path / "a" / "metrics.csv").read_bytes()
     b = (tmp_path / "b" / "metrics.csv").read_bytes()
     assert a == b
-    arrays_a, _ = load_checkpoint(tmp_path / "a" / "checkpoints" / "step-00000040.ckpt.npz")
-    arrays_b, _ = load_checkpoint(tmp_path / "b" / "checkpoints" / "step-00000040.ckpt.npz")
+    arrays_a, _ = load_checkpoint(tmp_path / "a" / "checkpoints" / checkpoint_name(40))
+    arrays_b, _ = load_checkpoint(tmp_path / "b" / "checkpoints" / checkpoint_name(40))
     assert arrays_a.keys() == arrays_b.keys()
     for key in arrays_a:
         assert np.array_equal(arrays_a[key], arrays_b[key]), key
@@ -84,22 +90,22 @@ def test_workspace_files(tmp_path: Path) -> None:
 
 CRASH = """
 import os, sys
-import numpy as np
+import safetensors.numpy
 from paramserver.config.job import parse_job
 from paramserver.train.trainer import Trainer
 
-real = np.savez
+real = safetensors.numpy.save_file
 calls = []
 
-def dying(f, **arrays):
+def dying(tensors, filename, metadata=None):
     calls.append(1)
     if len(calls) == 2:          # the second checkpoint: die half-way through the write
-        f.write(b"PK\\x03\\x04" + b"x" * 1000)
-        f.flush()
+        with open(filename, "wb") as f:
+            f.write(b"\\x10\\x00" + b"x" * 1000)
         os._exit(17)
-    return real(f, **arrays)
+    return real(tensors, filename, metadata)
 
-np.savez = dying
+safetensors.numpy.save_file = dying
 Trainer(parse_job(sys.stdin.read()), progress=False).train()
 """
 
@@ -113,7 +119,8 @@ def test_crash_during_checkpoint_write_keeps_previous(tmp_path: Path) -> None:
     assert proc.returncode == 17, proc.stderr
     # The interrupted write left a temporary file, never a checkpoint under its final name.
     assert [s for s, _ in list_checkpoints(ws / "checkpoints")] == [10]
-    assert latest_checkpoint(ws / "checkpoints") == ws / "checkpoints" / "step-00000010.ckpt.npz"
+    assert latest_checkpoint(ws / "checkpoints") == ws / "checkpoints" / checkpoint_name(10)
+    assert [p.name for p in (ws / "checkpoints").iterdir() if p.name.endswith(".tmp")]
     resumed = Trainer(parse_job(text), progress=False)
     resumed.train(resume=True)
     straight = Trainer(job(tmp_path / "straight", 20, ckpt=10), progress=False)
@@ -145,3 +152,21 @@ def test_other_examples_train(tmp_path: Path, name: str) -> None:
     result = Trainer(conf, progress=False).train()
     assert result.test_accuracy is not None and result.test_accuracy > 0.8
     assert textwrap.dedent("step,phase") in (tmp_path / "metrics.csv").read_text()
+
+
+def test_a_checkpoint_of_the_first_release_still_resumes(tmp_path: Path) -> None:
+    straight = Trainer(job(tmp_path / "a", 40), progress=False, tensorboard=False)
+    straight.train()
+    Trainer(job(tmp_path / "b", 20), progress=False, tensorboard=False).train()
+    folder = tmp_path / "b" / "checkpoints"
+    for step, path in list_checkpoints(folder):  # rewrite them as the first release did
+        assert path.name.endswith(".ckpt.safetensors")
+        arrays, meta = load_checkpoint(path)
+        first = {k: meta[k] for k in ("format", "job", "step", "params", "dtype", "window")}
+        save_checkpoint(folder / f"step-{step:08d}.ckpt.npz", arrays, first)
+        path.unlink()
+    second = Trainer(job(tmp_path / "b", 40), progress=False, tensorboard=False)
+    second.train(resume=True)
+    assert np.array_equal(straight.params.values, second.params.values)
+    assert ((tmp_path / "a" / "metrics.csv").read_bytes()
+            == (tmp_path / "b" / "metrics.csv").read_bytes())

@@ -6,8 +6,8 @@ stays fast (numba, protobuf and the kernels load only when something needs them)
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+import importlib as _importlib
+import typing as _typing
 
 __version__ = "0.1.0"
 
@@ -40,7 +40,7 @@ _EXPORTS: dict[str, str] = {
     "load_checkpoint": "paramserver.checkpoint",
 }
 
-if TYPE_CHECKING:
+if _typing.TYPE_CHECKING:
     from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
     from .cluster import Cluster, ClusterError
     from .config import Error, Location, ParamError, Parameter, Registry, field
@@ -56,17 +56,21 @@ if TYPE_CHECKING:
     from .updaters import Updater, create_updater, register_updater
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'paramserver' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = getattr(_importlib.import_module(module), name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+    """The public API (what ``__all__`` lists) and the subpackages loaded so far; not the
+    helpers of this module."""
+    loaded = {k for k, v in globals().items()
+              if type(v) is type(_typing) and not k.startswith("_")}
+    return sorted({*__all__, *loaded})
 
 
 __all__ = [

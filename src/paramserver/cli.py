@@ -1,16 +1,17 @@
-"""The ``paramserver`` command: check, doc and train.
+"""The ``paramserver`` command: check, doc, train, export and completion.
 
 A user's mistake (a bad job file, a missing data file, an unknown component) prints its
-messages on stderr and exits with status 2, without a traceback.
+messages on stderr and exits with status 2, without a traceback. Messages of the library
+(the ``paramserver`` logger) and Python warnings are printed on stderr as plain lines.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from . import __version__
@@ -20,22 +21,25 @@ EXIT_USER_ERROR = 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from .console import attach, error_text
+
     parser = _parser()
     args = parser.parse_args(argv)
+    detach = attach(quiet=getattr(args, "quiet", False))
     try:
         for module in [*args.imports, *args.sub_imports]:
             _import_user_module(module)
         status: int = args.run(args)
         return status
     except ParamError as e:
-        print(f"paramserver {args.command}: error:\n{e}", file=sys.stderr)
+        print(error_text(args.command, e), file=sys.stderr)
         return EXIT_USER_ERROR
     except RuntimeError as e:
         from .cluster import ClusterError
 
         if not isinstance(e, ClusterError):
             raise
-        print(f"paramserver {args.command}: the run failed:\n{e}", file=sys.stderr)
+        print(error_text(args.command, str(e), "the run failed"), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("paramserver: interrupted", file=sys.stderr)
@@ -43,6 +47,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (``paramserver doc | head``)
         sys.stdout = None  # type: ignore[assignment]  # nothing more to flush at exit
         return 0
+    finally:
+        detach()
 
 
 def _import_user_module(name: str) -> None:
@@ -75,11 +81,14 @@ def _parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", parents=[common], help="check a job file and show its "
                            "Params, updater and servers")
     check.add_argument("job", help="the job file (SINGA's text format)")
+    check.add_argument("--json", action="store_true", help="print the report (or the "
+                       "problems) as JSON on stdout (docs/cli.md describes it)")
     check.set_defaults(run=_check)
 
     doc = sub.add_parser("doc", parents=[common], help="document the registered components")
     doc.add_argument("name", nargs="?", help="one component (e.g. kSGD, kStep, kGaussian, "
-                     "kInnerProduct, cluster); all when left out")
+                     "kInnerProduct, cluster; any letter case); all when left out")
+    doc.add_argument("--json", action="store_true", help="print the documentation as JSON")
     doc.set_defaults(run=_doc)
 
     train = sub.add_parser("train", parents=[common], help="train a job")
@@ -95,38 +104,82 @@ def _parser() -> argparse.ArgumentParser:
                        help="where servers and workers run (default: the job's, local)")
     train.add_argument("--address", help="with --backend ray: address of an existing Ray "
                        "cluster (default: start a local one on 127.0.0.1)")
-    train.add_argument("--quiet", action="store_true", help="no progress bar")
+    train.add_argument("--quiet", action="store_true",
+                       help="no progress display and no messages but warnings")
+    train.add_argument("--no-tensorboard", dest="tensorboard", action="store_false",
+                       help="write no TensorBoard event files")
     train.set_defaults(run=_train)
+
+    export = sub.add_parser("export", parents=[common], help="write the values of a "
+                            "checkpoint as a safetensors model file")
+    export.add_argument("checkpoint", help="a checkpoint file, or a workspace or folder of "
+                        "checkpoints (the newest is read)")
+    export.add_argument("--to", required=True, metavar="FILE",
+                        help="the safetensors file to write")
+    export.add_argument("--job", help="the job file, to name and shape the values of a "
+                        "checkpoint of an earlier release")
+    export.set_defaults(run=_export)
+
+    completion = sub.add_parser("completion", help="print a shell completion script",
+                                description="Print a completion script for bash or zsh; "
+                                "see the README for where to put it.")
+    completion.add_argument("shell", choices=("bash", "zsh"))
+    completion.set_defaults(run=_completion, sub_imports=[])
     return parser
 
 
 # -- check ----------------------------------------------------------------------------------
 
 def _check(args: argparse.Namespace) -> int:
-    from .config.job import load_job
-    from .report import job_report
+    from .report import job_report, job_summary, json_safe, problems_data
+    from .train.jobfile import read_job_file
 
-    job = load_job(args.job)
-    print(job_report(job))
+    try:
+        job_file = read_job_file(args.job)
+        net = job_file.build_net()
+        job_file.check_params(net)
+    except ParamError as e:
+        if not args.json:
+            raise
+        _print_json({"ok": False, "file": args.job, "problems": problems_data(e)})
+        return EXIT_USER_ERROR
+    if args.json:
+        _print_json(json_safe({"ok": True, "file": args.job, **job_summary(job_file.job, net),
+                               "problems": []}))
+    else:
+        print(job_report(job_file.job, net))
     return 0
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, allow_nan=False))
 
 
 # -- doc ------------------------------------------------------------------------------------
 
 def _doc(args: argparse.Namespace) -> int:
-    from .report import component_doc
+    from .report import component_data, component_doc, json_safe, problems_data
 
-    print(component_doc(args.name))
+    if args.json:
+        try:
+            data = component_data(args.name)
+        except ParamError as e:
+            _print_json({"ok": False, "problems": problems_data(e)})
+            return EXIT_USER_ERROR
+        _print_json(json_safe(data))
+    else:
+        print(component_doc(args.name))
     return 0
 
 
 # -- train ----------------------------------------------------------------------------------
 
 def _train(args: argparse.Namespace) -> int:
-    from .config.job import load_job
+    from .train.jobfile import read_job_file
     from .train.trainer import Trainer
 
-    job = load_job(args.job)
+    job_file = read_job_file(args.job)
+    job = job_file.job
     overrides: dict[str, Any] = {}
     if args.steps is not None:
         overrides["train_steps"] = args.steps
@@ -145,12 +198,64 @@ def _train(args: argparse.Namespace) -> int:
             job.cluster.update(cluster, allow_unknown=False)
     except ParamError as e:
         raise ParamError(f"command-line option: {e}") from None
-    trainer = Trainer(job, progress=not args.quiet, base_dir=Path(args.job).parent)
-    try:
-        trainer.train(resume=args.resume)
-    finally:
-        trainer.close()
+    with job_file.placing():
+        trainer = Trainer(job, progress=not args.quiet, base_dir=job_file.base_dir,
+                          tensorboard=args.tensorboard)
+        try:
+            trainer.train(resume=args.resume)
+        finally:
+            trainer.close()
     return 0
+
+
+# -- export ---------------------------------------------------------------------------------
+
+def _export(args: argparse.Namespace) -> int:
+    import logging
+
+    from .export import export_model, param_table
+
+    table = None
+    if args.job is not None:
+        from .params import ParamSet
+        from .train.jobfile import read_job_file
+
+        job_file = read_job_file(args.job)
+        table = param_table(ParamSet(job_file.build_net().param_specs()))
+    path, names = export_model(args.checkpoint, args.to, table)
+    logging.getLogger("paramserver.export").info(
+        "wrote %d tensors to %s: %s", len(names), path,
+        ", ".join(names[:8]) + (", ..." if len(names) > 8 else ""))
+    return 0
+
+
+# -- completion -----------------------------------------------------------------------------
+
+#: Arguments that name files (completed as paths by the shell).
+_PATH_ARGS = ("job", "checkpoint", "to", "workspace")
+
+
+def _completion(args: argparse.Namespace) -> int:
+    try:
+        import shtab
+    except ImportError:
+        raise ParamError("shell completion needs shtab (pip install shtab)") from None
+    parser = _parser()
+    for action in _all_actions(parser):
+        if action.dest in _PATH_ARGS:
+            action.complete = shtab.FILE  # type: ignore[attr-defined]
+    print(shtab.complete(parser, shell=args.shell))
+    return 0
+
+
+def _all_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    out = []
+    for action in parser._actions:
+        out.append(action)
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                out += _all_actions(sub)
+    return out
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -13,13 +13,14 @@ servers, and whatever the order Params are made in.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
-from .config import ParamError, Parameter
+from .config import ParamError, Parameter, field
 from .config.components import param_generators
 from .config.job import ParamGenConf, conf_from
 from .params import Param, ParamSet
@@ -319,5 +320,65 @@ class TruncatedNormal(ParamGenerator):
         _fill_times(data, c.value, lambda s: rng.truncated_normal(data, c.mean * s, c.std * s))
 
 
-__all__ = ["ParamGenerator", "Stream", "create_param_generator", "init_params",
-           "register_param_generator", "stream"]
+class FromFileConf(Parameter):
+    """Where kFromFile reads a Param's values."""
+
+    path: str = field(doc="A safetensors file (an exported model, a torch or Hugging Face "
+                          "one); relative paths start at the working folder.")
+    key: str | None = field(None, doc="The tensor's name in the file (default: the Param's "
+                                      "name).")
+
+
+@register_param_generator("kFromFile", aliases=("from_file",))
+class FromFile(ParamGenerator):
+    """The values of a tensor in a safetensors file, by the Param's name (or ``key``).
+
+    Reads ``paramserver export``'s files and any other safetensors file (torch's, Hugging
+    Face's) by memory map; the tensor must have the Param's shape, and is converted to the
+    Param's dtype. The common fields (``value``, ``std``, ...) are not used.
+    """
+
+    Config = FromFileConf
+
+    def fill(self, param: Param, rng: Stream) -> None:
+        own: FromFileConf = self.own
+        key = own.key or param.name
+        param.data[...] = read_tensor(own.path, key, param.shape, param.name)
+
+
+def read_tensor(path: str, key: str, shape: tuple[int, ...], param: str) -> np.ndarray:
+    """The tensor ``key`` of the safetensors file ``path``, checked against ``shape``.
+
+    Raises:
+        ParamError: naming the file and what is wrong (missing file or key, with the closest
+            names; another shape; not a safetensors file).
+    """
+    import difflib
+
+    from safetensors import SafetensorError, safe_open
+
+    where = f"init of Param '{param}': file '{path}'"
+    if not os.path.isfile(path):
+        raise ParamError(f"{where} does not exist (relative paths start at the working "
+                         f"folder, {os.getcwd()})")
+    try:
+        with safe_open(path, framework="np") as f:
+            names = list(f.keys())
+            array = f.get_tensor(key) if key in names else None
+    except (SafetensorError, OSError, TypeError, ValueError) as e:
+        raise ParamError(f"{where} cannot be read as safetensors ({e})") from None
+    if array is None:
+        close = difflib.get_close_matches(key, names, n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        shown = ", ".join(names[:10]) + (", ..." if len(names) > 10 else "")
+        raise ParamError(f"{where} has no tensor '{key}'{hint} (it holds {shown})")
+    if tuple(array.shape) != tuple(shape):
+        raise ParamError(f"{where}: tensor '{key}' has shape {tuple(array.shape)}, the Param "
+                         f"{tuple(shape)}")
+    if array.dtype.kind not in "biuf":
+        raise ParamError(f"{where}: tensor '{key}' holds {array.dtype}, not numbers")
+    return np.asarray(array)
+
+
+__all__ = ["FromFile", "FromFileConf", "ParamGenerator", "Stream", "create_param_generator",
+           "read_tensor", "register_param_generator", "stream"]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import difflib
 import inspect
+import math
 from collections.abc import Sequence
 from typing import Any
 
-from .config import ParamError, Parameter
+from .config import Location, ParamError, Parameter
 from .config.components import (
     ComponentConf,
     ComponentRegistry,
@@ -56,7 +58,10 @@ def describe_conf(conf: ComponentConf) -> str:
         parts.append(f"{name}={_show(value)}")
     own = conf.own
     if own is not None:
-        parts += [f"{k}={_show(v)}" for k, v in own.__dict__.items()]
+        declared = type(own).fields()
+        parts += [f"{k}={_show(v)}" for k, v in own.__dict__.items()
+                  if k not in declared or declared[k].required
+                  or v != declared[k].make_default()]
     return f"{conf.component}({', '.join(parts)})"
 
 
@@ -70,31 +75,70 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-def job_report(job: JobConf) -> str:
-    """What ``paramserver check`` prints: Params, updater, cluster and server loads."""
+def job_summary(job: JobConf, net: Any = None) -> dict[str, Any]:
+    """What ``paramserver check`` reports, as plain data (``check --json``): the job, its
+    Params, updater, learning-rate schedule, cluster and server loads.
+
+    Args:
+        job: the job.
+        net: the job's :class:`~paramserver.train.net.Net` if already built (default: built
+            here from the job, data paths relative to the working folder).
+    """
     from .cluster import server_loads
     from .params import ParamSet
+    from .schedules import create_lr_method
     from .train.net import Net
 
-    net = Net(job.neuralnet, seed=job.seed)
+    if net is None:
+        net = Net(job.neuralnet, seed=job.seed)
     specs = net.param_specs()
     pset = ParamSet(specs)
     layer_of = {s.name: s.place.split("'")[1] if "'" in s.place else "" for s in specs}
-    rows = []
-    for p in pset.params:
-        rows.append([p.name, layer_of.get(p.name, ""), "x".join(map(str, p.shape)) or "()",
-                     describe_conf(p.conf.init), format_number(p.lr_scale),
-                     format_number(p.wd_scale), p.owner.name if p.owner else ""])
+    params = [{"name": p.name, "layer": layer_of.get(p.name, ""), "shape": list(p.shape),
+               "size": p.size, "init": describe_conf(p.conf.init),
+               "lr_scale": p.lr_scale, "wd_scale": p.wd_scale,
+               "share_from": p.owner.name if p.owner else None} for p in pset.params]
     c = job.cluster
+    lr = create_lr_method(job.updater.learning_rate)
+    last = max(job.train_steps - 1, 0)
+    samples = sorted({0, last // 4, last // 2, 3 * last // 4, last})
+    total = max(pset.values.size, 1)
+    return {
+        "job": {"name": job.name, "train_steps": job.train_steps, "seed": job.seed,
+                "workspace": job.workspace_dir, "disp_freq": job.disp_freq,
+                "test_freq": job.test_freq, "checkpoint_freq": job.checkpoint_freq},
+        "params": params,
+        "num_params": len(pset.params), "num_owners": len(pset.owners),
+        "num_values": int(pset.values.size),
+        "updater": {"description": describe_conf(job.updater),
+                    "conf": job.updater.to_dict()},
+        "schedule": {"description": describe_conf(job.updater.learning_rate),
+                     "conf": job.updater.learning_rate.to_dict(),
+                     "lr": [[step, lr(step)] for step in samples]},
+        "cluster": {**c.to_dict(),
+                    "consistency": "BSP" if c.nworker_groups == 1 else "Downpour"},
+        "servers": [{"server": x.server, "slices": list(x.slice_ids),
+                     "values": x.num_values, "share": x.num_values / total}
+                    for x in server_loads(pset, c)],
+    }
+
+
+def job_report(job: JobConf, net: Any = None) -> str:
+    """What ``paramserver check`` prints: Params, updater, cluster and server loads."""
+    d = job_summary(job, net)
+    j, c = d["job"], job.cluster
+    rows = [[p["name"], p["layer"], "x".join(map(str, p["shape"])) or "()", p["init"],
+             format_number(p["lr_scale"]), format_number(p["wd_scale"]),
+             p["share_from"] or ""] for p in d["params"]]
     out = [
-        f"job '{job.name}': {job.train_steps} training steps, seed {job.seed}, "
-        f"workspace {job.workspace_dir}",
+        f"job '{j['name']}': {j['train_steps']} training steps, seed {j['seed']}, "
+        f"workspace {j['workspace']}",
         "",
-        f"Params: {len(pset.params)} ({len(pset.owners)} owners, {pset.values.size:,} values)",
+        f"Params: {d['num_params']} ({d['num_owners']} owners, {d['num_values']:,} values)",
         table(["name", "layer", "shape", "init", "lr_scale", "wd_scale", "shares"], rows),
         "",
-        f"Updater: {describe_conf(job.updater)}",
-        f"Learning rate: {describe_conf(job.updater.learning_rate)}",
+        f"Updater: {d['updater']['description']}",
+        f"Learning rate: {d['schedule']['description']}",
         "",
         f"Cluster: {c.nworker_groups} worker group(s) x {c.nworkers_per_group} worker(s), "
         f"{c.nserver_groups} server group(s) x {c.nservers_per_group} server(s); "
@@ -102,11 +146,9 @@ def job_report(job: JobConf) -> str:
            "(Downpour)") + (f", staleness {c.staleness}" if c.staleness is not None else "")
         + f"; backend {c.backend}",
     ]
-    loads = server_loads(pset, c)
-    total = max(pset.values.size, 1)
     out.append(table(["server", "slices", "values", "share"], [
-        [x.server, _ranges(x.slice_ids), f"{x.num_values:,}",
-         f"{100 * x.num_values / total:.1f}%"] for x in loads]))
+        [x["server"], _ranges(x["slices"]), f"{x['values']:,}", f"{100 * x['share']:.1f}%"]
+        for x in d["servers"]]))
     return "\n".join(out)
 
 
@@ -116,8 +158,39 @@ def _ranges(ids: Sequence[int]) -> str:
     return f"{ids[0]}" if len(ids) == 1 else f"{ids[0]}-{ids[-1]}"
 
 
+def find_component(name: str) -> tuple[str, ComponentRegistry, type[ComponentConf]] | str:
+    """The section and canonical name of the component called ``name`` in any spelling
+    (``ksgd``, ``SGD``, ``kSGD``); ``"cluster"`` or ``"job"`` for those configurations.
+
+    Raises:
+        ParamError: naming the closest known names.
+    """
+    lowered = name.lower()
+    if lowered in ("cluster", "clusterconf"):
+        return "cluster"
+    if lowered in ("job", "jobconf"):
+        return "job"
+    spellings = [name] + ([name[1:]] if len(name) > 1 and name[0] in "kK" else [])
+    for _, registry, common in SECTIONS:
+        for spelling in spellings:
+            if spelling in registry:
+                return registry.lookup(spelling), registry, common
+    known = [n for _, r, _ in SECTIONS for n in r.names()]
+    by_lower = {"cluster": "cluster", "job": "job"}  # every spelling -> its canonical name
+    for _, registry, _ in SECTIONS:
+        for n in registry.names():
+            for spelling in (n, *registry.aliases(n)):
+                by_lower.setdefault(spelling.lower(), n)
+    close = difflib.get_close_matches(lowered, list(by_lower), n=6, cutoff=0.6)
+    names = list(dict.fromkeys(by_lower[c] for c in close))[:3]
+    hint = f"; did you mean {' or '.join(repr(n) for n in names)}?" if names else ""
+    raise ParamError(f"no component named '{name}'{hint} (known: {', '.join(known)}, "
+                     "cluster, job)")
+
+
 def component_doc(name: str | None = None) -> str:
-    """The documentation of every registered component, or of the one called ``name``."""
+    """The documentation of every registered component, or of the one called ``name``
+    (any spelling, any letter case)."""
     if name is None:
         blocks = []
         for title, registry, common in SECTIONS:
@@ -126,16 +199,86 @@ def component_doc(name: str | None = None) -> str:
         blocks.append(_config_doc("Cluster (cluster { ... })", ClusterConf))
         blocks.append(_config_doc("Job (top level of a job file)", JobConf))
         return "\n\n\n".join(blocks)
-    lowered = name.lower()
-    if lowered in ("cluster", "clusterconf"):
-        return _config_doc("cluster { ... }", ClusterConf)
-    if lowered in ("job", "jobconf"):
-        return _config_doc("job file, top level", JobConf)
-    for _, registry, common in SECTIONS:
-        if name in registry:
-            return _entry(registry, name, common, brief=False)
-    known = [n for _, r, _ in SECTIONS for n in r.names()] + ["cluster", "job"]
-    raise ParamError(f"no component named '{name}'; known: {', '.join(known)}")
+    found = find_component(name)
+    if isinstance(found, str):
+        return (_config_doc("cluster { ... }", ClusterConf) if found == "cluster"
+                else _config_doc("job file, top level", JobConf))
+    canonical, registry, common = found
+    return _entry(registry, canonical, common, brief=False)
+
+
+def component_data(name: str | None = None) -> dict[str, Any]:
+    """``paramserver doc --json``: every component (or the one called ``name``) as data."""
+    if name is not None:
+        found = find_component(name)
+        if isinstance(found, str):
+            cls = ClusterConf if found == "cluster" else JobConf
+            return {"name": found, "kind": "configuration", "doc": inspect.getdoc(cls) or "",
+                    "fields": fields_data(cls)}
+        canonical, registry, common = found
+        return {**_component_data(registry, canonical),
+                "common_fields": fields_data(common)}
+    return {
+        "sections": [{"title": title, "kind": registry.kind,
+                      "common_fields": fields_data(common),
+                      "components": [_component_data(registry, n) for n in registry.names()]}
+                     for title, registry, common in SECTIONS],
+        "configurations": [{"name": "cluster", "fields": fields_data(ClusterConf)},
+                           {"name": "job", "fields": fields_data(JobConf)}],
+    }
+
+
+def _component_data(registry: ComponentRegistry, name: str) -> dict[str, Any]:
+    cls = registry.get(name)
+    text = inspect.getdoc(cls) or ""
+    key = registry.conf_name(name)
+    return {"name": name, "kind": registry.kind, "aliases": list(registry.aliases(name)),
+            "summary": text.split("\n\n")[0].replace("\n", " "), "doc": text,
+            "conf_block": key,
+            "fields": fields_data(cls.Config) if key is not None else []}
+
+
+def fields_data(cls: type[Parameter]) -> list[dict[str, Any]]:
+    """The declared fields of a configuration as data, in declaration order."""
+    out = []
+    for f in cls.fields().values():
+        enum = f.enum
+        if enum is not None and not isinstance(enum, tuple):
+            enum = enum.names() if hasattr(enum, "names") else None
+        out.append({"name": f.name, "type": f.type.name, "required": f.required,
+                    "default": None if f.required else json_safe(
+                        f.type.plain(f.make_default())),
+                    "doc": f.doc, "lower": json_safe(f.lower), "upper": json_safe(f.upper),
+                    "lower_exclusive": f.lower_exclusive,
+                    "enum": list(enum) if enum is not None else None,
+                    "aliases": list(f.aliases)})
+    return out
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with non-finite floats as the strings ``"inf"``, ``"-inf"``, ``"nan"``
+    (JSON has no such numbers)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return format_number(value)
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def problems_data(error: ParamError) -> list[dict[str, Any]]:
+    """Every problem of an error as data: ``file``, ``line``, ``column`` (for a place in a
+    file), ``path`` (for a key path), and ``message``."""
+    out = []
+    for p in error.problems:
+        where = p.where
+        loc = where if isinstance(where, Location) else None
+        out.append({"file": loc.file if loc else None, "line": loc.line if loc else None,
+                    "column": loc.column if loc else None,
+                    "path": where if isinstance(where, str) else None,
+                    "message": p.message})
+    return out
 
 
 def _entry(registry: ComponentRegistry, name: str, common: type[ComponentConf],
@@ -163,4 +306,5 @@ def _indent(text: str, by: str = "    ") -> str:
     return "\n".join(by + line if line else line for line in text.splitlines())
 
 
-__all__ = ["component_doc", "describe_conf", "job_report", "table"]
+__all__ = ["component_data", "component_doc", "describe_conf", "fields_data", "find_component",
+           "job_report", "job_summary", "json_safe", "problems_data", "table"]

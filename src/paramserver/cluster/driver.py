@@ -459,13 +459,20 @@ class Driver:
                 if last > first:
                     self._pristine = False
                     self._drive(fn, first, last, run_start, results, left, reported, on_step)
+                    # A server lost after the workers' last request of the part took the
+                    # part's work with it all the same.
+                    lost = self.backend.revive()
+                    if lost:
+                        names = ", ".join(self._names[a] for a in lost)
+                        raise _Stop(f"{names} was lost in steps {first} to {last - 1}",
+                                    server_lost=True)
                 if self.saves:  # also serves a server lost before the next part begins
                     self._save(last)
                 return
             except (_Stop, ClusterError) as e:
                 f = e if isinstance(e, _Stop) else _Stop(str(e), e, isinstance(e, ServerLost))
-                lost = f.server_lost or bool(self.saves and self.backend.revive())
-                if not lost or self.backend.busy() or attempt == self.max_restarts == 0:
+                was_lost = f.server_lost or bool(self.saves and self.backend.revive())
+                if not was_lost or self.backend.busy() or attempt == self.max_restarts == 0:
                     raise f from None  # a worker stuck in its step cannot run it again
                 if attempt == self.max_restarts:
                     raise _Stop(f"{f.message} (gave up after {attempt} recoveries)",

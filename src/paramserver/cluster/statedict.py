@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from ..config import ParamError
 from .layout import ServerLayout
 from .messages import Address
 
@@ -76,4 +77,43 @@ def owner_versions(layouts: Sequence[ServerLayout],
     return per_owner
 
 
-__all__ = ["join_state", "layout_array", "owner_versions", "split_state", "step_problems"]
+def owner_values(state: Mapping[str, np.ndarray]) -> np.ndarray:
+    """The owners' flat values (as ``ParamSet.values`` holds them) from a flat state: every
+    server's ``values`` of server group 0, placed at its ``layout`` range.
+
+    Raises:
+        ParamError: naming what is missing or does not fit (a ValueError).
+    """
+    if "layout" not in state:
+        raise ParamError("'layout' is missing")
+    layout = np.asarray(state["layout"])
+    if layout.ndim != 2 or layout.shape[1:] != (2,) or layout.dtype.kind not in "iu":
+        raise ParamError(f"'layout' is {layout.dtype} of shape {layout.shape}, expected "
+                         "integers of shape (servers, 2)")
+    total = int(layout[:, 1].max()) if len(layout) else 0
+    parts = []
+    for index, (start, stop) in enumerate(layout.tolist()):
+        if start == stop:
+            continue
+        key = f"server/0/{index}/values"
+        values = state.get(key)
+        if values is None or np.ndim(values) != 1 or len(values) != stop - start:
+            raise ParamError(f"'{key}' is missing or does not hold the {stop - start} "
+                             f"values of [{start}, {stop})")
+        parts.append((start, stop, np.asarray(values)))
+    if not parts:
+        return np.zeros(total, np.float32)
+    out = np.empty(total, parts[0][2].dtype)
+    covered = 0
+    for start, stop, values in sorted(parts, key=lambda p: p[0]):
+        if start != covered:
+            raise ParamError(f"the servers' ranges leave a gap or overlap at {covered}")
+        out[start:stop] = values
+        covered = stop
+    if covered != total:
+        raise ParamError(f"the servers' ranges end at {covered}, not at {total}")
+    return out
+
+
+__all__ = ["join_state", "layout_array", "owner_values", "owner_versions", "split_state",
+           "step_problems"]

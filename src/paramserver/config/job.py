@@ -8,11 +8,12 @@ the selected component's own ``*_conf`` declared by the component itself.
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any, ClassVar
 
 from .components import ComponentConf, layers, lr_methods, param_generators, updaters
-from .errors import ParamError
+from .errors import ParamError, Problem
 from .parameter import Parameter, field
 from .tree import Block
 
@@ -106,15 +107,21 @@ class NetConf(Parameter):
     partition_dim: int = field(0, lower=-1, upper=1, doc="Accepted for SINGA compatibility; "
                                                         "layers are not partitioned here.")
 
-    def check(self) -> list[str]:
+    def check(self) -> list[Problem]:
         problems, seen = [], set()
-        for layer in self.layer:
+        for i, layer in enumerate(self.layer):
             if layer.name in seen:
-                problems.append(f"layer name '{layer.name}' is used twice")
+                problems.append(Problem(f"layer name '{layer.name}' is used twice",
+                                        f"layer[{i}].name"))
             seen.add(layer.name)
-        for layer in self.layer:
-            problems += [f"layer '{layer.name}' reads unknown layer '{src}'"
-                         for src in layer.srclayers if src not in seen]
+        for i, layer in enumerate(self.layer):
+            for k, src in enumerate(layer.srclayers):
+                if src not in seen:
+                    earlier = [x.name for x in self.layer[:i]]  # what it may read
+                    close = difflib.get_close_matches(src, earlier[::-1], n=1)
+                    hint = f"; did you mean '{close[0]}'?" if close else ""
+                    problems.append(Problem(f"layer '{layer.name}' reads unknown layer "
+                                            f"'{src}'{hint}", f"layer[{i}].srclayers[{k}]"))
         return problems
 
 

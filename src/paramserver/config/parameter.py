@@ -17,11 +17,11 @@ import difflib
 import inspect
 import json
 import typing
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
 from .errors import Location, ParamError, Problem
-from .tree import Block, Entry, Value, unwrap, wrap
+from .tree import Block, Entry, ListValue, Value, unwrap, wrap
 from .types import (
     FieldType,
     Invalid,
@@ -236,7 +236,7 @@ class Parameter(Nested):
         values.update(given)  # dynamic fields, after the declared ones
         object.__setattr__(obj, "__dict__", {k: v for k, v in values.items() if v is not _BAD})
         if not problems:
-            problems.extend(Problem(m, block.where) for m in obj.check())
+            problems.extend(_placed(m, block) for m in obj.check())
         if problems:
             raise ParamError(problems)
         return obj
@@ -322,8 +322,15 @@ class Parameter(Nested):
     def _dynamic_field(cls, name: str) -> Field:
         raise KeyError(name)
 
-    def check(self) -> list[str]:
-        """Checks across fields, run after every field is parsed; returns problem messages."""
+    def check(self) -> Sequence[str | Problem]:
+        """Checks across fields, run after every field is parsed; returns problem messages.
+
+        A message placed at a value of this configuration is a :class:`Problem` whose
+        ``where`` is the value's key path relative to it (``"layer[2].srclayers[0]"``,
+        counting repeated keys and list items alike); it is reported at that value's place in
+        the file (or at that key path for a mapping). A plain string is reported at the
+        configuration's own place.
+        """
         return []
 
     # -- update, copy, comparison -----------------------------------------------------------
@@ -337,7 +344,7 @@ class Parameter(Nested):
         if not problems:
             trial = copy.copy(self)
             trial.__dict__.update(values)
-            problems.extend(Problem(m) for m in trial.check())
+            problems.extend(m if isinstance(m, Problem) else Problem(m) for m in trial.check())
         if problems:
             raise ParamError(problems)
         self.__dict__.update(values)
@@ -398,6 +405,31 @@ class Parameter(Nested):
     def fields(cls) -> dict[str, Field]:
         """The declared fields by name, in declaration order."""
         return dict(cls.__fields__)
+
+
+def _placed(message: str | Problem, block: Block) -> Problem:
+    """A problem of :meth:`Parameter.check`, at the place its relative key path names in
+    ``block`` (the block's own place when it names none, or nothing found)."""
+    if not isinstance(message, Problem):
+        return Problem(message, block.where)
+    if not isinstance(message.where, str):
+        return message if message.where is not None else Problem(message.message, block.where)
+    value: Value = block
+    for part in message.where.split("."):
+        key, _, rest = part.partition("[")
+        index = int(rest.rstrip("]")) if rest.rstrip("]").isdigit() else 0
+        if not isinstance(value, Block):
+            break
+        found: list[Value] = []
+        for e in value.entries:
+            if e.key == key and not e.extension:
+                found += e.value.items if isinstance(e.value, ListValue) else [e.value]
+        if index >= len(found):
+            break
+        value = found[index]
+    else:
+        return Problem(message.message, value.where or block.where)
+    return Problem(message.message, block.where)
 
 
 def _block(cls: type, mapping: Any) -> Block:

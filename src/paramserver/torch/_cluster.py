@@ -36,6 +36,8 @@ from ..updaters import Updater
 from ._bind import TorchParams, _named
 from ._rules import ParamRule, RulesLike, parse_rules, resolve, split_job_text
 
+_CHECKPOINT_FORMAT = "paramserver-torch-cluster/1"
+
 #: ``loss_fn(model, step, rank, num_workers)``: the loss of this worker's share of the step's
 #: batch (a scalar tensor), or ``(loss, metrics_dict)``.
 LossFn = Callable[[torch.nn.Module, int, int, int], Any]
@@ -211,6 +213,29 @@ class TorchCluster:
     def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
         """Restore :meth:`state_dict`'s output (the module's values included)."""
         self.cluster.load_state_dict(state)
+
+    def save_checkpoint(self, path: str | os.PathLike[str]) -> Path:
+        """Write :meth:`state_dict` to a paramserver checkpoint (atomic, no pickle), with
+        the parameters' names and shapes and the module's ``state_dict`` names, so that
+        ``paramserver export`` can write the model for ``module.load_state_dict``."""
+        from ..checkpoint import save_checkpoint
+        from ..export import TABLE, param_table
+
+        meta = {"format": _CHECKPOINT_FORMAT, "step": self.step,
+                TABLE: param_table(self.params.pset, self.module)}
+        return save_checkpoint(path, self.state_dict(), meta)
+
+    def load_checkpoint(self, path: str | os.PathLike[str]) -> None:
+        """Restore :meth:`save_checkpoint`'s file; refused whole if it does not fit."""
+        from ..checkpoint import CheckpointError, load_checkpoint
+
+        arrays, meta = load_checkpoint(path)
+        if meta.get("format") != _CHECKPOINT_FORMAT:
+            raise CheckpointError(f"{path}: not a checkpoint of a TorchCluster")
+        try:
+            self.load_state_dict(arrays)
+        except ParamError as e:
+            raise CheckpointError([f"{path}: {p}" for p in e.problems]) from None
 
     def __repr__(self) -> str:
         return f"TorchCluster({self.cluster!r}, {self.params!r})"

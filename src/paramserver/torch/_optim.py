@@ -546,11 +546,12 @@ class Optimizer(torch.optim.Optimizer):
 
     def save_checkpoint(self, path: str | os.PathLike[str]) -> Path:
         """Write the parameters' values, the updater state, the step and the versions to a
-        paramserver checkpoint (SPEC §9: ``.npz`` of plain arrays, atomic, no pickle).
+        paramserver checkpoint (SPEC §9: safetensors of plain arrays, atomic, no pickle).
 
         Module buffers (batch-norm statistics) are not Params: save them with the module.
         """
         from ..checkpoint import save_checkpoint
+        from ..export import TABLE, param_table
 
         sd = self.state_dict()
         names = sd["paramserver"]["names"]
@@ -561,7 +562,8 @@ class Optimizer(torch.optim.Optimizer):
                 arrays[f"state/{names[idx]}/{role}"] = t.numpy()
         meta = {"kind": _CHECKPOINT_KIND, **sd["paramserver"],
                 "param_groups": sd["param_groups"],
-                "versions": {p.name: p.version for p in pset.owners}}
+                "versions": {p.name: p.version for p in pset.owners},
+                TABLE: param_table(pset)}  # names and shapes, for paramserver export
         return save_checkpoint(path, arrays, meta)
 
     def load_checkpoint(self, path: str | os.PathLike[str]) -> None:

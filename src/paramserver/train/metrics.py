@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import csv
 import io
+import logging
 import os
-import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 COLUMNS = ("step", "phase", "loss", "accuracy", "lr")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -69,18 +70,22 @@ class MetricsLog:
         os.replace(tmp, self.path)
 
     def plot(self, path: str | os.PathLike[str], title: str) -> Path | None:
-        """A PNG of loss and accuracy against the step, train and test; None without
-        matplotlib (the ``examples`` extra)."""
+        """A PNG of loss, accuracy and learning rate against the step, train and test; None
+        without matplotlib (the ``examples`` extra).
+
+        The accuracy axis spans the data (97 % and 99.7 % look different), not 0 to 1.
+        """
         try:
             import matplotlib
 
             matplotlib.use("Agg", force=True)
             import matplotlib.pyplot as plt
+            from matplotlib.ticker import PercentFormatter
         except ImportError:
-            warnings.warn("matplotlib is not installed (pip install 'paramserver[examples]'): "
-                          "no plot written", RuntimeWarning, stacklevel=2)
+            log.warning("no metrics.png: matplotlib is not installed (pip install "
+                        "'paramserver[examples]')")
             return None
-        fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
+        fig, (ax_loss, ax_acc, ax_lr) = plt.subplots(1, 3, figsize=(14, 4))
         for phase, style in (("train", "-"), ("test", "o-")):
             rows = [r for r in self.rows if r.phase == phase]
             if not rows:
@@ -88,9 +93,17 @@ class MetricsLog:
             steps = [r.step for r in rows]
             ax_loss.plot(steps, [r.loss for r in rows], style, label=phase, markersize=3)
             ax_acc.plot(steps, [r.accuracy for r in rows], style, label=phase, markersize=3)
+        train = [r for r in self.rows if r.phase == "train"]
+        if train:
+            ax_lr.plot([r.step for r in train], [r.lr for r in train], "-", label="train")
+            if _spans_decades([r.lr for r in train]):
+                ax_lr.set_yscale("log")
         ax_loss.set(xlabel="step", ylabel="loss", title="loss")
-        ax_acc.set(xlabel="step", ylabel="accuracy", title="accuracy", ylim=(0, 1))
-        for ax in (ax_loss, ax_acc):
+        ax_acc.set(xlabel="step", ylabel="accuracy", title="accuracy",
+                   ylim=accuracy_limits([r.accuracy for r in self.rows]))
+        ax_acc.yaxis.set_major_formatter(PercentFormatter(1.0))
+        ax_lr.set(xlabel="step", ylabel="learning rate", title="learning rate")
+        for ax in (ax_loss, ax_acc, ax_lr):
             ax.grid(alpha=0.3)
             if ax.lines:
                 ax.legend()
@@ -104,4 +117,20 @@ class MetricsLog:
         return out
 
 
-__all__ = ["COLUMNS", "MetricsLog", "Row"]
+def accuracy_limits(values: Sequence[float]) -> tuple[float, float]:
+    """The accuracy axis: the data's range with a margin, within [0, 1]."""
+    finite = [v for v in values if v == v]
+    if not finite:
+        return 0.0, 1.0
+    lo, hi = min(finite), max(finite)
+    margin = max((hi - lo) * 0.1, 0.005)
+    return max(0.0, lo - margin), min(1.0, hi + margin)
+
+
+def _spans_decades(values: Sequence[float]) -> bool:
+    positive = [v for v in values if v > 0]
+    return len(positive) == len(values) and bool(positive) and max(positive) > 10 * min(
+        positive)
+
+
+__all__ = ["COLUMNS", "MetricsLog", "Row", "accuracy_limits"]

@@ -11,6 +11,8 @@ not stopped.
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -30,13 +32,25 @@ from ..checkpoint import (
 )
 from ..cluster import Cluster, RemoteGradFn, Worker
 from ..config.job import JobConf
+from ..export import TABLE, param_table
 from ..init import init_params
 from ..params import ParamSet
 from .metrics import MetricsLog, Row
 from .net import Net
-from .progress import Progress
+from .progress import Progress, Rate
+from .tensorboard import FOLDER as TENSORBOARD_FOLDER
+from .tensorboard import TensorBoardLog
 
 FORMAT = "paramserver-checkpoint/1"
+log = logging.getLogger(__name__)
+
+
+def default_disp_freq(train_steps: int) -> int:
+    """Steps between progress reports when the job leaves ``disp_freq`` at 0: a round
+    number (1, 2 or 5 times a power of ten) giving 10 to 25 reports."""
+    target = max(train_steps / 10, 1.0)
+    power = 10 ** math.floor(math.log10(target))
+    return int(max(m * power for m in (1, 2, 5) if m * power <= target))
 
 
 @dataclass(frozen=True)
@@ -55,12 +69,14 @@ class Trainer:
 
     Args:
         job: the job.
-        progress: show a progress bar (or, off a terminal, a line per display step).
-        stream: where progress goes (default stderr).
+        progress: show the progress display (or, off a terminal, a line per display step).
+        stream: where progress goes (default stderr). Messages (test results, checkpoints)
+            go to the ``paramserver`` logger.
         base_dir: folder that relative data paths are read from (the job file's folder).
         cluster_options: keyword arguments of :class:`~paramserver.cluster.Cluster`
             (``max_restarts``; on Ray ``placement``, ``server_options``,
             ``worker_options``, ...).
+        tensorboard: write TensorBoard event files into ``<workspace>/tensorboard``.
 
     Every worker builds its own Net from the job's configuration (sent as JSON, with the
     names of the modules that registered user components), in its thread or its Ray actor;
@@ -71,8 +87,9 @@ class Trainer:
 
     def __init__(self, job: JobConf, *, progress: bool = True, stream: TextIO | None = None,
                  base_dir: str | os.PathLike[str] | None = None,
-                 cluster_options: Mapping[str, Any] | None = None):
+                 cluster_options: Mapping[str, Any] | None = None, tensorboard: bool = True):
         self.job = job
+        self.tensorboard = tensorboard
         self.workspace = Path(job.workspace_dir)
         self.show = progress
         self.stream = stream
@@ -90,8 +107,7 @@ class Trainer:
         self.eval_net.bind(self.params)
         self.log = MetricsLog(self.workspace / "metrics.csv")
         self._window: list[list[float]] = []  # train metrics since the last display row
-        steps = job.train_steps
-        self.disp_freq = job.disp_freq or max(1, steps // 30)
+        self.disp_freq = job.disp_freq or default_disp_freq(job.train_steps)
 
     def close(self) -> None:
         """Stop the cluster's actors (Ray backend; nothing to do embedded)."""
@@ -106,11 +122,29 @@ class Trainer:
         job = self.job
         t0 = time.perf_counter()
         start = self._resume() if resume else self._fresh()
-        progress = Progress(job.train_steps, start, self.stream, self.show)
+        checkpoints = self._checkpoint_steps(start)
+        board = TensorBoardLog(self.workspace / TENSORBOARD_FOLDER, start, checkpoints,
+                               enabled=self.tensorboard and start < job.train_steps)
+        with Progress(job.train_steps, start, self.stream, self.show) as progress, board:
+            step, test = self._run(start, set(checkpoints), progress, board)
+        self.log.write()
+        plot = self.log.plot(self.workspace / "metrics.png", f"{job.name}")
+        seconds = time.perf_counter() - t0
+        files = [self.log.path, plot, board.folder if self.tensorboard else None]
+        log.info("done: %d steps in %.1f s; %s", step, seconds,
+                 ", ".join(str(p) for p in files if p is not None))
+        return TrainResult(step, None if test is None else test["loss"],
+                           None if test is None else test["accuracy"], seconds,
+                           self.workspace)
+
+    def _run(self, start: int, checkpoints: set[int], progress: Progress,
+             board: TensorBoardLog) -> tuple[int, dict[str, float] | None]:
+        job = self.job
         if start >= job.train_steps:
-            progress.message(f"nothing to do: the job is at step {start} of {job.train_steps}")
+            log.info("nothing to do: the job is at step %d of %d", start, job.train_steps)
         window = self._window
         test: dict[str, float] | None = None
+        rate = Rate(start)  # steps/s for TensorBoard, whether or not progress is shown
 
         def on_step(step: int, metrics: list[Mapping[str, Any] | None]) -> None:
             live = [m for m in metrics if m is not None]
@@ -122,6 +156,8 @@ class Trainer:
                 lr = self.cluster.updater.lr(step)
                 self.log.add(Row(done, "train", loss, acc, lr))
                 progress.update(done, loss, acc, lr, force=True)
+                board.scalars("train", done, {"loss": loss, "accuracy": acc, "lr": lr,
+                                              "steps_per_second": rate.add(done)})
                 if done % self.disp_freq == 0:
                     window.clear()  # else kept: a resumed run goes on with the same window
             elif progress.tty:
@@ -129,34 +165,49 @@ class Trainer:
                 progress.update(done, loss, acc, self.cluster.updater.lr(step))
 
         step = start
-        for stop in self._boundaries(start):
+        for stop in self._boundaries(start, board.stops(start)):
+            board.before_chunk(step, stop, self.params)
             self.cluster.run(self._step_fn, stop - step, start_step=step, on_step=on_step)
             step = stop
             if self._due(step, job.test_freq, job.test_after) or step == job.train_steps:
-                test = self.eval_net.evaluate(steps=job.test_steps)
-                self.log.add(Row(step, "test", test["loss"], test["accuracy"],
-                                 self.cluster.updater.lr(step - 1)))
-                progress.message(f"step {step}: test loss {test['loss']:.4f}, "
-                                 f"accuracy {test['accuracy']:.2%}")
+                test = self._test(step, progress, board)
             self.log.write()
-            if self._due(step, job.checkpoint_freq, job.checkpoint_after) or (
-                    job.checkpoint_freq and step == job.train_steps):
+            if step in checkpoints:
+                board.histograms(step, self.params)
+                board.flush()  # what the checkpoint covers is on disk before it
                 path = self.save(step)
-                progress.message(f"step {step}: checkpoint {path}")
-        progress.close()
-        self.log.write()
-        plot = self.log.plot(self.workspace / "metrics.png", f"{job.name}")
-        seconds = time.perf_counter() - t0
-        if self.show:
-            where = ", ".join(str(p) for p in (self.log.path, plot) if p is not None)
-            progress.message(f"done: {step} steps in {seconds:.1f} s; {where}")
-        return TrainResult(step, None if test is None else test["loss"],
-                           None if test is None else test["accuracy"], seconds,
-                           self.workspace)
+                log.info("step %d: checkpoint %s", step, path)
+        return step, test
 
-    def _boundaries(self, start: int) -> list[int]:
+    def _test(self, step: int, progress: Progress, board: TensorBoardLog) -> dict[str, float]:
         job = self.job
-        stops = {job.train_steps}
+        progress.set_phase("test")
+        t = time.perf_counter()
+        test = self.eval_net.evaluate(steps=job.test_steps)
+        seconds = time.perf_counter() - t
+        progress.set_phase("train")
+        net = self.eval_net
+        batches = -(-net.dataset.num_test // net.batchsize)
+        if job.test_steps:
+            batches = min(batches, job.test_steps)
+        lr = self.cluster.updater.lr(step - 1)
+        self.log.add(Row(step, "test", test["loss"], test["accuracy"], lr))
+        board.scalars("test", step, {"loss": test["loss"], "accuracy": test["accuracy"],
+                                     "steps_per_second": batches / max(seconds, 1e-9)})
+        log.info("step %d: test loss %.4f, accuracy %.2f%%", step, test["loss"],
+                 100 * test["accuracy"])
+        return test
+
+    def _checkpoint_steps(self, start: int) -> list[int]:
+        """The steps after ``start`` that write a checkpoint."""
+        job = self.job
+        return [s for s in self._boundaries(start) if self._due(s, job.checkpoint_freq,
+                job.checkpoint_after) or (job.checkpoint_freq and s == job.train_steps)]
+
+    def _boundaries(self, start: int, extra: set[int] | frozenset[int] = frozenset()
+                    ) -> list[int]:
+        job = self.job
+        stops = {job.train_steps, *extra}
         for freq, after in ((job.test_freq, job.test_after),
                             (job.checkpoint_freq, job.checkpoint_after)):
             if freq:
@@ -176,7 +227,8 @@ class Trainer:
         """Write the checkpoint of ``step`` into ``<workspace>/checkpoints``."""
         meta = {"format": FORMAT, "job": self.job.name, "step": step,
                 "params": self._layout(), "dtype": self.params.dtype.name,
-                "window": self._window}
+                "window": self._window, TABLE: param_table(self.params),
+                "job_conf": self.job.to_dict()}
         return save_checkpoint(self.workspace / "checkpoints" / checkpoint_name(step),
                                self.cluster.state_dict(), meta)
 
@@ -187,19 +239,16 @@ class Trainer:
         stale = list_checkpoints(self.workspace / "checkpoints")
         for _, path in stale:
             path.unlink()
-        if stale and self.show:
-            Progress(1, stream=self.stream).message(
-                f"a new run: removed {len(stale)} checkpoint(s) of an earlier run in "
-                f"{self.workspace / 'checkpoints'} (use --resume to continue one)")
+        if stale:
+            log.warning("a new run: removed %d checkpoint(s) of an earlier run in %s (use "
+                        "--resume to continue one)", len(stale), self.workspace / "checkpoints")
         return 0
 
     def _resume(self) -> int:
         folder = self.workspace / "checkpoints"
         found = load_latest_checkpoint(folder)
         if found is None:
-            if self.show:
-                Progress(1, stream=self.stream).message(
-                    f"no checkpoint in {folder}: starting from step 0")
+            log.warning("no checkpoint in %s: starting from step 0", folder)
             self.log.rows = []
             return 0
         path, arrays, meta = found
@@ -211,8 +260,7 @@ class Trainer:
         self.log.resume_at(step, lambda r: r.step < step or (
             (r.phase == "train" and step % self.disp_freq == 0)
             or (r.phase == "test" and self._due(step, job.test_freq, job.test_after))))
-        if self.show:
-            Progress(1, stream=self.stream).message(f"resuming from {path} (step {step})")
+        log.info("resuming from %s (step %d)", path, step)
         return step
 
     def load(self, path: str | os.PathLike[str]) -> None:

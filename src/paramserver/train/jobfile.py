@@ -1,0 +1,162 @@
+"""A job file read for ``paramserver check`` and ``train``: every problem at once, at its place.
+
+Building the net (layers, shapes, data) is a second stage after the configuration is read;
+its problems name a layer (``layer 'fc2' (kInnerProduct): ...``). Here they are placed at that
+layer's ``layer`` block in the file, and when the rest of the file has problems but the
+``neuralnet`` block is whole, the net is built anyway so that its problems are reported in
+the same run, not one fix later.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..config import Location, ParamError, Problem
+from ..config.job import JobConf, NetConf, load_job
+from ..config.textformat import parse_text
+from ..config.tree import Block, Entry, Scalar
+from ..init import init_params
+from ..params import ParamSet
+from .net import Net
+
+_LAYER = re.compile(r"layer '([^']*)'")
+_PARAM = re.compile(r"(?:.*?)\bParam '([^']*)'")
+
+
+@dataclass
+class JobFile:
+    """A job read from a file, with its text's tree (where every value was written)."""
+
+    job: JobConf
+    tree: Block
+    path: Path
+
+    @property
+    def base_dir(self) -> Path:
+        """The folder relative data paths start from: the job file's."""
+        return self.path.parent
+
+    def build_net(self) -> Net:
+        """The job's net, its problems placed at their layers."""
+        with self.placing():
+            return Net(self.job.neuralnet, seed=self.job.seed, base_dir=self.base_dir)
+
+    def check_params(self, net: Net) -> None:
+        """Make and initialise the net's Params as training would (an init method that does
+        not fit its Param, a kFromFile file that lacks a tensor), problems placed."""
+        with self.placing():
+            init_params(ParamSet(net.param_specs(), net.dtype), self.job.seed)
+
+    @contextmanager
+    def placing(self) -> Iterator[None]:
+        """Re-raise a ParamError of the block with its net problems placed in the file."""
+        try:
+            yield
+        except ParamError as e:
+            raise place_net_problems(e, self.tree) from None
+
+
+def read_job_file(path: str | os.PathLike[str]) -> JobFile:
+    """Read and check a job file's configuration.
+
+    Raises:
+        ParamError: every problem of the file; with the configuration's problems, those of
+            the net when the ``neuralnet`` block itself reads without one.
+    """
+    path = Path(path)
+    text = _read(path)
+    tree = parse_text(text, str(path))  # the grammar: nothing more to check without it
+    try:
+        job = JobConf._build(tree)
+    except ParamError as e:
+        problems: list[Problem] = [*e.problems, *_net_problems(tree, path.parent)]
+        problems.sort(key=_order)
+        raise ParamError(problems) from None
+    return JobFile(job, tree, path)
+
+
+def place_net_problems(error: ParamError, tree: Block) -> ParamError:
+    """The problems of ``error``, those that name a layer (at the start) or a Param and have
+    no place of their own placed at that layer's or Param's block in ``tree``."""
+    layers, params = _places(tree)
+    placed = []
+    for p in error.problems:
+        layer, param = _LAYER.match(p.message), _PARAM.match(p.message)
+        if p.where is None and layer and layer.group(1) in layers:
+            p = Problem(p.message, layers[layer.group(1)])
+        elif p.where is None and param and param.group(1) in params:
+            p = Problem(p.message, params[param.group(1)])
+        placed.append(p)
+    return ParamError(placed)
+
+
+def _read(path: Path) -> str:
+    # load_job's messages for a file that cannot be read, without parsing it twice.
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        load_job(path)  # raises the ParamError that names the reason
+        raise
+
+
+def _net_problems(tree: Block, base_dir: Path) -> list[Problem]:
+    """The net's problems, if the ``neuralnet`` block reads whole on its own."""
+    blocks = [e.value for e in tree.entries if e.key == "neuralnet"]
+    if len(blocks) != 1 or not isinstance(blocks[0], Block):
+        return []
+    try:
+        netconf = NetConf._build(blocks[0])
+    except ParamError:
+        return []  # already among the configuration's problems
+    try:
+        Net(netconf, seed=0, base_dir=base_dir)
+    except ParamError as e:
+        return place_net_problems(e, tree).problems
+    return []
+
+
+Places = dict[str, Location | str | None]
+
+
+def _places(tree: Block) -> tuple[Places, Places]:
+    """Where each layer's block and each named Param's block start, by name (the first)."""
+    layers: Places = {}
+    params: Places = {}
+    for net in (e.value for e in tree.entries if e.key == "neuralnet"):
+        for layer in _blocks(net, "layer"):
+            name = _name(layer.value)
+            if name is not None:
+                layers.setdefault(name, layer.where)
+            for param in _blocks(layer.value, "param"):
+                name = _name(param.value)
+                if name is not None:
+                    params.setdefault(name, param.where)
+    return layers, params
+
+
+def _blocks(block: object, key: str) -> list[Entry]:
+    if not isinstance(block, Block):
+        return []
+    return [e for e in block.entries if e.key == key and isinstance(e.value, Block)]
+
+
+def _name(block: object) -> str | None:
+    for e in block.entries if isinstance(block, Block) else []:
+        if e.key == "name" and isinstance(e.value, Scalar):
+            return str(e.value.raw)
+    return None
+
+
+def _order(problem: Problem) -> tuple[int, int, int]:
+    where = problem.where
+    if isinstance(where, Location):
+        return (0, where.line, where.column)
+    return (1, 0, 0)
+
+
+__all__ = ["JobFile", "place_net_problems", "read_job_file"]

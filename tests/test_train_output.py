@@ -1,0 +1,265 @@
+"""What a training run shows and leaves: progress display, log messages, TensorBoard, plot."""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from paramserver.checkpoint import checkpoint_name
+from paramserver.cli import main
+from paramserver.config.job import parse_job
+from paramserver.train.metrics import MetricsLog, Row, accuracy_limits
+from paramserver.train.progress import Progress, Rate
+from paramserver.train.trainer import Trainer, default_disp_freq
+
+JOB = """
+name: "tiny"
+train_steps: {steps}
+disp_freq: {disp}
+test_freq: 10
+test_steps: 2
+checkpoint_freq: 10
+workspace: "{ws}"
+seed: 5
+updater {{
+  type: kSGD momentum: 0.9
+  learning_rate {{ type: kStep base_lr: 0.05 step_conf {{ change_freq: 15 gamma: 0.5 }} }}
+}}
+neuralnet {{
+  layer {{ name: "data" type: kData data_conf {{ source: "digits" batchsize: 16 }} }}
+  layer {{ name: "fc1" type: kInnerProduct srclayers: "data"
+          innerproduct_conf {{ num_output: 16 }} }}
+  layer {{ name: "act" type: kTanh srclayers: "fc1" }}
+  layer {{ name: "fc2" type: kInnerProduct srclayers: "act"
+          innerproduct_conf {{ num_output: 10 }} }}
+  layer {{ name: "loss" type: kSoftmaxLoss srclayers: "fc2" srclayers: "data" }}
+}}
+"""
+
+
+def job(ws: Path, steps: int = 20, disp: int = 7):  # type: ignore[no-untyped-def]
+    return parse_job(JOB.format(steps=steps, ws=ws, disp=disp))
+
+
+class Terminal(io.StringIO):
+    """A stream that says it is a terminal (what rich draws a live display on)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+# -- progress ---------------------------------------------------------------------------------
+
+LINE = re.compile(r"train step +(\d+)/20 \( *\d+%\)  loss \d+\.\d{4}  acc +\d+\.\d\d%  "
+                  r"lr [\d.e-]+  [\d,.]+ steps/s  elapsed \d+:\d\d:\d\d  ETA \d+:\d\d:\d\d")
+ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # colours, cursor moves
+
+
+def test_plain_lines_off_a_terminal(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    out = io.StringIO()
+    with caplog.at_level(logging.INFO, logger="paramserver"):
+        Trainer(job(tmp_path), stream=out, tensorboard=False).train()
+    lines = out.getvalue().splitlines()
+    assert [LINE.fullmatch(x).group(1) for x in lines] == ["7", "14", "20"]  # type: ignore[union-attr]
+    # Messages go through logging, not into the progress stream.
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("step 10: test loss") for m in messages)
+    assert any(m.startswith("step 20: checkpoint") for m in messages)
+    assert any(m.startswith("done: 20 steps") for m in messages)
+
+
+def test_default_display_frequency() -> None:
+    assert [default_disp_freq(n) for n in (0, 5, 37, 100, 250, 1500, 10**6)] == [
+        1, 1, 2, 10, 20, 100, 100000]
+    for n in (7, 100, 999, 1500, 4321, 10**5):
+        assert 10 <= n // default_disp_freq(n) <= 25 or n < 10
+
+
+def test_a_job_without_disp_freq_shows_about_ten_lines(tmp_path: Path) -> None:
+    out = io.StringIO()
+    text = JOB.format(steps=100, ws=tmp_path, disp=0)
+    Trainer(parse_job(text), stream=out, tensorboard=False).train()
+    assert len(out.getvalue().splitlines()) == 10
+
+
+def test_steps_per_second_is_recent_not_since_the_start() -> None:
+    now = [0.0]
+    rate = Rate(0, window=10.0, clock=lambda: now[0])
+    now[0] = 20.0
+    assert rate.add(10) == pytest.approx(0.5)    # a slow warm-up: 10 steps in 20 s
+    for step in range(20, 200, 10):              # then 10 steps a second
+        now[0] += 1.0
+        value = rate.add(step)
+    assert value == pytest.approx(10.0)          # not (190 / 38 s) since the start
+
+
+def test_live_display_keeps_its_last_line_and_prints_messages_above(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    term = Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["train", str(_job_file(tmp_path)), "--workspace", str(tmp_path / "ws"),
+                 "--no-tensorboard"]) == 0
+    screen = _screen(term.getvalue())
+    last = max(i for i, x in enumerate(screen) if "20/20" in x)
+    assert "ETA" in screen[last] and "steps/s" in screen[last] and "…" not in screen[last]
+    assert "loss" in screen[last + 1] and "acc" in screen[last + 1]  # the final metrics
+    assert any(x.startswith("step 10: test loss") for x in screen[:last])  # above the bar
+    assert any(x.startswith("step 20: test loss") for x in screen[:last])
+    assert screen[last + 2].startswith("done: 20 steps")  # after it, on a line of its own
+
+
+def _screen(text: str) -> list[str]:
+    """What stays on each line of a terminal: the text after the line's last carriage
+    return (a live display redraws its lines in place), escapes left out."""
+    lines: list[str] = []
+    for raw in ESCAPES.sub("", text).split("\n"):
+        lines.append(raw.split("\r")[-1])
+    # A redraw moves the cursor up over the display's lines; keep the last drawing of them.
+    return [x for x in lines if x.strip()]
+
+
+def test_ctrl_c_is_reported_on_a_line_of_its_own(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    term = Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    monkeypatch.setenv("COLUMNS", "80")
+
+    def interrupted(self: Trainer, *args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "_test", interrupted)
+    assert main(["train", str(_job_file(tmp_path)), "--workspace", str(tmp_path / "ws"),
+                 "--no-tensorboard"]) == 130
+    text = ESCAPES.sub("", term.getvalue())
+    before, _, after = text.rpartition("paramserver: interrupted")
+    assert before.endswith("\n") and after == "\n"  # not on the bar's line
+    assert "10/20" in _screen(before)[-2]  # the bar stays, at the step it reached
+
+
+def test_progress_off_a_terminal_is_silent_between_display_steps() -> None:
+    out = io.StringIO()
+    with Progress(10, stream=out) as p:
+        p.update(3, 1.0, 0.5, 0.1)
+        p.set_phase("test")
+        p.update(5, 1.0, 0.5, 0.1, force=True)
+    assert out.getvalue().startswith("test step  5/10 ( 50%)")
+    assert out.getvalue().count("\n") == 1
+    quiet = io.StringIO()
+    with Progress(10, stream=quiet, enabled=False) as p:
+        p.update(5, 1.0, 0.5, 0.1, force=True)
+    assert quiet.getvalue() == ""
+
+
+def _job_file(tmp_path: Path) -> Path:
+    path = tmp_path / "job.conf"
+    path.write_text(JOB.format(steps=20, ws=tmp_path / "unused", disp=7))
+    return path
+
+
+# -- TensorBoard ------------------------------------------------------------------------------
+
+def events(folder: Path):  # type: ignore[no-untyped-def]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(folder), size_guidance={"scalars": 0, "histograms": 0})
+    acc.Reload()
+    return acc
+
+
+def scalars(acc, tag: str) -> list[tuple[int, float]]:  # type: ignore[no-untyped-def]
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+def test_event_files_hold_every_phase_and_histograms(tmp_path: Path) -> None:
+    Trainer(job(tmp_path), progress=False).train()
+    acc = events(tmp_path / "tensorboard")
+    tags = acc.Tags()
+    assert sorted(tags["scalars"]) == sorted(
+        f"{phase}/{name}" for phase, names in (
+            ("train", ("loss", "accuracy", "lr", "steps_per_second")),
+            ("test", ("loss", "accuracy", "steps_per_second"))) for name in names)
+    for name in ("loss", "accuracy", "lr", "steps_per_second"):
+        assert [s for s, _ in scalars(acc, f"train/{name}")] == [7, 14, 20]
+    assert [s for s, _ in scalars(acc, "test/accuracy")] == [10, 20]
+    assert scalars(acc, "train/lr")[-1][1] == pytest.approx(0.025)
+    rows = [r for r in csv_rows(tmp_path) if r[1] == "train"]
+    assert [v for _, v in scalars(acc, "train/loss")] == pytest.approx([r[2] for r in rows])
+    names = ("fc1_0", "fc1_1", "fc2_0", "fc2_1")
+    assert sorted(tags["histograms"]) == sorted(f"{k}/{n}" for k in ("values", "update")
+                                                for n in names)
+    for tag in tags["histograms"]:
+        assert [e.step for e in acc.Histograms(tag)] == [10, 20]
+    update = acc.Histograms("update/fc2_0")[-1].histogram_value
+    values = acc.Histograms("values/fc2_0")[-1].histogram_value
+    assert update.num == values.num == 160 and 0 < update.max < values.max
+
+
+def csv_rows(ws: Path) -> list[tuple[int, str, float]]:
+    lines = (ws / "metrics.csv").read_text().splitlines()[1:]
+    return [(int(a), b, float(c)) for a, b, c, *_ in (x.split(",") for x in lines)]
+
+
+def test_resume_continues_the_event_files_without_duplicates(tmp_path: Path) -> None:
+    Trainer(job(tmp_path / "straight"), progress=False).train()
+    Trainer(job(tmp_path / "resumed"), progress=False).train()
+    # The run stopped after its checkpoint at 10 (the one at 20 was never written), having
+    # logged steps 14 and 20: the resumed run logs them again, and they show once.
+    (tmp_path / "resumed" / "checkpoints" / checkpoint_name(20)).unlink()
+    Trainer(job(tmp_path / "resumed"), progress=False).train(resume=True)
+    assert len(list((tmp_path / "resumed" / "tensorboard").iterdir())) == 2
+    a, b = events(tmp_path / "straight" / "tensorboard"), events(
+        tmp_path / "resumed" / "tensorboard")
+    for tag in ("train/loss", "train/accuracy", "train/lr", "test/loss", "test/accuracy"):
+        assert scalars(b, tag) == scalars(a, tag), tag
+    assert [e.step for e in b.Histograms("values/fc1_0")] == [10, 20]
+
+
+def test_no_tensorboard(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", str(_job_file(tmp_path)), "--workspace", str(tmp_path / "ws"),
+                 "--no-tensorboard", "--quiet"]) == 0
+    assert not (tmp_path / "ws" / "tensorboard").exists()
+    assert capsys.readouterr().err == ""  # --quiet: no display, no messages
+
+
+# -- the plot ---------------------------------------------------------------------------------
+
+def test_accuracy_axis_zooms_to_the_data_and_lr_is_plotted(tmp_path: Path) -> None:
+    lo, hi = accuracy_limits([0.97, 0.985, 0.997])
+    assert 0.9 < lo < 0.97 and 0.997 < hi <= 1.0
+    assert accuracy_limits([]) == (0.0, 1.0) and accuracy_limits([0.1, 0.9])[0] >= 0.0
+    import matplotlib.pyplot as plt
+
+    log = MetricsLog(tmp_path / "metrics.csv")
+    log.rows = [Row(s, "train", 1.0 / s, 0.97 + s / 10000, 0.1 * 0.5 ** (s // 20))
+                for s in range(10, 101, 10)] + [Row(50, "test", 0.1, 0.99, 0.1)]
+    figures = []
+    real = plt.subplots
+    plt.subplots = lambda *a, **k: figures.append(real(*a, **k)) or figures[-1]  # type: ignore[assignment]
+    try:
+        path = log.plot(tmp_path / "metrics.png", "t")
+    finally:
+        plt.subplots = real  # type: ignore[assignment]
+    assert path is not None and path.read_bytes()[:4] == b"\x89PNG"
+    _, (_, ax_acc, ax_lr) = figures[0]
+    assert ax_acc.get_ylim()[0] > 0.9 and ax_lr.get_title() == "learning rate"
+    assert np.allclose(ax_lr.lines[0].get_ydata(), [r.lr for r in log.rows[:10]])
+    assert ax_lr.get_yscale() == "log"
+
+
+def test_missing_matplotlib_is_a_plain_message(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib fails
+    assert main(["train", str(_job_file(tmp_path)), "--workspace", str(tmp_path / "ws"),
+                 "--no-tensorboard", "--steps", "3"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: no metrics.png: matplotlib is not installed (pip install " in err
+    assert "Warning" not in err and "warnings.warn" not in err
+    assert not (tmp_path / "ws" / "metrics.png").exists()
