@@ -81,7 +81,7 @@ def model(n: int) -> ParamSet:
 
 
 class Client:
-    """A worker stub in this process, on the server actors of a RayCluster."""
+    """A worker stub in this process, on the server actors of a Cluster on Ray."""
 
     def __init__(self, n: int, servers: int):
         self.params = model(n)

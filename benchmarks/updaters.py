@@ -131,6 +131,12 @@ def _adam(decoupled: bool) -> Callable[[Buffers], None]:
     return run
 
 
+def _adamax(b: Buffers) -> None:
+    b.step += 1
+    kernels.adamax(b.w, b.g, b.h, b.u, b.offsets, _lr(b, 2e-3),
+                   step=np.full(len(b.sizes), b.step))
+
+
 METHODS = [
     Method(
         "SGD",
@@ -176,6 +182,7 @@ METHODS = [
     ),
     Method("Adam", 2, _adam(False), "Adam", {"lr": 1e-3, "eps": 1e-8}),
     Method("AdamW", 2, _adam(True), "AdamW", {"lr": 1e-3, "eps": 1e-8, "weight_decay": 0.01}),
+    Method("AdaMax", 2, _adamax, "Adamax", {"lr": 2e-3, "eps": 1e-8}),
 ]
 
 

@@ -215,7 +215,9 @@ def test_doc_json(capsys: pytest.CaptureFixture[str]) -> None:
     rho = next(f for f in updaters["kRMSProp"]["fields"] if f["name"] == "rho")
     assert rho["type"] == "float" and rho["default"] == 0.9 and rho["required"] is False
     assert rho["lower"] == 0 and rho["upper"] == 1
-    assert [c["name"] for c in data["configurations"]] == ["cluster", "job"]
+    assert [c["name"] for c in data["configurations"]] == [
+        "cluster", "job", "train_one_batch", "cd_conf", "neuralnet", "layer_group", "layer",
+        "param"]
     code, out, _ = run(capsys, "doc", "kstep", "--json")
     one = json.loads(out)
     assert one["name"] == "kStep" and one["conf_block"] == "step_conf"
@@ -242,7 +244,7 @@ def test_doc_unknown_name_has_a_did_you_mean(capsys: pytest.CaptureFixture[str])
     code, _, err = run(capsys, "doc", "kadm")
     assert code == 2
     assert err.startswith("paramserver doc: error: no component named 'kadm'; did you mean "
-                          "'kAdam' or 'kAdamW'?")
+                          "'kAdam' or 'kAdamW' or 'kAdamMax'?")
 
 
 def test_error_on_the_line_of_error(capsys: pytest.CaptureFixture[str], tmp_path: Path

@@ -24,8 +24,10 @@ import paramserver
 from paramserver import CheckpointError, ClusterError, Error, ParamError, kernels
 
 SRC = Path(paramserver.__file__).parent
-#: Built-in exceptions raised as part of a Python protocol, not as an error report.
-PROTOCOL = {"AttributeError", "ImportError", "NotImplementedError", "StopIteration"}
+#: Built-in exceptions raised as part of a Python protocol, not as an error report (and
+#: AssertionError: a line that cannot be reached unless paramserver has a bug).
+PROTOCOL = {"AttributeError", "ImportError", "NotImplementedError", "StopIteration",
+            "AssertionError"}
 #: (module, function): a built-in error that never leaves the package (its caller catches).
 INTERNAL = {("config/components.py", "_dynamic_field"),
             ("config/parameter.py", "_dynamic_field"),

@@ -78,8 +78,20 @@ def reference_step(
         t = g * np.sqrt(state["u"] + delta) / np.sqrt(state["h"] + delta)
         state["u"] = rho * state["u"] + (1 - rho) * t * t
         return w - lr * t
-    assert method in ("adam", "adamw")
     b1, b2, t = hp["beta1"], hp["beta2"], per_element(step, offsets)
+    if method in ("adamax", "adamax_singa"):
+        # Kingma & Ba's AdaMax (delta inside the max, as torch.optim.Adamax), or SINGA v0.3's
+        state["m"] = b1 * state["m"] + (1 - b1) * g
+        if method == "adamax":
+            state["u"] = np.maximum(b2 * state["u"], np.abs(g) + delta)
+            return w - lr / (1 - b1**t) * state["m"] / state["u"]
+        state["u"] = np.maximum(b2 * state["u"], np.abs(g)) + delta
+        return w - lr * state["m"] / state["u"]
+    if method == "adam_singa":  # SINGA v0.3's kAdam: no bias correction, delta in the sqrt
+        state["m"] = b1 * state["m"] + (1 - b1) * g
+        state["v"] = b2 * state["v"] + (1 - b2) * g * g
+        return w - lr * state["m"] / np.sqrt(state["v"] + delta)
+    assert method in ("adam", "adamw")
     if hp.get("decoupled", False):
         w = w * (1 - lr * wd)
     state["m"] = b1 * state["m"] + (1 - b1) * g
@@ -110,6 +122,9 @@ METHODS = {
     "adadelta": Method(kernels.adadelta, ("h", "u"), {"rho": 0.95, "delta": 1e-6}),
     "adam": Method(kernels.adam, ("m", "v"), ADAM_HP),
     "adamw": Method(kernels.adam, ("m", "v"), {**ADAM_HP, "decoupled": True}),
+    "adam_singa": Method(kernels.adam, ("m", "v"), {**ADAM_HP, "bias_correction": False}),
+    "adamax": Method(kernels.adamax, ("m", "u"), ADAM_HP),
+    "adamax_singa": Method(kernels.adamax, ("m", "u"), {**ADAM_HP, "bias_correction": False}),
 }
 
 
@@ -127,7 +142,7 @@ def run_kernel(
 ) -> None:
     method = METHODS[name]
     states = [state[s] for s in method.states] or [w[:0]]  # plain SGD: an empty history
-    extra = {"step": step} if method.kernel is kernels.adam else {}
+    extra = {"step": step} if method.kernel in (kernels.adam, kernels.adamax) else {}
     method.kernel(
         w,
         g,
@@ -241,13 +256,16 @@ def torch_optimizer(name: str, groups: list[dict[str, Any]]) -> Any:
     if name == "adadelta":
         return optim.Adadelta(groups, rho=0.95, eps=1e-6)
     betas = (ADAM_HP["beta1"], ADAM_HP["beta2"])
+    if name == "adamax":
+        return optim.Adamax(groups, betas=betas, eps=ADAM_HP["delta"])
     if name == "adam":
         return optim.Adam(groups, betas=betas, eps=ADAM_HP["delta"])
     return optim.AdamW(groups, betas=betas, eps=ADAM_HP["delta"])
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("name", ["sgd_momentum", "nesterov", "adadelta", "adam", "adamw"])
+@pytest.mark.parametrize("name", ["sgd_momentum", "nesterov", "adadelta", "adam", "adamw",
+                                  "adamax"])
 def test_kernel_matches_torch_optim(name: str, dtype: Any) -> None:
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(zlib.crc32(f"torch {name} {dtype.__name__}".encode()))
@@ -328,3 +346,4 @@ def test_nonfinite_gradients_are_counted_in_the_same_pass(dtype: type) -> None:
     u = np.zeros(n, dtype)
     assert kernels.adadelta(w, g, h, u, offsets, 0.1, rho=0.9) == 3
     assert kernels.adam(w, g, h, u, offsets, 0.1, step=1) == 3
+    assert kernels.adamax(w, g, h, u, offsets, 0.1, step=1) == 3

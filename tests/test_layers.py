@@ -136,7 +136,7 @@ def test_layer_names(spelling: str, canonical: str) -> None:
 @pytest.mark.parametrize(("type_", "key"), [
     ("kData", "data_conf"), ("kInnerProduct", "innerproduct_conf"),
     ("kDropout", "dropout_conf"), ("kSoftmaxLoss", "softmaxloss_conf"),
-    ("kEmbedding", "embedding_conf"), ("kReLU", None), ("kSTanh", None),
+    ("kEmbedding", "embedding_conf"), ("kReLU", "relu_conf"), ("kSTanh", None),
 ])
 def test_conf_block_names(type_: str, key: str | None) -> None:
     assert layers.conf_name(type_) == key
@@ -171,7 +171,8 @@ def test_layer_confs_read_from_a_job_file() -> None:
     ({"type": "kData", "batchsize": 0}, "value 0 for Parameter batchsize should be greater"),
     ({"type": "kData", "test_fraction": 1}, "test_fraction must be below 1"),
     ({"type": "kSoftmaxLoss", "topk": 0}, "value 0 for Parameter topk should be greater"),
-    ({"type": "kEmbedding", "vocab_size": 10}, "Required parameter feature_dim"),
+    ({"type": "kEmbedding", "feature_dim": 0},
+     "value 0 for Parameter feature_dim should be greater equal to 1"),
     ({"type": "kReLU", "num_output": 3}, "Cannot find argument 'num_output'"),
 ])
 def test_bad_layer_confs(conf: dict[str, Any], message: str) -> None:

@@ -134,7 +134,7 @@ def test_ctrl_c_is_reported_on_a_line_of_its_own(tmp_path: Path,
     def interrupted(self: Trainer, *args: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(Trainer, "_test", interrupted)
+    monkeypatch.setattr(Trainer, "_evaluate", interrupted)
     assert main(["train", str(_job_file(tmp_path)), "--workspace", str(tmp_path / "ws"),
                  "--no-tensorboard"]) == 130
     text = ESCAPES.sub("", term.getvalue())

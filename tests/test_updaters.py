@@ -31,7 +31,8 @@ from paramserver.config.job import ParamConf, UpdaterConf
 from paramserver.state import COUNT
 
 RTOL, ATOL = 2e-5, 2e-6  # float32 against a float64 reference
-BUILTINS = ["kAdaDelta", "kAdaGrad", "kAdam", "kAdamW", "kNesterov", "kRMSProp", "kSGD"]
+BUILTINS = ["kAdaDelta", "kAdaGrad", "kAdam", "kAdamMax", "kAdamW", "kNesterov", "kRMSProp",
+            "kSGD"]
 
 # Each method with hyper-parameters away from their defaults.
 METHODS: dict[str, dict[str, Any]] = {
@@ -43,6 +44,11 @@ METHODS: dict[str, dict[str, Any]] = {
     "adadelta": {"type": "kAdaDelta", "rho": 0.9, "delta": 1e-4},
     "adam": {"type": "kAdam", "beta1": 0.8, "beta2": 0.95, "delta": 1e-6},
     "adamw": {"type": "kAdamW", "beta1": 0.8, "beta2": 0.95, "delta": 1e-6},
+    "adam_singa": {"type": "kAdam", "beta1": 0.8, "beta2": 0.95, "delta": 1e-6,
+                   "bias_correction": False},
+    "adamax": {"type": "kAdamMax", "beta1": 0.8, "beta2": 0.95, "delta": 1e-6},
+    "adamax_singa": {"type": "kAdamMax", "beta1": 0.8, "beta2": 0.95, "delta": 1e-6,
+                     "bias_correction": False},
 }
 
 # The learning rate halves every 2 steps, so that the rate given to each step is checked too.
@@ -100,13 +106,24 @@ def reference(conf: dict[str, Any], w: np.ndarray, g: np.ndarray, state: dict[st
         t = g * np.sqrt(state.get("u", zero) + delta) / np.sqrt(h + delta)
         state["u"] = rho * state.get("u", zero) + (1 - rho) * t * t
         return w - lr * t
-    # Adam, AdamW: bias-corrected moments; AdamW decays the weights apart from the gradient.
     b1, b2 = conf["beta1"], conf["beta2"]
     t = state["t"] = state.get("t", 0) + 1
+    corrected = conf.get("bias_correction", True)
+    if kind == "kAdamMax":  # Kingma & Ba's AdaMax; SINGA v0.3's without bias correction
+        m = state["m"] = b1 * state.get("m", zero) + (1 - b1) * g
+        if corrected:
+            u = state["u"] = np.maximum(b2 * state.get("u", zero), np.abs(g) + delta)
+            return w - lr / (1 - b1**t) * m / u
+        u = state["u"] = np.maximum(b2 * state.get("u", zero), np.abs(g)) + delta
+        return w - lr * m / u
+    # Adam, AdamW: bias-corrected moments; AdamW decays the weights apart from the gradient.
+    # SINGA v0.3's Adam (bias_correction false): no correction, delta under the square root.
     m = state["m"] = b1 * state.get("m", zero) + (1 - b1) * g
     v = state["v"] = b2 * state.get("v", zero) + (1 - b2) * g * g
     if kind == "kAdamW":
         w = w * (1 - lr * wd)
+    if not corrected:
+        return w - lr * m / np.sqrt(v + delta)
     return w - lr * (m / (1 - b1**t)) / (np.sqrt(v / (1 - b2**t)) + delta)
 
 
@@ -440,9 +457,17 @@ def test_create_updater_from_conf_dict_or_text(x: Any) -> None:
     ("type: kRMSProp rmsprop_conf { rho: 0.8 }", {"rho": 0.8}),
     ("type: kRMSProp rho: 0.8", {"rho": 0.8}),  # SPEC §5 lists rho with the shared fields
     ("updater { type: kAdaDelta adadelta_conf { rho: 0.5 } }", {"rho": 0.5}),
-    ({"type": "kAdam", "adam_conf": {"beta1": 0.5}}, {"beta1": 0.5, "beta2": 0.999}),
-    ({"type": "kAdamW", "adamw_conf": {"beta2": 0.9}}, {"beta1": 0.9, "beta2": 0.9}),
-    ({"type": "adamw", "beta2": 0.9}, {"beta1": 0.9, "beta2": 0.9}),
+    ({"type": "kAdam", "adam_conf": {"beta1": 0.5}},
+     {"beta1": 0.5, "beta2": 0.999, "bias_correction": True}),
+    ({"type": "kAdamW", "adamw_conf": {"beta2": 0.9}},
+     {"beta1": 0.9, "beta2": 0.9, "bias_correction": True}),
+    ({"type": "adamw", "beta2": 0.9}, {"beta1": 0.9, "beta2": 0.9, "bias_correction": True}),
+    ("type: kAdam adam_conf { bias_correction: false }",
+     {"beta1": 0.9, "beta2": 0.999, "bias_correction": False}),
+    ("type: kAdamMax adammax_conf { beta1: 0.5 }",
+     {"beta1": 0.5, "beta2": 0.999, "bias_correction": True}),
+    ("type: 7 adammax_conf { beta2: 0.5 bias_correction: f }",
+     {"beta1": 0.9, "beta2": 0.5, "bias_correction": False}),
 ])
 def test_methods_own_configuration(x: Any, own: dict[str, float]) -> None:
     assert create_updater(x).own.to_dict() == own
@@ -455,7 +480,7 @@ def test_defaults() -> None:
     assert (c.clip_low, c.clip_high) == (0, 0)
     assert u.lr.conf.component == "kFixed" and u.lr(100) == 0.01
     assert create_updater({"type": "kRMSProp"}).own.rho == 0.9
-    assert create_updater({"type": "kAdaDelta"}).own.rho == 0.95
+    assert create_updater({"type": "kAdaDelta"}).own.rho == 0.9  # SINGA's default
 
 
 def error(x: Any) -> str:
@@ -477,7 +502,7 @@ def error(x: Any) -> str:
                                         "rho: Decay of the running mean of g²."),
     ({"type": "kAdaDelta", "adadelta_conf": {"rho": -0.5}},
      "adadelta_conf: value -0.5 for Parameter rho exceed bound [0,1]\n"
-     "rho: Decay of the running means."),
+     "rho: Decay of the running means (SINGA's default, 0.9)."),
     ({"type": "kAdam", "beta1": 2}, "value 2 for Parameter beta1 exceed bound [0,1]\n"
                                     "beta1: Decay of the first moment."),
     ({"learning_rate": {"base_lr": -0.1}},

@@ -1,4 +1,4 @@
-"""The ``paramserver`` command: check, doc, train, export and completion.
+"""The ``paramserver`` command: check, doc, train, data, export and completion.
 
 A user's mistake (a bad job file, a missing data file, an unknown component) prints its
 messages on stderr and exits with status 2, without a traceback. Messages of the library
@@ -109,6 +109,13 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--no-tensorboard", dest="tensorboard", action="store_false",
                        help="write no TensorBoard event files")
     train.set_defaults(run=_train)
+
+    from .singa import datasets
+
+    data = sub.add_parser("data", parents=[common], help="write a dataset in SINGA's store "
+                          "formats (kvfile, DataShard, CSV) for a SINGA job file")
+    datasets.add_arguments(data)
+    data.set_defaults(run=datasets.run)
 
     export = sub.add_parser("export", parents=[common], help="write the values of a "
                             "checkpoint as a safetensors model file")

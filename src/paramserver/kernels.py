@@ -1,10 +1,10 @@
 """Fused numeric update kernels over flat parameter buffers (numba).
 
 All Params of a server slice live in one contiguous 1-D array per role: values ``w``, gradient
-``g`` and the updater state (``h``, ``u``; ``m``, ``v`` for Adam). One call updates many Params
-("segments") at once: segment ``k`` is ``[offsets[k], offsets[k+1])`` of the arrays passed, and
-the per-segment arguments (``lr``, ``wd``, ``gscale``, ``step``) are scalars or arrays with one
-entry per segment.
+``g`` and the updater state (``h``, ``u``; ``m``, ``v`` for Adam; ``m``, ``u`` for AdaMax).
+One call updates many Params ("segments") at once: segment ``k`` is ``[offsets[k],
+offsets[k+1])`` of the arrays passed, and the per-segment arguments (``lr``, ``wd``,
+``gscale``, ``step``) are scalars or arrays with one entry per segment.
 
 For every element, in the order of SPEC §5:
 
@@ -35,7 +35,8 @@ from numba.extending import register_jitable
 
 from .config import ParamError
 
-__all__ = ["adadelta", "adagrad", "adam", "nesterov", "rmsprop", "sgd", "threads_for", "warmup"]
+__all__ = ["adadelta", "adagrad", "adam", "adamax", "nesterov", "rmsprop", "sgd", "threads_for",
+           "warmup"]
 
 CHUNK = 1 << 15
 """Elements per parallel work item. The range is cut into chunks regardless of segment
@@ -107,6 +108,25 @@ def _adam_rule(w, g, m, v, k, p):  # type: ignore[no-untyped-def]
     m = p[0] * m + p[1] * g
     v = p[2] * v + p[3] * g * g
     return w * k[2] - k[0] * m / (np.sqrt(v) * k[1] + p[4]), m, v
+
+
+@register_jitable(inline="always")
+def _adam_inner_delta_rule(w, g, m, v, k, p):  # type: ignore[no-untyped-def]
+    # SINGA v0.3's kAdam: no bias correction, delta under the square root.
+    # k0 = lr, k2 = 1 - lr * wd (AdamW) or 1; p as in _adam_rule
+    m = p[0] * m + p[1] * g
+    v = p[2] * v + p[3] * g * g
+    return w * k[2] - k[0] * m / np.sqrt(v + p[4]), m, v
+
+
+@register_jitable(inline="always")
+def _adamax_rule(w, g, m, u, k, p):  # type: ignore[no-untyped-def]
+    # AdaMax, Adam's infinity norm (Kingma & Ba, section 7.1): u = max(beta2*u, |g| + p3) + p4
+    # with (p3, p4) = (delta, 0) as torch.optim.Adamax, or (0, delta) as SINGA v0.3.
+    # k0 = lr / (1 - beta1^t) (or lr); p0 = beta1, p1 = 1 - beta1, p2 = beta2
+    m = p[0] * m + p[1] * g
+    u = max(p[2] * u, abs(g) + p[3]) + p[4]
+    return w - k[0] * m / u, m, u
 
 
 @register_jitable
@@ -200,6 +220,8 @@ _adagrad_kernel = _fused_kernel(_adagrad_rule, 1, "_adagrad_kernel")
 _rmsprop_kernel = _fused_kernel(_rmsprop_rule, 1, "_rmsprop_kernel")
 _adadelta_kernel = _fused_kernel(_adadelta_rule, 2, "_adadelta_kernel")
 _adam_kernel = _fused_kernel(_adam_rule, 2, "_adam_kernel")
+_adam_inner_delta_kernel = _fused_kernel(_adam_inner_delta_rule, 2, "_adam_inner_delta_kernel")
+_adamax_kernel = _fused_kernel(_adamax_rule, 2, "_adamax_kernel")
 
 _KERNELS = (
     _sgd_kernel,
@@ -209,6 +231,8 @@ _KERNELS = (
     _rmsprop_kernel,
     _adadelta_kernel,
     _adam_kernel,
+    _adam_inner_delta_kernel,
+    _adamax_kernel,
 )
 
 
@@ -526,10 +550,14 @@ def adam(
     beta2: float = 0.999,
     delta: float = 1e-8,
     decoupled: bool = False,
+    bias_correction: bool = True,
     clip_low: float = 0.0,
     clip_high: float = 0.0,
 ) -> int:
     """Adam (or AdamW with ``decoupled=True``) with bias correction.
+
+    With ``bias_correction=False``, SINGA v0.3's kAdam exactly:
+    ``w = w - lr*m / sqrt(v + delta)`` (``step`` is then not used).
 
     ``m = beta1*m + (1-beta1)*g; v = beta2*v + (1-beta2)*g*g;
     w = w - lr*(m/(1-beta1^t)) / (sqrt(v/(1-beta2^t)) + delta)``, computed as
@@ -551,21 +579,23 @@ def adam(
       beta1, beta2: decays of the moment estimates, in [0, 1).
       delta: added to the denominator (Adam's epsilon); > 0.
       decoupled: AdamW's decoupled weight decay.
+      bias_correction: False for SINGA v0.3's kAdam (see above).
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
     """
-    t = _f64(step)
-    if np.any(t < 1):
-        raise ParamError(f"step must be >= 1 (the number of this update), got {step!r}")
     lr64 = _f64(lr)
-    a = lr64 / -np.expm1(t * np.log(beta1)) if beta1 > 0 else lr64
-    b = 1.0 / np.sqrt(-np.expm1(t * np.log(beta2))) if beta2 > 0 else 1.0
+    if bias_correction:
+        t = _step(step)
+        a = lr64 / -np.expm1(t * np.log(beta1)) if beta1 > 0 else lr64
+        b = 1.0 / np.sqrt(-np.expm1(t * np.log(beta2))) if beta2 > 0 else 1.0
+    else:
+        a, b = lr64, 1.0
     if decoupled:
         coupled_wd: PerSegment = 0.0
         decay: PerSegment = 1.0 - lr64 * _f64(wd)
     else:
         coupled_wd, decay = wd, 1.0
     return _launch(
-        _adam_kernel,
+        _adam_kernel if bias_correction else _adam_inner_delta_kernel,
         w,
         g,
         {"m": m, "v": v},
@@ -577,6 +607,75 @@ def adam(
         clip_low,
         clip_high,
     )
+
+
+def adamax(
+    w: np.ndarray,
+    g: np.ndarray,
+    m: np.ndarray,
+    u: np.ndarray,
+    offsets: npt.ArrayLike,
+    lr: PerSegment,
+    wd: PerSegment = 0.0,
+    gscale: PerSegment = 1.0,
+    *,
+    step: PerSegment,
+    beta1: float = 0.9,
+    beta2: float = 0.999,
+    delta: float = 1e-8,
+    bias_correction: bool = True,
+    clip_low: float = 0.0,
+    clip_high: float = 0.0,
+) -> int:
+    """AdaMax, the infinity-norm variant of Adam (Kingma & Ba 2015, section 7.1).
+
+    ``m = beta1*m + (1-beta1)*g; u = max(beta2*u, |g| + delta);
+    w = w - lr/(1-beta1^t) * m/u`` (torch.optim.Adamax's placement of delta, which keeps
+    ``u > 0``). With ``bias_correction=False``, SINGA v0.3's kAdamMax exactly:
+    ``u = max(beta2*u, |g|) + delta; w = w - lr * m/u`` (``step`` is then not used).
+
+    Args:
+      w: values, updated in place (1-D, float32 or float64, C-contiguous).
+      g: gradient of the same dtype and length; only read.
+      m: first-moment estimate, updated in place.
+      u: exponentially weighted infinity norm, updated in place.
+      offsets: segment boundaries, int64, ``offsets[0] == 0``, ``offsets[-1] == len(w)``.
+      lr: learning rate per segment (already times ``lr_scale``).
+      wd: weight decay per segment (already times ``wd_scale``); applied when > 0.
+      gscale: gradient scale per segment (``1/number_of_sharers``).
+      step: per segment, the number ``t >= 1`` of this update (1 for the first update).
+      beta1, beta2: decays of the moment and of the norm, in [0, 1).
+      delta: keeps the denominator above 0; > 0.
+      bias_correction: False for SINGA v0.3's kAdamMax (see above).
+      clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
+    """
+    lr64 = _f64(lr)
+    if bias_correction:
+        t = _step(step)
+        a = lr64 / -np.expm1(t * np.log(beta1)) if beta1 > 0 else lr64
+        inner, outer = delta, 0.0
+    else:
+        a, inner, outer = lr64, 0.0, delta
+    return _launch(
+        _adamax_kernel,
+        w,
+        g,
+        {"m": m, "u": u},
+        offsets,
+        gscale,
+        wd,
+        (a,),
+        (beta1, 1.0 - beta1, beta2, inner, outer),
+        clip_low,
+        clip_high,
+    )
+
+
+def _step(step: PerSegment) -> np.ndarray:
+    t = _f64(step)
+    if np.any(t < 1):
+        raise ParamError(f"step must be >= 1 (the number of this update), got {step!r}")
+    return t
 
 
 def warmup(dtype: npt.DTypeLike = np.float32) -> None:
@@ -594,3 +693,5 @@ def warmup(dtype: npt.DTypeLike = np.float32) -> None:
     rmsprop(w, w.copy(), w.copy(), offsets, 0.0, rho=0.9)
     adadelta(w, w.copy(), w.copy(), w.copy(), offsets, 0.0, rho=0.9)
     adam(w, w.copy(), w.copy(), w.copy(), offsets, 0.0, step=1)
+    adam(w, w.copy(), w.copy(), w.copy(), offsets, 0.0, step=1, bias_correction=False)
+    adamax(w, w.copy(), w.copy(), w.copy(), offsets, 0.0, step=1)

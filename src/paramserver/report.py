@@ -18,11 +18,16 @@ from .config.components import (
     updaters,
 )
 from .config.job import (
+    CDConf,
     ClusterConf,
     JobConf,
     LayerConf,
+    LayerGroupConf,
     LRGenConf,
+    NetConf,
+    ParamConf,
     ParamGenConf,
+    TrainOneBatchConf,
     UpdaterConf,
 )
 from .config.types import format_number
@@ -33,6 +38,20 @@ SECTIONS: tuple[tuple[str, ComponentRegistry, type[ComponentConf]], ...] = (
     ("Updaters (updater { ... })", updaters, UpdaterConf),
     ("Learning-rate methods (updater { learning_rate { ... } })", lr_methods, LRGenConf),
     ("Layers (neuralnet { layer { ... } })", layers, LayerConf),
+)
+
+
+#: The blocks of a job file that are not components, by the key that opens them: ``paramserver
+#: doc`` prints each, ``paramserver doc KEY`` one, ``paramserver doc FIELD`` finds a field.
+BLOCKS: tuple[tuple[str, type[Parameter]], ...] = (
+    ("cluster", ClusterConf),
+    ("job", JobConf),
+    ("train_one_batch", TrainOneBatchConf),
+    ("cd_conf", CDConf),
+    ("neuralnet", NetConf),
+    ("layer_group", LayerGroupConf),
+    ("layer", LayerConf),
+    ("param", ParamConf),
 )
 
 
@@ -85,12 +104,16 @@ def job_summary(job: JobConf, net: Any = None) -> dict[str, Any]:
             here from the job, data paths relative to the working folder).
     """
     from .cluster import server_loads
+    from .config.job import unbuilt_error
     from .params import ParamSet
     from .schedules import create_lr_method
     from .train.net import Net
 
+    unbuilt = job.unbuilt()
+    if unbuilt:  # everything else of the file was read and checked by load_job
+        raise unbuilt_error(unbuilt)
     if net is None:
-        net = Net(job.neuralnet, seed=job.seed)
+        net = Net(job.neuralnet, seed=job.seed, phases=("kTrain", *job.eval_phases()))
     specs = net.param_specs()
     pset = ParamSet(specs)
     layer_of = {s.name: s.place.split("'")[1] if "'" in s.place else "" for s in specs}
@@ -160,23 +183,23 @@ def _ranges(ids: Sequence[int]) -> str:
 
 def find_component(name: str) -> tuple[str, ComponentRegistry, type[ComponentConf]] | str:
     """The section and canonical name of the component called ``name`` in any spelling
-    (``ksgd``, ``SGD``, ``kSGD``); ``"cluster"`` or ``"job"`` for those configurations.
+    (``ksgd``, ``SGD``, ``kSGD``); the key of a block of the job schema (``"cluster"``,
+    ``"job"``, ``"layer"``, ... of :data:`BLOCKS`) for those configurations.
 
     Raises:
         ParamError: naming the closest known names.
     """
     lowered = name.lower()
-    if lowered in ("cluster", "clusterconf"):
-        return "cluster"
-    if lowered in ("job", "jobconf"):
-        return "job"
+    for key, cls in BLOCKS:
+        if lowered in (key, cls.__name__.lower()):
+            return key
     spellings = [name] + ([name[1:]] if len(name) > 1 and name[0] in "kK" else [])
     for _, registry, common in SECTIONS:
         for spelling in spellings:
             if spelling in registry:
                 return registry.lookup(spelling), registry, common
     known = [n for _, r, _ in SECTIONS for n in r.names()]
-    by_lower = {"cluster": "cluster", "job": "job"}  # every spelling -> its canonical name
+    by_lower = {key: key for key, _ in BLOCKS}  # every spelling -> its canonical name
     for _, registry, _ in SECTIONS:
         for n in registry.names():
             for spelling in (n, *registry.aliases(n)):
@@ -184,8 +207,9 @@ def find_component(name: str) -> tuple[str, ComponentRegistry, type[ComponentCon
     close = difflib.get_close_matches(lowered, list(by_lower), n=6, cutoff=0.6)
     names = list(dict.fromkeys(by_lower[c] for c in close))[:3]
     hint = f"; did you mean {' or '.join(repr(n) for n in names)}?" if names else ""
+    blocks = ", ".join(key for key, _ in BLOCKS)
     raise ParamError(f"no component named '{name}'{hint} (known: {', '.join(known)}, "
-                     "cluster, job)")
+                     f"{blocks}; or a field of one of them)")
 
 
 def component_doc(name: str | None = None) -> str:
@@ -196,23 +220,71 @@ def component_doc(name: str | None = None) -> str:
         for title, registry, common in SECTIONS:
             entries = [_entry(registry, n, common, brief=True) for n in registry.names()]
             blocks.append(f"{title}\n{'=' * len(title)}\n" + "\n\n".join(entries))
-        blocks.append(_config_doc("Cluster (cluster { ... })", ClusterConf))
-        blocks.append(_config_doc("Job (top level of a job file)", JobConf))
+        blocks += [_config_doc(_block_title(key), cls) for key, cls in BLOCKS]
         return "\n\n\n".join(blocks)
-    found = find_component(name)
+    fields = _field_docs(name)
+    try:
+        found = find_component(name)
+    except ParamError:
+        if fields:
+            return "\n\n".join(text for _, text, _ in fields)
+        raise
     if isinstance(found, str):
-        return (_config_doc("cluster { ... }", ClusterConf) if found == "cluster"
-                else _config_doc("job file, top level", JobConf))
+        return _config_doc(_block_title(found), dict(BLOCKS)[found])
     canonical, registry, common = found
-    return _entry(registry, canonical, common, brief=False)
+    entry = _entry(registry, canonical, common, brief=False)
+    return "\n\n".join([entry, *(["fields of the same name:"] if fields else []),
+                         *(text for _, text, _ in fields)])
+
+
+def _block_title(key: str) -> str:
+    return "job file, top level" if key == "job" else f"{key} {{ ... }}"
+
+
+def _field_docs(name: str) -> list[tuple[str, str, list[dict[str, Any]]]]:
+    """Every declaration of a field (or ``*_conf`` block) called ``name``: where it is
+    written (``cluster { ... }``, ``kPooling reads pooling_conf``), its documentation, and
+    the same as data (``doc --json``)."""
+    out = []
+    blocks: list[tuple[str, type[Parameter]]] = [
+        *BLOCKS, ("updater", UpdaterConf), ("learning_rate", LRGenConf), ("init", ParamGenConf)]
+    for key, cls in blocks:
+        f = cls.fields().get(name)
+        if f is not None:
+            where = _block_title(key)
+            out.append((where, f"{where}:\n" + _indent(f.describe()),
+                        [d for d in fields_data(cls) if d["name"] == name]))
+    for _, registry, _common in SECTIONS:
+        readers: dict[type[Parameter], list[str]] = {}
+        for component in registry.names():
+            config = getattr(registry.get(component), "Config", None)
+            conf_key = registry.conf_name(component)
+            if config is None or conf_key is None:
+                continue
+            if name == conf_key or name in config.fields():
+                readers.setdefault(config, []).append(f"{component} reads {conf_key}")
+        for config, who in readers.items():
+            one = name in config.fields()
+            body = config.fields()[name].describe() if one else config.doc()
+            where = "; ".join(who)
+            out.append((where, f"{where}:\n" + _indent(body or "(no fields)"),
+                        [d for d in fields_data(config) if not one or d["name"] == name]))
+    return out
 
 
 def component_data(name: str | None = None) -> dict[str, Any]:
     """``paramserver doc --json``: every component (or the one called ``name``) as data."""
     if name is not None:
-        found = find_component(name)
+        try:
+            found = find_component(name)
+        except ParamError:
+            fields = _field_docs(name)
+            if not fields:
+                raise
+            return {"name": name, "kind": "field",
+                    "places": [{"where": where, "fields": data} for where, _, data in fields]}
         if isinstance(found, str):
-            cls = ClusterConf if found == "cluster" else JobConf
+            cls = dict(BLOCKS)[found]
             return {"name": found, "kind": "configuration", "doc": inspect.getdoc(cls) or "",
                     "fields": fields_data(cls)}
         canonical, registry, common = found
@@ -223,8 +295,7 @@ def component_data(name: str | None = None) -> dict[str, Any]:
                       "common_fields": fields_data(common),
                       "components": [_component_data(registry, n) for n in registry.names()]}
                      for title, registry, common in SECTIONS],
-        "configurations": [{"name": "cluster", "fields": fields_data(ClusterConf)},
-                           {"name": "job", "fields": fields_data(JobConf)}],
+        "configurations": [{"name": key, "fields": fields_data(cls)} for key, cls in BLOCKS],
     }
 
 

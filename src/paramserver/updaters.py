@@ -286,7 +286,8 @@ class RMSProp(_Fused):
 
 
 class AdaDeltaConf(Parameter):
-    rho: float = field(0.95, lower=0.0, upper=1.0, doc="Decay of the running means.")
+    rho: float = field(0.9, lower=0.0, upper=1.0, doc="Decay of the running means (SINGA's "
+                                                      "default, 0.9).")
 
 
 @register_updater("kAdaDelta", aliases=("adadelta",))
@@ -305,9 +306,15 @@ class AdaDelta(_Fused):
 class AdamConf(Parameter):
     beta1: float = field(0.9, lower=0.0, upper=1.0, doc="Decay of the first moment.")
     beta2: float = field(0.999, lower=0.0, upper=1.0, doc="Decay of the second moment.")
+    bias_correction: bool = field(True, doc="Correct the moments' bias towards 0, as users "
+                                            "expect today; false: SINGA v0.3's kAdam "
+                                            "exactly (no correction, delta under the square "
+                                            "root: w -= lr*m/sqrt(v + delta)).")
 
     def check(self) -> list[str]:
         # At 1 the bias correction 1 - beta^t is 0: every value would become Inf or NaN.
+        if not self.bias_correction:
+            return []
         return [f"value 1 for Parameter {name} should be less than 1 (the bias correction "
                 f"divides by 1 - {name}^t)" for name in ("beta1", "beta2")
                 if getattr(self, name) == 1.0]
@@ -325,7 +332,7 @@ class Adam(_Fused):
 
     def extra(self) -> dict[str, Any]:
         return {"beta1": self.own.beta1, "beta2": self.own.beta2, "delta": self.conf.delta,
-                "decoupled": self.decoupled}
+                "decoupled": self.decoupled, "bias_correction": self.own.bias_correction}
 
 
 @register_updater("kAdamW", aliases=("adamw",))
@@ -334,6 +341,37 @@ class AdamW(Adam):
 
     conf_name = "adamw_conf"
     decoupled = True
+
+
+class AdamMaxConf(Parameter):
+    beta1: float = field(0.9, lower=0.0, upper=1.0, doc="Decay of the first moment.")
+    beta2: float = field(0.999, lower=0.0, upper=1.0, doc="Decay of the infinity norm.")
+    bias_correction: bool = field(True, doc="Correct the first moment's bias towards 0 "
+                                            "(Kingma & Ba); false: SINGA v0.3's kAdamMax "
+                                            "exactly (no correction, u = max(beta2*u, |g|) + "
+                                            "delta).")
+
+    def check(self) -> list[str]:
+        if self.bias_correction and self.beta1 == 1.0:
+            return ["value 1 for Parameter beta1 should be less than 1 (the bias correction "
+                    "divides by 1 - beta1^t)"]
+        return []
+
+
+@register_updater("kAdamMax", aliases=("adamax",))
+class AdamMax(_Fused):
+    """AdaMax, Adam with the infinity norm (Kingma & Ba, section 7.1; SINGA v0.3's
+    kAdamMax): ``m = beta1·m + (1−beta1)·g; u = max(beta2·u, |g| + delta);
+    w = w − lr/(1−beta1^t)·m/u``."""
+
+    Config = AdamMaxConf
+    kernel = "adamax"
+    state_roles = ("m", "u")
+    counted = True
+
+    def extra(self) -> dict[str, Any]:
+        return {"beta1": self.own.beta1, "beta2": self.own.beta2, "delta": self.conf.delta,
+                "bias_correction": self.own.bias_correction}
 
 
 __all__ = ["COUNT", "Updater", "create_updater", "register_updater"]

@@ -18,7 +18,8 @@ from typing import Any, ClassVar, TypeVar
 
 from .errors import ParamError, Problem
 from .parameter import Field, Parameter, _suggest, field
-from .registry import Registry
+from .registry import Registry, normalise
+from .singa_enums import CHANGE_METHOD, INIT_METHOD, LAYER_TYPE, LAYER_TYPE_V010, UPDATER_TYPE
 from .tree import Block, Entry, Scalar
 from .types import NestedType
 
@@ -26,12 +27,37 @@ P = TypeVar("P", bound="ComponentConf")
 
 
 class ComponentRegistry(Registry[Any]):
-    """A registry whose built-in components are defined in ``builtins`` (a module name)."""
+    """A registry whose built-in components are defined in ``builtins`` (module names).
 
-    def __init__(self, kind: str, builtins: tuple[str, ...] = ()):
+    ``numbers`` is SINGA's numbering of the enum that selects the component
+    (:mod:`.singa_enums`); ``user_sentinel`` the value of that enum that means "the
+    component is named by ``user_type``" (``kUserUpdater``), which SINGA writes as the
+    default of ``type``.
+    """
+
+    def __init__(self, kind: str, builtins: tuple[str, ...] = (),
+                 numbers: dict[str, int] | None = None, user_sentinel: str | None = None):
         super().__init__(kind)
         self._builtins = builtins
         self._loading = False
+        self.user_sentinel = user_sentinel
+        if numbers:
+            self.set_numbers({n: name for name, n in numbers.items()})
+
+    def is_sentinel(self, name: object) -> bool:
+        """Whether ``name`` is the enum value meaning "see user_type" (``kUserLayer``)."""
+        return (isinstance(name, str) and self.user_sentinel is not None
+                and normalise(name) == normalise(self.user_sentinel))
+
+    def user_lookup(self, name: str) -> str | None:
+        """The canonical name of a component registered by a user (outside paramserver's own
+        modules) under ``name``; None if there is none. SINGA's ``user_type`` names these:
+        its built-in and user components live apart."""
+        if name not in self:
+            return None
+        canonical = self.lookup(name)
+        module = getattr(self.get(canonical), "__module__", "") or ""
+        return None if module.split(".")[0] == "paramserver" else canonical
 
     def load(self) -> None:
         if self._builtins and not self._loading:
@@ -81,10 +107,18 @@ class ComponentRegistry(Registry[Any]):
         return None
 
 
-param_generators = ComponentRegistry("init method", ("paramserver.init",))
-updaters = ComponentRegistry("updater", ("paramserver.updaters",))
-lr_methods = ComponentRegistry("learning-rate method", ("paramserver.schedules",))
-layers = ComponentRegistry("layer", ("paramserver.train.layers",))
+param_generators = ComponentRegistry("init method", ("paramserver.init",),
+                                     INIT_METHOD, "kUserInit")
+updaters = ComponentRegistry("updater", ("paramserver.updaters",), UPDATER_TYPE,
+                             "kUserUpdater")
+lr_methods = ComponentRegistry("learning-rate method", ("paramserver.schedules",),
+                               CHANGE_METHOD, "kUserChange")
+#: Layers: paramserver's own, then every other SINGA layer type, registered as not built yet
+#: (see :mod:`paramserver.singa.layers`; the layers issue replaces them one by one).
+layers = ComponentRegistry("layer", ("paramserver.train.layers", "paramserver.singa.layers"),
+                           user_sentinel="kUserLayer")
+layers.set_numbers({**{n: name for name, n in LAYER_TYPE_V010.items()},
+                    **{n: name for name, n in LAYER_TYPE.items()}})
 
 
 class ComponentConf(Parameter):
@@ -104,6 +138,9 @@ class ComponentConf(Parameter):
         name = self.user_type or self.type
         if name is None:
             raise ParamError(f"no {self.registry.kind} given: set type or user_type")
+        if self.registry.is_sentinel(name):
+            raise ParamError(f"type {self.registry.user_sentinel} selects a user's "
+                             f"{self.registry.kind}: name it with user_type")
         return self.registry.lookup(name)
 
     @property

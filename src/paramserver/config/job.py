@@ -1,9 +1,13 @@
 """The job schema: what a SINGA job file (``job.conf``) holds, as declarations.
 
-Field names, defaults and nesting follow SINGA's ``job.proto`` so that a SINGA user's file
-reads as written; where we differ the SPEC says why. Each component block (``init``,
-``updater``, ``learning_rate``, ``layer``) is a :class:`ComponentConf`: common fields here,
-the selected component's own ``*_conf`` declared by the component itself.
+Every message and field of SINGA's ``job.proto`` of v0.1.0, v0.2.0 and v0.3.0 (their union)
+is declared, with SINGA's names, defaults and nesting, so that a SINGA user's file reads as
+written; where we differ the SPEC says why. Each field's documentation says what it does
+here, or that it is accepted with no effect and why (``paramserver doc FIELD``).
+
+Each component block (``init``, ``updater``, ``learning_rate``, ``layer``) is a
+:class:`ComponentConf`: common fields here, the selected component's own ``*_conf`` declared
+by the component itself (the layers' in :mod:`paramserver.singa.confs`).
 """
 
 from __future__ import annotations
@@ -15,7 +19,11 @@ from typing import Any, ClassVar
 from .components import ComponentConf, layers, lr_methods, param_generators, updaters
 from .errors import ParamError, Problem
 from .parameter import Parameter, field
-from .tree import Block
+from .singa_enums import ALG_TYPE, PARAM_TYPE, PHASE, UNROLL_CONN_TYPE
+from .tree import Block, Scalar
+
+#: The phases a net is built for (SINGA's NeuralNet::Create): training, validation, test.
+NET_PHASES = ("kTrain", "kVal", "kTest")
 
 
 class ParamGenConf(ComponentConf):
@@ -41,12 +49,33 @@ class ParamGenConf(ComponentConf):
 class ParamConf(Parameter):
     """One Param of a layer (SPEC §3); SINGA's ``param { ... }``."""
 
-    name: str | None = field(None, doc="Unique name; generated as <layer>_<index> when absent.")
+    name: str | None = field(None, doc="Unique name; generated as <layer>_<index> when absent "
+                                       "(SINGA's default, the empty name, is treated so).")
+    type: str = field("kParam", enum=PARAM_TYPE,
+                      doc="kParam (SINGA's built-in Param, the only kind here) or kUser (a "
+                          "user's Param subclass: refused, paramserver has no such classes).")
+    user_type: str | None = field(None, doc="The user's Param class of type kUser (refused, "
+                                            "see type).")
     init: ParamGenConf = field(factory=ParamGenConf, doc="Initialisation method.")
     share_from: str | None = field(None, doc="Name of the Param whose configuration and "
                                              "values this one shares.")
     lr_scale: float = field(1.0, lower=0.0, doc="Multiplied with the learning rate.")
     wd_scale: float = field(1.0, lower=0.0, doc="Multiplied with the weight decay.")
+    id: int | None = field(None, doc="Set internally by SINGA; no effect.")
+    owner: int = field(-1, doc="Set internally by SINGA; no effect.")
+    partition_dim: int | None = field(None, doc="Set internally by SINGA for partitioned "
+                                                "layers; no effect (servers slice Params by "
+                                                "SPEC §7, whatever the layers do).")
+    shape: list[int] = field(factory=list, lower=0,
+                             doc="The Param's shape, which the layer infers; when given it "
+                                 "must equal the inferred one (a check).")
+
+    def check(self) -> list[str]:
+        if self.type == "kUser" or self.user_type is not None:
+            return [f"Param '{self.name or ''}': user Param types (type: kUser, user_type "
+                    f"{self.user_type!r}) are not supported: every Param is paramserver's; "
+                    "configure it with init, lr_scale, wd_scale and share_from"]
+        return []
 
 
 class LRGenConf(ComponentConf):
@@ -75,49 +104,194 @@ class UpdaterConf(ComponentConf):
     clip_high: float = field(0.0, doc="See clip_low.")
 
 
-class TrainOneBatchConf(Parameter):
-    """The algorithm of one training step; SINGA's ``train_one_batch { alg: kBP }``."""
+class CDConf(Parameter):
+    """``cd_conf`` of the contrastive-divergence algorithm (kCD)."""
 
-    alg: str = field("kBP", enum=("kBP",), doc="Back-propagation (the one algorithm run here).")
+    cd_k: int = field(1, lower=1, doc="Steps of Gibbs sampling per update.")
+
+
+class TrainOneBatchConf(Parameter):
+    """The algorithm of one training step; SINGA's ``train_one_batch { alg: kBP }``
+    (``AlgProto``)."""
+
+    alg: str = field("kBP", enum=ALG_TYPE,
+                     doc="kBP (back-propagation), kCD (contrastive divergence, for RBMs; also "
+                         "written kContrastiveDivergence), kBPTT (back-propagation through "
+                         "time, for unrolled RNNs) or kUserAlg (user_alg). SINGA's default is "
+                         "kUserAlg; here kBP. kCD, kBPTT and user algorithms are not built "
+                         "yet: check lists them, train refuses them.")
+    user_alg: str | None = field(None, doc="A user's algorithm (alg: kUserAlg); not built.")
+    cd_conf: CDConf = field(factory=CDConf, doc="Configuration of kCD.")
+
+    def unbuilt(self) -> str | None:
+        """What of this algorithm is not built yet, or None."""
+        if self.alg == "kUserAlg" or self.user_alg is not None:
+            return f"user training algorithm {self.user_alg!r} (kUserAlg)"
+        if self.alg != "kBP":
+            return f"training algorithm {self.alg}"
+        return None
 
 
 class LayerConf(ComponentConf):
-    """One layer of the net; SINGA's ``layer { ... }``."""
+    """One layer of the net; SINGA's ``layer { ... }`` (``LayerProto``)."""
 
     registry: ClassVar = layers
-    name: str = field(doc="Unique name of the layer.")
-    type: str | None = field(None, enum=layers, doc="Layer type (or give user_type).")
-    user_type: str | None = field(None, enum=layers, doc="A user-registered layer type.")
+    name: str = field(doc="Name of the layer, unique in each phase (layers of different "
+                          "phases may share a name, e.g. two data layers 'data', one "
+                          "'include: kTrain', one 'include: kTest').")
+    type: str | None = field(None, enum=layers, doc="Layer type (or give user_type); SINGA's "
+                                                    "default kUserLayer means user_type.")
+    user_type: str | None = field(None, doc="A layer type registered by the user (--import); "
+                                            "SINGA's user layers are apart from its built-in "
+                                            "ones, and so are they here.")
     srclayers: list[str] = field(factory=list, doc="Names of the layers this one reads.")
     param: list[ParamConf] = field(factory=list, doc="The layer's Params, in order.")
-    exclude: list[str] = field(factory=list, enum=("kTrain", "kTest", "kVal"),
-                               doc="Phases in which this layer is left out.")
+    exclude: list[str] = field(factory=list, enum=PHASE,
+                               doc="Phases whose nets leave this layer out (SINGA deprecated "
+                                   "it for include).")
+    include: list[str] = field(factory=list, enum=PHASE,
+                               doc="Phases whose nets have this layer (when given, only "
+                                   "these): kTrain, kVal, kTest. A layer has either include "
+                                   "or exclude.")
+    share_src_blobs: bool = field(False, doc="Share data memory with the source layer; no "
+                                             "effect on values (a memory saving of SINGA's).")
+    unroll_len: int = field(1, lower=1, doc="Copies of the layer when an RNN is unrolled "
+                                            "(kBPTT; not built yet).")
+    unroll_index: int = field(0, lower=0, doc="Set internally by SINGA when unrolling; no "
+                                              "effect.")
+    unroll_conn_type: list[str] = field(factory=list, enum=UNROLL_CONN_TYPE,
+                                        doc="How each unrolled copy connects to each source "
+                                            "(kBPTT; not built yet).")
+    shift: list[int] = field(factory=list, doc="Per source, the unrolled step it reads "
+                                               "(kUnrollOneToOne; kBPTT, not built yet).")
+    partition_dim: int = field(-1, lower=-1, upper=1,
+                               doc="Partition this layer over the workers of a group on "
+                                   "the batch (0) or the features (1); -1: the net's. Values "
+                                   "are the same either way; here each worker computes its "
+                                   "share of the batch.")
+    partition_id: int = field(0, lower=0, doc="Set internally by SINGA; no effect.")
+    num_partitions: int = field(1, lower=1, doc="Set internally by SINGA; no effect.")
+
+    @classmethod
+    def _build(cls, block: Block, unknown: dict[str, Any] | None = None) -> Any:
+        user = next((e.value.raw for e in block.entries if e.key == "user_type" and
+                     isinstance(e.value, Scalar) and not e.extension), None)
+        if isinstance(user, str) and user != "None" and layers.user_lookup(user) is None:
+            # A user layer that is not registered: its own blocks cannot be read without its
+            # class; the rest is checked, and check/train report the layer type.
+            keep = [e for e in block.entries
+                    if not e.extension and not e.key.endswith("_conf")]
+            return Parameter._build.__func__(cls, Block(keep, block.where),  # type: ignore
+                                             unknown)
+        return super()._build(block, unknown)
+
+    @property
+    def component(self) -> str:
+        if self.user_type is not None:
+            found = layers.user_lookup(self.user_type)
+            if found is None:
+                raise ParamError(f"layer '{self.name}': user layer type '{self.user_type}' is "
+                                 "not registered: load the module that registers it with "
+                                 "--import")
+            return found
+        return super().component
 
     def check(self) -> list[str]:
+        problems = []
         if self.type is None and self.user_type is None:
-            return [f"layer '{self.name}' needs a type (or a user_type); known types: "
-                    f"{layers.choices()}"]
-        return []
+            problems.append(f"layer '{self.name}' needs a type (or a user_type); known types: "
+                            f"{layers.choices()}")
+        if self.include and self.exclude:
+            problems.append(f"layer '{self.name}' has both include and exclude; SINGA refuses "
+                            "that too: give the phases it runs in (include) or those it does "
+                            "not (exclude)")
+        return problems
+
+    def runs_in(self, phase: str) -> bool:
+        """Whether the net of ``phase`` (``kTrain``, ``kVal``, ``kTest``, ...) has this
+        layer: SINGA's rule for include and exclude."""
+        phase = PHASE.lookup(phase)
+        if self.include:
+            return phase in self.include
+        return phase not in self.exclude
+
+    def unbuilt(self) -> str | None:
+        """What of this layer is not built yet (its type, as a phrase), or None."""
+        if self.user_type is not None and layers.user_lookup(self.user_type) is None:
+            return f"user layer type {self.user_type} (not registered: load the module that " \
+                   "registers it with --import)"
+        if self.type is not None and not self.user_type and not layers.is_sentinel(self.type):
+            if not getattr(layers.get(self.type), "built", True):
+                return f"layer type {layers.lookup(self.type)}"
+        return None
+
+
+class LayerGroupConf(Parameter):
+    """``layer_group`` of the net (v0.2.0+): layers unrolled together (kBPTT)."""
+
+    layer: list[str] = field(factory=list, doc="Names of the layers of the group.")
 
 
 class NetConf(Parameter):
-    """The neural net: its layers in order; SINGA's ``neuralnet { ... }``."""
+    """The neural net: its layers in order; SINGA's ``neuralnet { ... }`` (``NetProto``)."""
 
     layer: list[LayerConf] = field(factory=list, doc="The layers.")
-    partition_dim: int = field(0, lower=-1, upper=1, doc="Accepted for SINGA compatibility; "
-                                                        "layers are not partitioned here.")
+    partition_dim: int = field(0, lower=-1, upper=1,
+                               doc="Default partition_dim of the layers: 0 (the batch), 1 (the "
+                                   "features) or -1 (none). Values are the same either way; "
+                                   "here each worker of a group computes its share of the "
+                                   "batch.")
+    layer_group: list[LayerGroupConf] = field(factory=list, doc="Groups of layers unrolled "
+                                                                "together (kBPTT; not built "
+                                                                "yet).")
+    unroll_len: int = field(1, lower=1, doc="Default unroll_len of the layers (kBPTT; not "
+                                            "built yet).")
+
+    def phase_layers(self, phase: str) -> list[LayerConf]:
+        """The layers of the net built for ``phase``, in file order."""
+        return [layer for layer in self.layer if layer.runs_in(phase)]
+
+    def phase_problems(self, phase: str) -> list[str]:
+        """What keeps the net of ``phase`` from being built: a name used twice in it, a
+        source that the phase leaves out."""
+        active = self.phase_layers(phase)
+        problems, seen = [], set()
+        for layer in active:
+            if layer.name in seen:
+                problems.append(f"layer name '{layer.name}' is used twice in phase {phase}")
+            seen.add(layer.name)
+        every = {layer.name for layer in self.layer}
+        problems += [f"layer '{layer.name}' reads '{src}', which is excluded from {phase}; "
+                     f"exclude '{layer.name}' too"
+                     for layer in active for src in layer.srclayers
+                     if src in every and src not in seen]
+        return problems
+
+    def unbuilt(self) -> dict[str, list[str]]:
+        """The types not built yet, each with the names of the layers that have it."""
+        out: dict[str, list[str]] = {}
+        for layer in self.layer:
+            what = layer.unbuilt()
+            if what is not None and layer.name not in out.setdefault(what, []):
+                out[what].append(layer.name)
+        return out
 
     def check(self) -> list[Problem]:
+        # Layers of different phases may share a name; the net of kTrain, which every run
+        # builds, may not (SINGA's would not build). Other phases are checked when their nets
+        # are built: a phase SINGA never builds (kVal without validation) may be incomplete.
         problems, seen = [], set()
         for i, layer in enumerate(self.layer):
-            if layer.name in seen:
-                problems.append(Problem(f"layer name '{layer.name}' is used twice",
-                                        f"layer[{i}].name"))
-            seen.add(layer.name)
+            if layer.runs_in("kTrain"):
+                if layer.name in seen:
+                    problems.append(Problem(f"layer name '{layer.name}' is used twice in "
+                                            "phase kTrain", f"layer[{i}].name"))
+                seen.add(layer.name)
+        every = [x.name for x in self.layer]
         for i, layer in enumerate(self.layer):
             for k, src in enumerate(layer.srclayers):
-                if src not in seen:
-                    earlier = [x.name for x in self.layer[:i]]  # what it may read
+                if src not in every:
+                    earlier = every[:i]  # what it may read
                     close = difflib.get_close_matches(src, earlier[::-1], n=1)
                     hint = f"; did you mean '{close[0]}'?" if close else ""
                     problems.append(Problem(f"layer '{layer.name}' reads unknown layer "
@@ -126,16 +300,29 @@ class NetConf(Parameter):
 
 
 class ClusterConf(Parameter):
-    """Servers and workers (SPEC §7); SINGA's ``cluster { ... }``."""
+    """Servers and workers (SPEC §7); SINGA's ``cluster { ... }`` (``ClusterProto``)."""
 
     nworker_groups: int = field(1, lower=1, doc="Worker groups; asynchronous to each other.")
     nserver_groups: int = field(1, lower=1, doc="Server groups, each holding all Params.")
     nworkers_per_group: int = field(1, lower=1, doc="Workers in a group; synchronous (BSP).")
     nservers_per_group: int = field(1, lower=1, doc="Servers in a group; each holds slices.")
-    nworkers_per_procs: int = field(1, lower=1, doc="Accepted for SINGA compatibility.")
-    nservers_per_procs: int = field(1, lower=1, doc="Accepted for SINGA compatibility.")
+    nworkers_per_procs: int = field(1, lower=1, doc="Workers per process in SINGA; no effect "
+                                                    "here: embedded, every worker is a thread "
+                                                    "of one process; on Ray, an actor each.")
+    nservers_per_procs: int = field(1, lower=1, doc="Servers per process in SINGA; no effect "
+                                                    "here (see nworkers_per_procs).")
     server_worker_separate: bool = field(False, doc="Run servers apart from workers.")
     sync_freq: int = field(1, lower=1, doc="Steps between synchronisations of server groups.")
+    start_port: int = field(6723, lower=0, upper=65535,
+                            doc="SINGA's first ZeroMQ port; no effect: embedded servers and "
+                                "workers are threads and talk in memory; Ray chooses its "
+                                "own ports.")
+    share_memory: bool = field(True, doc="Whether SINGA's worker groups in one process share "
+                                         "Param memory; no effect: the worker groups of a "
+                                         "server group here always read its values in place.")
+    poll_time: int = field(100, lower=0, doc="SINGA's socket poll time in milliseconds; no "
+                                             "effect (waits here are woken by events; see "
+                                             "timeout).")
     staleness: int | None = field(None, lower=0, doc="Bounded staleness: a worker may run at "
                                                      "most this many versions ahead.")
     workspace: str | None = field(None, doc="Folder for checkpoints and metrics (SINGA "
@@ -151,32 +338,101 @@ class ClusterConf(Parameter):
 
 
 class JobConf(Parameter):
-    """A training job; SINGA's ``job.conf``."""
+    """A training job; SINGA's ``job.conf`` (``JobProto``)."""
 
-    name: str = field("job", doc="Name of the job.")
-    train_steps: int = field(lower=0, doc="Number of training steps.")
-    disp_freq: int = field(0, lower=0, doc="Steps between progress reports (0: default).")
-    test_freq: int = field(0, lower=0, doc="Steps between tests (0: no tests during training).")
-    test_steps: int = field(0, lower=0, doc="Batches per test (0: the whole test split).")
-    test_after: int = field(0, lower=0, doc="First step at which tests may run.")
-    valid_freq: int = field(0, lower=0, doc="Accepted for SINGA compatibility.")
-    valid_steps: int = field(0, lower=0, doc="Accepted for SINGA compatibility.")
-    checkpoint_freq: int = field(0, lower=0, doc="Steps between checkpoints (0: none).")
-    checkpoint_after: int = field(0, lower=0, doc="First step at which checkpoints are written.")
-    checkpoint_path: list[str] = field(factory=list, doc="Checkpoints to start from.")
+    name: str = field("job", doc="Name of the job (SINGA v0.1.0 required it).")
+    train_steps: int = field(0, lower=0, doc="Number of training steps (SINGA v0.1.0 required "
+                                             "it; 0: no training, e.g. a job that tests or "
+                                             "samples from checkpoint_path).")
+    disp_freq: int = field(0, lower=0, doc="Steps between progress reports and train rows of "
+                                           "metrics.csv (0: about 30 per run).")
+    disp_after: int = field(0, lower=0, doc="First step of the progress reports; then every "
+                                            "disp_freq steps.")
+    gpu: list[int] = field(factory=list, lower=0,
+                           doc="SINGA's GPU device ids, one per worker of a process; no "
+                               "effect yet: layers compute on the CPU.")
+    test_freq: int = field(0, lower=0, doc="Steps between tests, from test_after (0: no tests "
+                                           "during training). With test_freq or test_steps "
+                                           "a test runs at the end too.")
+    test_steps: int = field(0, lower=0, doc="Batches per test (0: the whole test split; SINGA "
+                                            "ran no tests then).")
+    test_after: int = field(0, lower=0, doc="First step at which tests run; then every "
+                                            "test_freq steps.")
+    validate_freq: int = field(0, lower=0, aliases=("valid_freq",),
+                               doc="Steps between validations (the kVal net on the "
+                                   "validation data), from validate_after; rows 'val' of "
+                                   "metrics.csv. 0: none.")
+    validate_steps: int = field(0, lower=0, aliases=("valid_steps",),
+                                doc="Batches per validation (0: the whole validation "
+                                    "split).")
+    validate_after: int = field(0, lower=0, doc="First step at which validations run; then "
+                                                "every validate_freq steps.")
+    checkpoint_freq: int = field(0, lower=0, doc="Steps between checkpoints, from "
+                                                 "checkpoint_after (0: none). Each writes "
+                                                 "paramserver's checkpoint and SINGA's "
+                                                 "step<N>-worker0.")
+    checkpoint_after: int = field(0, lower=0, doc="First step at which checkpoints are "
+                                                  "written; then every checkpoint_freq steps.")
+    checkpoint_path: list[str] = field(factory=list,
+                                       doc="SINGA checkpoints (step<N>-worker<M>, relative "
+                                           "to the working folder) whose Params initialise "
+                                           "the job's of the same name, in order (a later "
+                                           "file wins); others are initialised by init.")
+    warmup_steps: int = field(0, lower=0, doc="SINGA's steps before the first put to the "
+                                              "servers; no effect, as in SINGA v0.2.0+, "
+                                              "whose warm-up loop was disabled.")
+    debug: bool = field(False, doc="Extra checks while training.")
+    reset_param_version: bool = field(True, doc="Params loaded from checkpoint_path count "
+                                                "their versions from step (true) or from the "
+                                                "checkpoint's versions (false); these "
+                                                "versions are written into SINGA "
+                                                "checkpoints.")
+    num_openblas_threads: int = field(1, lower=1, doc="SINGA's OpenBLAS threads; no effect "
+                                                      "(NumPy's BLAS threads are set by its "
+                                                      "environment variables, e.g. "
+                                                      "OPENBLAS_NUM_THREADS).")
+    resume: bool = field(False, doc="Go on from the newest checkpoint in the workspace, as "
+                                    "--resume does.")
+    step: int = field(0, lower=0, doc="The first step of a new run (SINGA sets it when it "
+                                      "resumes); the learning rate and data order follow it.")
+    id: int = field(-1, doc="SINGA's job id, given by ZooKeeper; no effect.")
     workspace: str | None = field(None, doc="Folder for checkpoints, metrics and plots.")
     seed: int = field(0, lower=0, doc="Seed of every random choice of the job (init, data "
                                       "order).")
-    debug: bool = field(False, doc="Extra checks while training.")
     train_one_batch: TrainOneBatchConf = field(factory=TrainOneBatchConf,
                                                doc="Algorithm of one step.")
-    neuralnet: NetConf = field(doc="The neural net.")
+    neuralnet: NetConf = field(factory=NetConf, doc="The neural net (SINGA v0.1.0 required "
+                                                    "it).")
     updater: UpdaterConf = field(factory=UpdaterConf, doc="The updater.")
-    cluster: ClusterConf = field(factory=ClusterConf, doc="Servers and workers.")
+    cluster: ClusterConf = field(factory=ClusterConf, doc="Servers and workers (SINGA "
+                                                          "v0.1.0 required it).")
 
     @property
     def workspace_dir(self) -> str:
         return self.workspace or self.cluster.workspace or f"workspace/{self.name}"
+
+    def eval_phases(self) -> list[str]:
+        """The phases whose nets the job evaluates: kTest when it tests (test_freq or
+        test_steps), kVal when it validates (validate_freq)."""
+        return ([*(["kTest"] if self.test_freq or self.test_steps else []),
+                 *(["kVal"] if self.validate_freq else [])])
+
+    def unbuilt(self) -> list[str]:
+        """What this job needs that paramserver does not build yet: one line per layer type
+        (with its layers) and per algorithm; empty when the job can run."""
+        out = [f"{what}: layer{'s' if len(names) > 1 else ''} "
+               + ", ".join(f"'{n}'" for n in names)
+               for what, names in self.neuralnet.unbuilt().items()]
+        alg = self.train_one_batch.unbuilt()
+        if alg is not None:
+            out.append(f"{alg}: train_one_batch")
+        return out
+
+
+def unbuilt_error(lines: list[str]) -> ParamError:
+    """The error that names what a job needs and is not built yet."""
+    return ParamError("this job needs what paramserver does not build yet:\n"
+                      + "\n".join(f"  {line}" for line in lines))
 
 
 def parse_job(text: str, filename: str = "<string>") -> JobConf:
@@ -220,6 +476,6 @@ def conf_from(cls: type[Any], x: Any, block_name: str) -> Any:
                      f"{block_name} block, not {type(x).__name__}")
 
 
-__all__ = ["ClusterConf", "JobConf", "LRGenConf", "LayerConf", "NetConf", "ParamConf",
-           "ParamGenConf", "TrainOneBatchConf", "UpdaterConf", "conf_from", "load_job",
-           "parse_job"]
+__all__ = ["NET_PHASES", "CDConf", "ClusterConf", "JobConf", "LRGenConf", "LayerConf",
+           "LayerGroupConf", "NetConf", "ParamConf", "ParamGenConf", "TrainOneBatchConf",
+           "UpdaterConf", "conf_from", "load_job", "parse_job", "unbuilt_error"]

@@ -449,6 +449,8 @@ def _field_type(annotation: Any, enum: Any) -> FieldType:
             return inner  # type: ignore[no-any-return]
         if typing.get_args(annotation) and type(None) in typing.get_args(annotation):
             return OptionalType(inner)
+        if typing.get_origin(annotation) is list and typing.get_args(annotation) == (str,):
+            return ListType(inner)  # a repeated enum field (SINGA's include: kTrain)
     return type_for(annotation, enum)
 
 

@@ -4,6 +4,10 @@ SINGA writes names as enum constants (``kSGD``, ``kUniformSqrtFanIn``); Python u
 ``"sgd"`` or ``"uniform_sqrt_fan_in"``. A lookup ignores a leading ``k`` before a capital,
 underscores, dashes and letter case, so every spelling finds the same component, and two
 registrations that would be found by the same spelling are refused.
+
+A registry may also be numbered (:meth:`Registry.set_numbers`), as SINGA's enums are: a field
+whose values are its names then takes a number too (``type: 1`` for ``kSGD``), as protobuf's
+text format allows.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ class Registry(Generic[T]):
         self._items: dict[str, T] = {}       # canonical name -> component
         self._keys: dict[str, str] = {}      # normalised spelling -> canonical name
         self._aliases: dict[str, tuple[str, ...]] = {}  # canonical name -> as registered
+        self._numbers: dict[int, str] = {}   # number -> name (SINGA's enum numbering)
 
     def register(self, name: str, *, aliases: tuple[str, ...] = ()) -> Callable[[T], T]:
         """Decorator: register a component under ``name`` (and ``aliases``)."""
@@ -98,6 +103,27 @@ class Registry(Generic[T]):
         """A field type whose values are this registry's names (for ``field(enum=registry)``)."""
         return _RegistryName(self)
 
+    def set_numbers(self, numbers: dict[int, str]) -> None:
+        """Number the names (SINGA's enum values): a field of this registry then takes a
+        number as well as a name."""
+        self._numbers = dict(numbers)
+
+    @property
+    def numbered(self) -> bool:
+        return bool(self._numbers)
+
+    def by_number(self, number: int) -> str:
+        """The name numbered ``number``; ParamError listing the numbers otherwise."""
+        name = self._numbers.get(number)
+        if name is None:
+            known = ", ".join(f"{n} = {v}" for n, v in sorted(self._numbers.items()))
+            raise ParamError(f"Invalid Input: '{number}', no {self.kind} has this number; "
+                             f"the numbers are: {known}")
+        return name
+
+    def numbers(self) -> dict[int, str]:
+        return dict(self._numbers)
+
     @staticmethod
     def extension_name(name: str) -> str:
         """The extension block of a user component: ``FooParam`` -> ``fooparam_conf``."""
@@ -116,9 +142,28 @@ class _RegistryName(StrType):
     def convert(self, value: Value) -> str:
         raw = self.scalar(value).raw
         try:
+            number = enum_number(raw) if self.registry.numbered else None
+            if number is not None:
+                raw = self.registry.by_number(number)
+            sentinel = getattr(self.registry, "user_sentinel", None)
+            if sentinel is not None and isinstance(raw, str) and normalise(raw) == normalise(
+                    sentinel):
+                return str(sentinel)  # "named by user_type" (SINGA's kUserUpdater, ...)
             return self.registry.lookup(raw)
         except ParamError as e:
             raise Invalid(str(raw), str(e)) from None
+
+
+def enum_number(raw: Any) -> int | None:
+    """The number an enum value is given as (``1``, or ``0x1`` read by the job-file reader),
+    or None for a name."""
+    if isinstance(raw, bool):
+        return None
+    if isinstance(raw, int):
+        return int(raw)
+    if isinstance(raw, str) and raw.strip().isdigit() and raw.strip().isascii():
+        return int(raw.strip())
+    return None
 
 
 def _describe(obj: Any) -> str:

@@ -1,9 +1,18 @@
 """Reader for SINGA job files: the protocol-buffer text format, read without a schema.
 
 ``parse_text`` turns the text of a ``job.conf`` into the neutral tree of
-:mod:`paramserver.config.tree`; the declarations check it afterwards. The reader does not
-interpret values: numbers, enum names and ``true``/``false`` stay text exactly as written, so
-that one set of conversions and messages (SPEC section 1) serves files and Python mappings.
+:mod:`paramserver.config.tree`; the declarations check it afterwards. The reader interprets
+values only where protobuf's text format reads a token otherwise than the declarations'
+text parsing (SPEC section 1, the dmlc path) does, and hands those on typed:
+
+* hexadecimal and octal integers (``0x10``, ``-0x10``, ``010`` = 8) become integers
+  (:class:`WrittenInt`, which keeps its spelling for messages); a decimal integer with a
+  leading zero and a digit 8 or 9 (``08``) is an error, as protobuf says;
+* the booleans ``t`` and ``f`` become ``True`` and ``False``.
+
+Everything else (decimal numbers, enum names or numbers, ``true``/``false``) stays text
+exactly as written, so that one set of conversions and messages serves files and Python
+mappings. Enum values given by number (``type: 1``) are read by the enum field itself.
 
 Lexing is protobuf's own: :class:`google.protobuf.text_format.Tokenizer` splits the text
 (comments, whitespace, identifiers, numbers, quoted strings) and
@@ -29,7 +38,7 @@ from google.protobuf.text_format import ParseError, Tokenizer
 from paramserver.config.errors import Location, ParamError, Problem
 from paramserver.config.tree import Block, Entry, ListValue, Scalar, Value
 
-__all__ = ["MAX_DEPTH", "parse_text"]
+__all__ = ["MAX_DEPTH", "WrittenInt", "parse_text"]
 
 #: Deepest nesting of blocks and lists read (protobuf's C++ reader stops at 100 as well).
 MAX_DEPTH = 100
@@ -50,6 +59,10 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 #: Whether it is a valid number is for the declaration to say; a sign alone is not a value.
 _WORD = re.compile(r"[+-]?(?:[0-9A-Za-z_]|\.[0-9])[0-9A-Za-z_.+-]*\Z")
 _TERMINATED = {q: re.compile(rf"{q}(?:[^{q}\\\n]|\\.)*{q}\Z") for q in _QUOTES}
+_HEX = re.compile(r"([+-]?)0[xX]([0-9a-fA-F]+)\Z")
+_OCTAL = re.compile(r"([+-]?)0([0-7]+)\Z")
+_LEADING_ZERO = re.compile(r"[+-]?0[0-9]+\Z")
+_BOOLS = {"t": True, "f": False}
 _ESCAPE = re.compile(r"\\(?:[0-7]{1,3}|x[0-9A-Fa-f]{1,2}|u[0-9A-Fa-f]{4}|U[0-9A-Fa-f]{8}|.?)")
 _SIMPLE_ESCAPES = frozenset("abfnrtv\\'\"?")
 
@@ -65,6 +78,24 @@ class _Token:
     @property
     def end(self) -> int:
         return self.column + len(self.text)
+
+
+class WrittenInt(int):
+    """An integer of a job file written in another base (``0x10``, ``010``): its value, and
+    its spelling as ``str()`` shows it, so that a message quotes what the file says."""
+
+    text: str
+
+    def __new__(cls, value: int, text: str) -> WrittenInt:
+        obj = super().__new__(cls, value)
+        obj.text = text
+        return obj
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __repr__(self) -> str:
+        return self.text
 
 
 def parse_text(text: str, filename: str = "<string>") -> Block:
@@ -325,8 +356,23 @@ class _Reader:
                 parts.append(self.read_string(self.advance()))
             return Scalar("".join(parts), self.at(token), quoted=True)
         if _WORD.match(token.text) and not self.key_starts_here():
-            return Scalar(self.advance().text, self.at(token))
+            return Scalar(self.typed(self.advance()), self.at(token))
         return None
+
+    def typed(self, token: _Token) -> object:
+        """A bare token's value where protobuf reads it otherwise than the declarations'
+        text parsing: hex and octal integers, ``t`` and ``f``; else its text."""
+        text = token.text
+        if text in _BOOLS:
+            return _BOOLS[text]
+        m = _HEX.match(text) or _OCTAL.match(text)
+        if m is not None:
+            value = int(m.group(2), 16 if m.re is _HEX else 8)
+            return WrittenInt(-value if m.group(1) == "-" else value, text)
+        if _LEADING_ZERO.match(text):
+            self.error(f"invalid number {_show(text)}: a leading 0 makes an integer octal "
+                       "(digits 0-7), as protobuf reads it", self.at(token))
+        return text
 
     def read_string(self, token: _Token) -> str:
         """The text of one string literal, escapes applied; problems reported, '' after one."""

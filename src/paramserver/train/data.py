@@ -6,7 +6,8 @@ Sources:
   no download. Imported on first use only.
 * a path to an ``.npz`` archive with a feature array (``x``) and a label array (``y``), read
   with ``allow_pickle=False`` so that loading cannot run code. When the archive also holds
-  ``x_test`` and ``y_test`` these are the test split and ``test_fraction`` is not used.
+  ``x_test`` and ``y_test`` these are the test split and ``test_fraction`` is not used; so
+  for ``x_val`` and ``y_val``, the validation split, and ``val_fraction``.
 
 Everything random is a pure function of a seed and a few tags (:func:`derive_rng`): the
 split of a dataset, the order of each epoch, so a run is the same every time, and a worker
@@ -85,24 +86,29 @@ class Batch:
 
 
 class Dataset:
-    """Features and labels, split into a training and a test part. Arrays are read-only.
+    """Features and labels, split into a training, a test and a validation part (which may
+    be empty). Arrays are read-only.
 
     Attributes:
         source: where the data came from (``"digits"`` or the file's path).
-        x_train, y_train, x_test, y_test: the splits, in stored order.
+        x_train, y_train, x_test, y_test, x_val, y_val: the splits, in stored order.
         num_classes: one more than the largest label.
         sample_shape: the shape of one sample's features.
         integer_input: whether the features are integers (ids for kEmbedding).
     """
 
     def __init__(self, source: str, x_train: np.ndarray, y_train: np.ndarray,
-                 x_test: np.ndarray, y_test: np.ndarray):
+                 x_test: np.ndarray, y_test: np.ndarray, x_val: np.ndarray | None = None,
+                 y_val: np.ndarray | None = None):
         self.source = source
         self.x_train, self.y_train = x_train, y_train
         self.x_test, self.y_test = x_test, y_test
-        for a in (x_train, y_train, x_test, y_test):
+        if x_val is None or y_val is None:
+            x_val, y_val = x_test[:0], y_test[:0]
+        self.x_val, self.y_val = x_val, y_val
+        for a in (x_train, y_train, x_test, y_test, x_val, y_val):
             a.setflags(write=False)
-        labels = [int(y.max()) for y in (y_train, y_test) if y.size]
+        labels = [int(y.max()) for y in (y_train, y_test, y_val) if y.size]
         self.num_classes = max(labels) + 1 if labels else 0
         self.sample_shape: tuple[int, ...] = tuple(x_train.shape[1:])
         self.integer_input = bool(np.issubdtype(x_train.dtype, np.integer))
@@ -117,11 +123,21 @@ class Dataset:
     def num_test(self) -> int:
         return int(self.y_test.shape[0])
 
+    @property
+    def num_val(self) -> int:
+        return int(self.y_val.shape[0])
+
+    def split(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """``(x, y)`` of the split ``"train"``, ``"test"`` or ``"val"``."""
+        if name not in ("train", "test", "val"):
+            raise ParamError(f"no split '{name}'; the splits are 'train', 'test' and 'val'")
+        return getattr(self, f"x_{name}"), getattr(self, f"y_{name}")
+
     def id_range(self) -> tuple[int, int] | None:
         """``(min, max)`` of integer features over both splits (None for float features)."""
         if not self.integer_input:
             return None
-        parts = [x for x in (self.x_train, self.x_test) if x.size]
+        parts = [x for x in (self.x_train, self.x_test, self.x_val) if x.size]
         return (min(int(x.min()) for x in parts), max(int(x.max()) for x in parts))
 
     def steps_per_epoch(self, batchsize: int) -> int:
@@ -187,18 +203,25 @@ class Dataset:
             batchsize: samples per batch.
             steps: at most this many batches (0: the whole split).
         """
+        return self.eval_batches("test", batchsize, steps)
+
+    def eval_batches(self, split: str, batchsize: int, steps: int = 0) -> Iterator[Batch]:
+        """A split (``"test"`` or ``"val"``) in stored order, ``batchsize`` at a time (the
+        last batch may be smaller); at most ``steps`` batches (0: the whole split)."""
         if batchsize < 1:
             raise ParamError(f"batchsize must be at least 1, got {batchsize}")
-        n = self.num_test
+        x, y = self.split(split)
+        n = int(y.shape[0])
         count = -(-n // batchsize)
         if steps > 0:
             count = min(count, steps)
         for i in range(count):
             sl = slice(i * batchsize, min((i + 1) * batchsize, n))
-            yield Batch(self.x_test[sl], self.y_test[sl], i, 0, 0, 1, sl.stop - sl.start)
+            yield Batch(x[sl], y[sl], i, 0, 0, 1, sl.stop - sl.start)
 
     def __repr__(self) -> str:
-        return (f"Dataset({self.source!r}, train={self.num_train}, test={self.num_test}, "
+        val = f", val={self.num_val}" if self.num_val else ""
+        return (f"Dataset({self.source!r}, train={self.num_train}, test={self.num_test}{val}, "
                 f"sample_shape={self.sample_shape}, classes={self.num_classes})")
 
 
@@ -212,8 +235,9 @@ _CACHE_SIZE = 4
 def load_dataset(source: str, *, test_fraction: float = 0.2, split_seed: int = 0,
                  normalize: bool = True, x_key: str = "x", y_key: str = "y",
                  x_test_key: str = "x_test", y_test_key: str = "y_test",
-                 dtype: Any = np.float32, base_dir: str | os.PathLike[str] | None = None
-                 ) -> Dataset:
+                 dtype: Any = np.float32, base_dir: str | os.PathLike[str] | None = None,
+                 val_fraction: float = 0.0, x_val_key: str = "x_val",
+                 y_val_key: str = "y_val") -> Dataset:
     """Load a dataset and split it; the same arguments give the same (shared) Dataset.
 
     Args:
@@ -226,6 +250,9 @@ def load_dataset(source: str, *, test_fraction: float = 0.2, split_seed: int = 0
             are read as stored.
         x_key, y_key: the names of the feature and label arrays in the file.
         x_test_key, y_test_key: the names of an optional test split in the file.
+        val_fraction: the share of samples put in the validation split, in ``[0, 1)``
+            (taken after the test split; not used when the file holds its own).
+        x_val_key, y_val_key: the names of an optional validation split in the file.
         dtype: the dtype of float features (integer features stay int64, for kEmbedding).
         base_dir: the folder relative paths start from (e.g. the job file's).
 
@@ -234,9 +261,12 @@ def load_dataset(source: str, *, test_fraction: float = 0.2, split_seed: int = 0
     """
     if not 0.0 <= test_fraction < 1.0:
         raise ParamError(f"test_fraction must be in [0, 1), got {test_fraction}")
+    if not 0.0 <= val_fraction < 1.0 or test_fraction + val_fraction >= 1.0:
+        raise ParamError(f"val_fraction must be in [0, 1) and leave training samples with "
+                         f"test_fraction {test_fraction:g}, got {val_fraction}")
     dt = np.dtype(dtype)
     options = (float(test_fraction), int(split_seed), bool(normalize), x_key, y_key,
-               x_test_key, y_test_key, dt.str)
+               x_test_key, y_test_key, dt.str, float(val_fraction), x_val_key, y_val_key)
     if source == DIGITS:
         ident: tuple[Any, ...] = (DIGITS,)
         path = None
@@ -261,21 +291,29 @@ def load_dataset(source: str, *, test_fraction: float = 0.2, split_seed: int = 0
             return cached
     if path is None:
         x, y = _load_digits(normalize)
-        x_test = y_test = None
+        x_test = y_test = x_val = y_val = None
         name = DIGITS
     else:
-        x, y, x_test, y_test = _load_npz(path, x_key, y_key, x_test_key, y_test_key)
+        x, y, (x_test, y_test), (x_val, y_val) = _load_npz(
+            path, x_key, y_key, (x_test_key, y_test_key), (x_val_key, y_val_key))
         name = str(path)
-    x = x if np.issubdtype(x.dtype, np.integer) else x.astype(dt)
-    if x_test is not None and y_test is not None:
-        x_test = x_test if np.issubdtype(x.dtype, np.integer) else x_test.astype(dt)
-        dataset = Dataset(name, x, y, x_test, y_test)
-    else:
-        train, test = split_indices(len(y), test_fraction, split_seed)
-        if train.size == 0:
-            raise ParamError(f"{name}: test_fraction {test_fraction:g} leaves no training "
-                             f"samples of {len(y)}")
-        dataset = Dataset(name, x[train], y[train], x[test], y[test])
+
+    def typed(a: np.ndarray) -> np.ndarray:
+        return a if np.issubdtype(a.dtype, np.integer) else a.astype(dt)
+
+    x = typed(x)
+    given_test = x_test is not None and y_test is not None
+    given_val = x_val is not None and y_val is not None
+    train, test, val = _split3(len(y), 0.0 if given_test else test_fraction, split_seed,
+                               0.0 if given_val else val_fraction)
+    if train.size == 0:
+        raise ParamError(f"{name}: test_fraction {test_fraction:g} and val_fraction "
+                         f"{val_fraction:g} leave no training samples of {len(y)}")
+    tx, ty = ((typed(x_test), y_test) if x_test is not None and y_test is not None
+              else (x[test], y[test]))
+    vx, vy = ((typed(x_val), y_val) if x_val is not None and y_val is not None
+              else (x[val], y[val]))
+    dataset = Dataset(name, x[train], y[train], tx, ty, vx, vy)
     with _cache_lock:
         _cache[key] = dataset
         while len(_cache) > _CACHE_SIZE:
@@ -283,17 +321,30 @@ def load_dataset(source: str, *, test_fraction: float = 0.2, split_seed: int = 0
     return dataset
 
 
-def split_indices(n: int, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Indices of the training and the test split, each sorted; chosen at random by ``seed``.
+def split_indices(n: int, test_fraction: float, seed: int, val_fraction: float = 0.0
+                  ) -> Any:
+    """Indices of the training and the test split (and, with ``val_fraction``, of the
+    validation split), each sorted; chosen at random by ``seed``.
 
     The test split has ``round(n * test_fraction)`` samples (at least one when the fraction
-    is above 0 and there are at least two samples).
+    is above 0 and there are at least two samples); the validation split, taken next, as
+    many for ``val_fraction``. Returns ``(train, test)``, or ``(train, test, val)`` when
+    ``val_fraction`` is given (the test split is the same with or without it).
     """
-    n_test = round(n * test_fraction)
-    if test_fraction > 0 and n_test == 0 and n > 1:
-        n_test = 1
+    train, test, val = _split3(n, test_fraction, seed, val_fraction)
+    return (train, test) if not val_fraction else (train, test, val)
+
+
+def _split3(n: int, test_fraction: float, seed: int, val_fraction: float
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def count(fraction: float) -> int:
+        k = round(n * fraction)
+        return 1 if fraction > 0 and k == 0 and n > 1 else k
+
+    n_test, n_val = count(test_fraction), count(val_fraction)
     perm = derive_rng(seed, "data", "split").permutation(n)
-    return np.sort(perm[n_test:]), np.sort(perm[:n_test])
+    test, val = np.sort(perm[:n_test]), np.sort(perm[n_test:n_test + n_val])
+    return np.sort(perm[n_test + n_val:]), test, val
 
 
 def _load_digits(normalize: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -309,8 +360,13 @@ def _load_digits(normalize: bool) -> tuple[np.ndarray, np.ndarray]:
     return x, np.asarray(y, np.int64)
 
 
-def _load_npz(path: Path, x_key: str, y_key: str, x_test_key: str, y_test_key: str
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+Pair = tuple[np.ndarray | None, np.ndarray | None]
+
+
+def _load_npz(path: Path, x_key: str, y_key: str, *splits: tuple[str, str]
+              ) -> tuple[Any, ...]:
+    """``x, y`` and, for each ``(x_key, y_key)`` of ``splits``, that pair of arrays (or
+    ``(None, None)`` when the file does not hold it), checked."""
     where = f"data file '{path}'"
     try:
         archive = np.load(path, allow_pickle=False)
@@ -338,21 +394,26 @@ def _load_npz(path: Path, x_key: str, y_key: str, x_test_key: str, y_test_key: s
             raise ParamError(f"{where} has no array {' or '.join(repr(k) for k in missing)}; "
                              f"it holds: {', '.join(repr(k) for k in names) or 'nothing'}")
         x, y = _check_xy(where, get(x_key), get(y_key), x_key, y_key)
-        has = [k in names for k in (x_test_key, y_test_key)]
-        if any(has) and not all(has):
-            given, absent = (x_test_key, y_test_key) if has[0] else (y_test_key, x_test_key)
-            raise ParamError(f"{where} has '{given}' but no '{absent}'")
-        if not all(has):
-            return x, y, None, None
-        x_test, y_test = _check_xy(where, get(x_test_key), get(y_test_key), x_test_key,
-                                   y_test_key)
-        if x_test.shape[1:] != x.shape[1:]:
-            raise ParamError(f"{where}: samples of '{x_test_key}' have shape "
-                             f"{x_test.shape[1:]} but those of '{x_key}' {x.shape[1:]}")
-        if np.issubdtype(x.dtype, np.integer) != np.issubdtype(x_test.dtype, np.integer):
-            raise ParamError(f"{where}: '{x_key}' and '{x_test_key}' must both be integers "
-                             "or both be numbers with a fraction")
-        return x, y, x_test, y_test
+        out: list[Pair] = []
+        for x_test_key, y_test_key in splits:
+            has = [k in names for k in (x_test_key, y_test_key)]
+            if any(has) and not all(has):
+                given, absent = ((x_test_key, y_test_key) if has[0]
+                                 else (y_test_key, x_test_key))
+                raise ParamError(f"{where} has '{given}' but no '{absent}'")
+            if not all(has):
+                out.append((None, None))
+                continue
+            x_test, y_test = _check_xy(where, get(x_test_key), get(y_test_key), x_test_key,
+                                       y_test_key)
+            if x_test.shape[1:] != x.shape[1:]:
+                raise ParamError(f"{where}: samples of '{x_test_key}' have shape "
+                                 f"{x_test.shape[1:]} but those of '{x_key}' {x.shape[1:]}")
+            if np.issubdtype(x.dtype, np.integer) != np.issubdtype(x_test.dtype, np.integer):
+                raise ParamError(f"{where}: '{x_key}' and '{x_test_key}' must both be "
+                                 "integers or both be numbers with a fraction")
+            out.append((x_test, y_test))
+        return (x, y, *out)
 
 
 def _check_xy(where: str, x: np.ndarray, y: np.ndarray, x_key: str, y_key: str

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import Location, ParamError, Problem
-from ..config.job import JobConf, NetConf, load_job
+from ..config.job import JobConf, NetConf, load_job, unbuilt_error
 from ..config.textformat import parse_text
 from ..config.tree import Block, Entry, Scalar
 from ..init import init_params
@@ -42,9 +42,15 @@ class JobFile:
         return self.path.parent
 
     def build_net(self) -> Net:
-        """The job's net, its problems placed at their layers."""
+        """The job's net (the kTrain net, and the kTest and kVal nets when the job tests or
+        validates), its problems placed at their layers. What the job needs and paramserver
+        does not build yet (layer types, algorithms) is refused first, all of it at once."""
+        unbuilt = self.job.unbuilt()
+        if unbuilt:
+            raise unbuilt_error(unbuilt)
         with self.placing():
-            return Net(self.job.neuralnet, seed=self.job.seed, base_dir=self.base_dir)
+            return Net(self.job.neuralnet, seed=self.job.seed, base_dir=self.base_dir,
+                       phases=("kTrain", *self.job.eval_phases()))
 
     def check_params(self, net: Net) -> None:
         """Make and initialise the net's Params as training would (an init method that does
@@ -113,8 +119,10 @@ def _net_problems(tree: Block, base_dir: Path) -> list[Problem]:
         netconf = NetConf._build(blocks[0])
     except ParamError:
         return []  # already among the configuration's problems
+    if netconf.unbuilt():
+        return []  # reported whole once the file reads
     try:
-        Net(netconf, seed=0, base_dir=base_dir)
+        Net(netconf, seed=0, base_dir=base_dir, phases=("kTrain",))
     except ParamError as e:
         return place_net_problems(e, tree).problems
     return []

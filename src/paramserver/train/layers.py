@@ -22,7 +22,7 @@ Arrays carry the batch on axis 0: ``data.shape == (batch,) + out_shape``.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -30,25 +30,30 @@ import numpy as np
 from ..config import ParamError, Parameter, field
 from ..config.components import layers
 from ..config.job import LayerConf, ParamConf
+from ..config.singa_enums import PHASE
 from ..params import Param
+from ..singa.confs import (
+    DropoutConf,
+    EmbeddingConf,
+    InnerProductConf,
+    ReLUConf,
+    SoftmaxLossConf,
+)
 from .data import Batch, Dataset, load_dataset
 
 T = TypeVar("T", bound=type)
 
-#: Phases a layer runs in, by every accepted spelling (SINGA's ``kTrain`` included).
-PHASES = {"train": "train", "ktrain": "train", "test": "test", "ktest": "test",
-          "val": "val", "kval": "val"}
-#: The ``exclude`` value of each phase.
-EXCLUDE_NAMES = {"train": "kTrain", "test": "kTest", "val": "kVal"}
-
-
 def phase_name(phase: str) -> str:
-    """``"train"``, ``"test"`` or ``"val"`` for any accepted spelling (``kTrain``, ...)."""
-    out = PHASES.get(str(phase).lower())
-    if out is None:
-        raise ParamError(f"Invalid Input: '{phase}', valid values are: {{'test', 'train', "
-                         "'val'}")
-    return out
+    """The short name layers are given their phase by: ``"train"``, ``"test"``, ``"val"``
+    (also ``"positive"``, ``"negative"``, ...), for any spelling of SINGA's ``Phase``
+    (``kTrain``, ``train``, ``1``)."""
+    try:
+        canonical = PHASE.lookup(phase) if not str(phase).isdigit() else PHASE.by_number(
+            int(phase))
+    except ParamError:
+        raise ParamError(f"Invalid Input: '{phase}', valid values are: {PHASE.choices()}"
+                         ) from None
+    return canonical[1:].lower()
 
 
 def register_layer(name: str, *, aliases: tuple[str, ...] = ()) -> Callable[[T], T]:
@@ -77,6 +82,9 @@ class Layer:
     """
 
     Config: ClassVar[type[Parameter] | None] = None
+    #: False for SINGA's layer types that are declared but not computed yet
+    #: (:mod:`paramserver.singa.layers`).
+    built: ClassVar[bool] = True
     #: How many srclayers the layer reads (``max_srcs`` None: any number).
     min_srcs: ClassVar[int] = 1
     max_srcs: ClassVar[int | None] = 1
@@ -150,7 +158,8 @@ class Layer:
     # -- computation ------------------------------------------------------------------------
 
     def forward(self, phase: str, rng: np.random.Generator | None) -> None:
-        """Compute :attr:`data` from the sources' ``data``; ``phase`` is "train" or "test"."""
+        """Compute :attr:`data` from the sources' ``data``; ``phase`` is "train", "test" or
+        "val" (:func:`phase_name`)."""
         raise NotImplementedError
 
     def backward(self) -> None:
@@ -185,6 +194,10 @@ class DataConf(Parameter):
     test_fraction: float = field(0.2, lower=0.0, upper=1.0,
                                  doc="Share of the samples held out for tests, below 1 (not "
                                      "used when the file holds x_test and y_test).")
+    val_fraction: float = field(0.0, lower=0.0, upper=1.0,
+                                doc="Share of the samples held out for validation "
+                                    "(validate_freq), below 1 with test_fraction (not used "
+                                    "when the file holds x_val and y_val).")
     split_seed: int | None = field(None, doc="Seed of the train/test split; None: the job "
                                              "seed.")
     shuffle: bool = field(True, doc="A new order of the training samples every epoch.")
@@ -194,10 +207,15 @@ class DataConf(Parameter):
     y_key: str = field("y", doc="Name of the label array in the .npz file.")
     x_test_key: str = field("x_test", doc="Name of an optional test feature array.")
     y_test_key: str = field("y_test", doc="Name of an optional test label array.")
+    x_val_key: str = field("x_val", doc="Name of an optional validation feature array.")
+    y_val_key: str = field("y_val", doc="Name of an optional validation label array.")
 
     def check(self) -> list[str]:
         if not self.test_fraction < 1.0:
             return [f"test_fraction must be below 1, got {self.test_fraction:g}"]
+        if not self.test_fraction + self.val_fraction < 1.0:
+            return [f"test_fraction and val_fraction must leave training samples (sum below "
+                    f"1), got {self.test_fraction:g} + {self.val_fraction:g}"]
         return []
 
 
@@ -226,7 +244,9 @@ class DataLayer(Layer):
                               split_seed=self.seed if c.split_seed is None else c.split_seed,
                               normalize=c.normalize, x_key=c.x_key, y_key=c.y_key,
                               x_test_key=c.x_test_key, y_test_key=c.y_test_key,
-                              dtype=self.dtype, base_dir=self.base_dir)
+                              dtype=self.dtype, base_dir=self.base_dir,
+                              val_fraction=c.val_fraction, x_val_key=c.x_val_key,
+                              y_val_key=c.y_val_key)
         except ParamError as e:
             raise ParamError([f"layer '{self.name}' ({self.type}): {p}"
                               for p in e.problems]) from None
@@ -257,6 +277,19 @@ class DataLayer(Layer):
             raise ParamError([f"layer '{self.name}' ({self.type}): {p}"
                               for p in e.problems]) from None
 
+    def eval_batches(self, phase: str, batchsize: int | None = None, steps: int = 0
+                     ) -> Iterator[Batch]:
+        """The batches the net of ``phase`` (``"test"`` or ``"val"``) evaluates on: that
+        split of the dataset, in stored order; at most ``steps`` (0: all)."""
+        split = phase_name(phase)
+        x, _ = self.dataset.split(split)
+        if x.shape[0] == 0:
+            what = {"test": "test_fraction is 0 and the file holds no x_test/y_test",
+                    "val": "val_fraction is 0 and the file holds no x_val/y_val"}[split]
+            raise self.error(f"there is no {'validation' if split == 'val' else 'test'} "
+                             f"split ({what})")
+        return self.dataset.eval_batches(split, batchsize or self.batchsize, steps)
+
     def feed(self, batch: Batch) -> None:
         """Make ``batch`` the output of the next :meth:`forward`."""
         x = np.asarray(batch.x)
@@ -275,15 +308,6 @@ class DataLayer(Layer):
 
 
 # -- inner product --------------------------------------------------------------------------
-
-class InnerProductConf(Parameter):
-    """``innerproduct_conf``."""
-
-    num_output: int = field(lower=1, doc="Number of outputs (hidden units).")
-    bias_term: bool = field(True, doc="Add a bias vector, the layer's second Param.")
-    transpose: bool = field(False, doc="Store the weight as (num_input, num_output) instead "
-                                       "of (num_output, num_input).")
-
 
 @register_layer("kInnerProduct", aliases=("fc", "dense", "linear"))
 class InnerProductLayer(Layer):
@@ -365,7 +389,10 @@ class _Activation(Layer):
 
 @register_layer("kReLU")
 class ReLULayer(_Activation):
-    """``max(x, 0)``."""
+    """``max(x, 0)``. ``relu_conf { negative_slope }`` is read and has no effect, as in
+    SINGA."""
+
+    Config = ReLUConf
 
     def f(self, x: np.ndarray) -> np.ndarray:
         return np.maximum(x, 0)
@@ -414,18 +441,6 @@ class STanhLayer(_Activation):
 
 # -- dropout --------------------------------------------------------------------------------
 
-class DropoutConf(Parameter):
-    """``dropout_conf``."""
-
-    dropout_ratio: float = field(0.5, lower=0.0, upper=1.0,
-                                 doc="Probability that an element is dropped, below 1.")
-
-    def check(self) -> list[str]:
-        if not self.dropout_ratio < 1.0:
-            return [f"dropout_ratio must be below 1, got {self.dropout_ratio:g}"]
-        return []
-
-
 @register_layer("kDropout")
 class DropoutLayer(Layer):
     """Inverted dropout: in training, each element is kept with probability ``1 - ratio``
@@ -468,15 +483,6 @@ class LossLayer(Layer):
     def __init__(self, conf: LayerConf, srcs: Sequence[Layer] = (), **kwargs: Any):
         super().__init__(conf, srcs, **kwargs)
         self.loss = float("nan")
-
-
-class SoftmaxLossConf(Parameter):
-    """``softmaxloss_conf``."""
-
-    topk: int = field(1, lower=1, doc="A sample counts as correct when its label is among "
-                                      "the topk highest scores.")
-    scale: float = field(1.0, lower=0.0, doc="The loss and its gradient are multiplied "
-                                             "by it.")
 
 
 @register_layer("kSoftmaxLoss", aliases=("softmax_cross_entropy",))
@@ -577,13 +583,6 @@ class SoftmaxLossLayer(LossLayer):
 
 # -- embedding ------------------------------------------------------------------------------
 
-class EmbeddingConf(Parameter):
-    """``embedding_conf``."""
-
-    vocab_size: int = field(lower=1, doc="Number of ids; inputs are in [0, vocab_size).")
-    feature_dim: int = field(lower=1, doc="Length of each id's vector.")
-
-
 @register_layer("kEmbedding", aliases=("lookup_table",))
 class EmbeddingLayer(Layer):
     """Looks up one row of a table per integer id: input ids of shape ``s`` give outputs of
@@ -602,6 +601,8 @@ class EmbeddingLayer(Layer):
             raise self.error(f"srclayer '{src.name}' gives floats; {self.type} reads integer "
                              "ids")
         vocab = int(self.own.vocab_size)
+        if vocab < 1:
+            raise self.error("embedding_conf vocab_size is not set (it must be at least 1)")
         if isinstance(src, DataLayer):
             lo, hi = src.dataset.id_range() or (0, 0)
             if lo < 0 or hi >= vocab:
@@ -628,7 +629,7 @@ class EmbeddingLayer(Layer):
         np.add.at(table, ids, self.grad.reshape(-1, table.shape[1]))
 
 
-__all__ = ["EXCLUDE_NAMES", "PHASES", "DataConf", "DataLayer", "DropoutConf", "DropoutLayer",
+__all__ = ["DataConf", "DataLayer", "DropoutConf", "DropoutLayer",
            "EmbeddingConf", "EmbeddingLayer", "InnerProductConf", "InnerProductLayer", "Layer",
            "LossLayer", "ReLULayer", "STanhLayer", "SigmoidLayer", "SoftmaxLossConf",
            "SoftmaxLossLayer", "TanhLayer", "phase_name", "register_layer"]

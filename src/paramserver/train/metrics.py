@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Row:
     step: int
-    phase: str      # "train" (the mean over the display window) or "test"
+    phase: str      # "train" (the mean over the display window), "test" or "val"
     loss: float
     accuracy: float
     lr: float
@@ -70,8 +70,8 @@ class MetricsLog:
         os.replace(tmp, self.path)
 
     def plot(self, path: str | os.PathLike[str], title: str) -> Path | None:
-        """A PNG of loss, accuracy and learning rate against the step, train and test; None
-        without matplotlib (the ``examples`` extra).
+        """A PNG of loss, accuracy and learning rate against the step, train, test and val;
+        None without matplotlib (the ``examples`` extra).
 
         The accuracy axis spans the data (97 % and 99.7 % look different), not 0 to 1.
         """
@@ -86,7 +86,7 @@ class MetricsLog:
                         "'paramserver[examples]')")
             return None
         fig, (ax_loss, ax_acc, ax_lr) = plt.subplots(1, 3, figsize=(14, 4))
-        for phase, style in (("train", "-"), ("test", "o-")):
+        for phase, style in (("train", "-"), ("test", "o-"), ("val", "s--")):
             rows = [r for r in self.rows if r.phase == phase]
             if not rows:
                 continue

@@ -1,11 +1,21 @@
 """The main job: train a job file's net on the cluster (``paramserver train``), embedded or
 on Ray (``--backend ray``).
 
-The run is cut into chunks at every test and checkpoint step; between chunks every worker
-has stopped, so tests see one consistent model and a checkpoint is a consistent cut of the
-servers (values, updater state, versions, step). Everything a step computes is a function
-of (seed, step, worker), so a run resumed from a checkpoint continues exactly as if it had
-not stopped.
+The run is cut into chunks at every test, validation and checkpoint step; between chunks
+every worker has stopped, so tests see one consistent model and a checkpoint is a consistent
+cut of the servers (values, updater state, versions, step). Everything a step computes is a
+function of (seed, step, worker), so a run resumed from a checkpoint continues exactly as if
+it had not stopped.
+
+Schedules are SINGA's: an event with frequency ``f`` and start ``a`` (``test_freq`` and
+``test_after``; ``validate_*``, ``checkpoint_*``, ``disp_*``) happens after step ``s`` when
+``f > 0``, ``s >= a`` and ``(s - a) % f == 0`` (:func:`due`), never at step 0. Workers train
+the kTrain net; tests run the kTest net and validations the kVal net, built from the same
+file and sharing the Params by name (SINGA's include/exclude).
+
+SINGA's checkpoints (``<workspace>/checkpoint/step<N>-worker0``) are written at every
+checkpoint step and at the end, as SINGA's workers do, and ``checkpoint_path`` loads Params
+from such files before the first step.
 """
 
 from __future__ import annotations
@@ -31,10 +41,12 @@ from ..checkpoint import (
     save_checkpoint,
 )
 from ..cluster import Cluster, RemoteGradFn, Worker
-from ..config.job import JobConf
+from ..config import ParamError
+from ..config.job import JobConf, unbuilt_error
 from ..export import TABLE, param_table
 from ..init import init_params
 from ..params import ParamSet
+from ..singa import checkpoints as singa_checkpoints
 from .metrics import MetricsLog, Row
 from .net import Net
 from .progress import Progress, Rate
@@ -78,36 +90,77 @@ class Trainer:
             ``worker_options``, ...).
         tensorboard: write TensorBoard event files into ``<workspace>/tensorboard``.
 
-    Every worker builds its own Net from the job's configuration (sent as JSON, with the
-    names of the modules that registered user components), in its thread or its Ray actor;
-    :attr:`nets` is empty. The servers' own checkpoints (kept where servers can be lost and
-    restarted: on Ray) are in ``<workspace>/checkpoints/servers``. :meth:`close` stops the
-    actors.
+    Every worker builds its own kTrain Net from the job's configuration (sent as JSON, with
+    the names of the modules that registered user components), in its thread or its Ray
+    actor; the servers' own checkpoints (kept where servers can be lost and restarted: on
+    Ray) are in ``<workspace>/checkpoints/servers``. :meth:`close` stops the actors.
+
+    Attributes:
+        nets: empty (every worker builds its own net).
+        eval_net: the kTest and kVal nets (those the job runs), or None.
+        params: the job's Params, initialised (and loaded from ``checkpoint_path``).
     """
 
     def __init__(self, job: JobConf, *, progress: bool = True, stream: TextIO | None = None,
                  base_dir: str | os.PathLike[str] | None = None,
                  cluster_options: Mapping[str, Any] | None = None, tensorboard: bool = True):
         self.job = job
+        unbuilt = job.unbuilt()
+        if unbuilt:
+            raise unbuilt_error(unbuilt)
         self.tensorboard = tensorboard
         self.workspace = Path(job.workspace_dir)
         self.show = progress
         self.stream = stream
+        self.eval_phases = job.eval_phases()
+        self._base_versions: dict[str, int] = {}
         # Every worker builds its own Net from the job (here in a thread, or in a Ray
         # actor): the cluster's backend decides where workers run, nothing here.
         self.nets: list[Net] = []
-        self.eval_net = Net(job.neuralnet, seed=job.seed, base_dir=base_dir)
-        self.params = ParamSet(self.eval_net.param_specs())
-        init_params(self.params, job.seed)
+        self.params = self._make_params(Net(job.neuralnet, seed=job.seed, base_dir=base_dir,
+                                            phases=("kTrain",)))
         folder = self.workspace / "checkpoints" / "servers"
         self.cluster = Cluster(job, self.params,
                                **{"checkpoint_dir": folder, **dict(cluster_options or {})})
         self._step_fn = RemoteGradFn(f"{__name__}:net_grad_fn", {
             "job": job.to_json(), "base_dir": os.path.abspath(base_dir or os.getcwd())})
-        self.eval_net.bind(self.params)
+        self.eval_net: Net | None = None
+        if self.eval_phases:
+            self.eval_net = Net(job.neuralnet, seed=job.seed, base_dir=base_dir,
+                                phases=self.eval_phases)
+            self._check_eval_params(self.eval_net)
+            self.eval_net.bind(self.params)
+            for phase in self.eval_phases:  # a split to evaluate on: refused now, not later
+                self.eval_net.data_layer_of(phase).eval_batches(phase)
         self.log = MetricsLog(self.workspace / "metrics.csv")
         self._window: list[list[float]] = []  # train metrics since the last display row
         self.disp_freq = job.disp_freq or default_disp_freq(job.train_steps)
+
+    def _make_params(self, net: Net) -> ParamSet:
+        """The job's Params: initialised from the seed, then (``checkpoint_path``) loaded
+        from SINGA checkpoints; records the versions SINGA checkpoints count from."""
+        params = ParamSet(net.param_specs())
+        init_params(params, self.job.seed)
+        job = self.job
+        loaded = singa_checkpoints.load_checkpoints(params, job.checkpoint_path)
+        self._base_versions = {
+            p.name: (loaded[p.name] if p.name in loaded and not job.reset_param_version
+                     else job.step) for p in params.owners}
+        return params
+
+    def _check_eval_params(self, net: Net) -> None:
+        """Every Param of the test and validation nets must be one the training net has
+        (by name): no training step would change any other."""
+        problems = [f"Param '{s.name}' ({s.place}) is used in {', '.join(net.phases)} but no "
+                    "layer of the kTrain net has it: no training step would change it (name "
+                    "it as the training layer's Param, or give that layer to kTrain too)"
+                    for s in net.param_specs() if s.name not in self.params]
+        problems += [f"Param '{s.name}' ({s.place}) has shape {s.shape} but "
+                     f"{self.params[s.name].shape} in the kTrain net"
+                     for s in net.param_specs() if s.name in self.params
+                     and self.params[s.name].shape != s.shape]
+        if problems:
+            raise ParamError(problems)
 
     def close(self) -> None:
         """Stop the cluster's actors (Ray backend; nothing to do embedded)."""
@@ -118,10 +171,11 @@ class Trainer:
     # -- the run ----------------------------------------------------------------------------
 
     def train(self, resume: bool = False) -> TrainResult:
-        """Train to ``job.train_steps``; with ``resume`` from the newest checkpoint."""
+        """Train to ``job.train_steps``; with ``resume`` (or the job's ``resume: true``) from
+        the newest checkpoint."""
         job = self.job
         t0 = time.perf_counter()
-        start = self._resume() if resume else self._fresh()
+        start = self._resume() if resume or job.resume else self._fresh()
         checkpoints = self._checkpoint_steps(start)
         board = TensorBoardLog(self.workspace / TENSORBOARD_FOLDER, start, checkpoints,
                                enabled=self.tensorboard and start < job.train_steps)
@@ -140,10 +194,10 @@ class Trainer:
     def _run(self, start: int, checkpoints: set[int], progress: Progress,
              board: TensorBoardLog) -> tuple[int, dict[str, float] | None]:
         job = self.job
-        if start >= job.train_steps:
+        if start >= job.train_steps and job.train_steps:
             log.info("nothing to do: the job is at step %d of %d", start, job.train_steps)
         window = self._window
-        test: dict[str, float] | None = None
+        last: dict[str, dict[str, float]] = {}
         rate = Rate(start)  # steps/s for TensorBoard, whether or not progress is shown
 
         def on_step(step: int, metrics: list[Mapping[str, Any] | None]) -> None:
@@ -151,57 +205,76 @@ class Trainer:
             window.append([float(np.mean([m["loss"] for m in live])),
                            float(np.mean([m["accuracy"] for m in live]))])
             done = step + 1
-            if done % self.disp_freq == 0 or done == job.train_steps:
+            shown = due(done, self.disp_freq, job.disp_after)
+            if shown or done == job.train_steps:
                 loss, acc = (float(v) for v in np.mean(window, axis=0))
                 lr = self.cluster.updater.lr(step)
                 self.log.add(Row(done, "train", loss, acc, lr))
                 progress.update(done, loss, acc, lr, force=True)
                 board.scalars("train", done, {"loss": loss, "accuracy": acc, "lr": lr,
                                               "steps_per_second": rate.add(done)})
-                if done % self.disp_freq == 0:
+                if shown:
                     window.clear()  # else kept: a resumed run goes on with the same window
             elif progress.tty:
                 loss, acc = window[-1]
                 progress.update(done, loss, acc, self.cluster.updater.lr(step))
 
         step = start
+        singa_written = -1
         for stop in self._boundaries(start, board.stops(start)):
             board.before_chunk(step, stop, self.params)
             self.cluster.run(self._step_fn, stop - step, start_step=step, on_step=on_step)
             step = stop
-            if self._due(step, job.test_freq, job.test_after) or step == job.train_steps:
-                test = self._test(step, progress, board)
+            self._evaluate(step, step == job.train_steps, last, progress, board)
             self.log.write()
             if step in checkpoints:
                 board.histograms(step, self.params)
                 board.flush()  # what the checkpoint covers is on disk before it
                 path = self.save(step)
+                singa_written = step
                 log.info("step %d: checkpoint %s", step, path)
-        return step, test
+        if job.train_steps == 0 and start == 0:  # a job that only tests (SINGA's -test)
+            self._evaluate(0, True, last, progress, board)
+            self.log.write()
+        if step == job.train_steps > 0 and singa_written != step and step > start:
+            self.save_singa(step)  # SINGA's workers always save the model at the end
+        return step, last.get("kTest")
 
-    def _test(self, step: int, progress: Progress, board: TensorBoardLog) -> dict[str, float]:
+    def _evaluate(self, step: int, final: bool, last: dict[str, dict[str, float]],
+                  progress: Progress, board: TensorBoardLog) -> None:
+        """The validation and the test due after ``step`` (the test also at the end), each
+        a row of metrics.csv and a TensorBoard scalar."""
         job = self.job
-        progress.set_phase("test")
-        t = time.perf_counter()
-        test = self.eval_net.evaluate(steps=job.test_steps)
-        seconds = time.perf_counter() - t
-        progress.set_phase("train")
-        net = self.eval_net
-        batches = -(-net.dataset.num_test // net.batchsize)
-        if job.test_steps:
-            batches = min(batches, job.test_steps)
-        lr = self.cluster.updater.lr(step - 1)
-        self.log.add(Row(step, "test", test["loss"], test["accuracy"], lr))
-        board.scalars("test", step, {"loss": test["loss"], "accuracy": test["accuracy"],
-                                     "steps_per_second": batches / max(seconds, 1e-9)})
-        log.info("step %d: test loss %.4f, accuracy %.2f%%", step, test["loss"],
-                 100 * test["accuracy"])
-        return test
+        lr = self.cluster.updater.lr(max(step - 1, 0))
+        for phase, row, freq, after, steps in (
+                ("kVal", "val", job.validate_freq, job.validate_after, job.validate_steps),
+                ("kTest", "test", job.test_freq, job.test_after, job.test_steps)):
+            if phase not in self.eval_phases or not (due(step, freq, after) or (
+                    final and phase == "kTest")):
+                continue
+            net = self.eval_net
+            assert net is not None
+            progress.set_phase(row)
+            t = time.perf_counter()
+            result = net.evaluate(steps=steps, phase=phase)
+            seconds = time.perf_counter() - t
+            progress.set_phase("train")
+            last[phase] = result
+            split = net.data_layer_of(phase).dataset.split(row)[1].shape[0]
+            batches = -(-split // net.data_layer_of(phase).batchsize)
+            if steps:
+                batches = min(batches, steps)
+            self.log.add(Row(step, row, result["loss"], result["accuracy"], lr))
+            board.scalars(row, step, {"loss": result["loss"], "accuracy": result["accuracy"],
+                                      "steps_per_second": batches / max(seconds, 1e-9)})
+            what = "validation" if row == "val" else "test"
+            log.info("step %d: %s loss %.4f, accuracy %.2f%%", step, what, result["loss"],
+                     100 * result["accuracy"])
 
     def _checkpoint_steps(self, start: int) -> list[int]:
         """The steps after ``start`` that write a checkpoint."""
         job = self.job
-        return [s for s in self._boundaries(start) if self._due(s, job.checkpoint_freq,
+        return [s for s in self._boundaries(start) if due(s, job.checkpoint_freq,
                 job.checkpoint_after) or (job.checkpoint_freq and s == job.train_steps)]
 
     def _boundaries(self, start: int, extra: set[int] | frozenset[int] = frozenset()
@@ -209,14 +282,12 @@ class Trainer:
         job = self.job
         stops = {job.train_steps, *extra}
         for freq, after in ((job.test_freq, job.test_after),
+                            (job.validate_freq, job.validate_after),
                             (job.checkpoint_freq, job.checkpoint_after)):
             if freq:
-                stops.update(s for s in range(freq, job.train_steps, freq) if s >= after)
+                first = after if after > 0 else freq
+                stops.update(range(first, job.train_steps, freq))
         return sorted(s for s in stops if s > start)
-
-    @staticmethod
-    def _due(step: int, freq: int, after: int) -> bool:
-        return bool(freq) and step % freq == 0 and step >= after
 
     # -- checkpoints ------------------------------------------------------------------------
 
@@ -224,17 +295,30 @@ class Trainer:
         return [[p.name, p.size] for p in self.params.owners]
 
     def save(self, step: int) -> Path:
-        """Write the checkpoint of ``step`` into ``<workspace>/checkpoints``."""
+        """Write the checkpoint of ``step`` into ``<workspace>/checkpoints``, and SINGA's
+        (:meth:`save_singa`)."""
         meta = {"format": FORMAT, "job": self.job.name, "step": step,
                 "params": self._layout(), "dtype": self.params.dtype.name,
                 "window": self._window, TABLE: param_table(self.params),
                 "job_conf": self.job.to_dict()}
-        return save_checkpoint(self.workspace / "checkpoints" / checkpoint_name(step),
+        path = save_checkpoint(self.workspace / "checkpoints" / checkpoint_name(step),
                                self.cluster.state_dict(), meta)
+        self.save_singa(step)
+        return path
+
+    def save_singa(self, step: int) -> Path:
+        """Write SINGA's checkpoint of ``step``: ``<workspace>/checkpoint/step<N>-worker0``,
+        every owner Param's name, version and values (float32)."""
+        path = (self.workspace / singa_checkpoints.FOLDER
+                / singa_checkpoints.checkpoint_file_name(step))
+        return singa_checkpoints.write_checkpoint(path, [
+            (p.name, p.data, self._base_versions.get(p.name, 0) + p.version)
+            for p in self.params.owners])
 
     def _fresh(self) -> int:
-        """A new run: forget the metrics and checkpoints of an earlier run of this workspace,
-        so that a later ``--resume`` cannot pick up one of them."""
+        """A new run from the job's ``step`` (0 unless given): forget the metrics and
+        checkpoints of an earlier run of this workspace, so that a later ``--resume`` cannot
+        pick up one of them."""
         self.log.rows = []
         stale = list_checkpoints(self.workspace / "checkpoints")
         for _, path in stale:
@@ -242,24 +326,26 @@ class Trainer:
         if stale:
             log.warning("a new run: removed %d checkpoint(s) of an earlier run in %s (use "
                         "--resume to continue one)", len(stale), self.workspace / "checkpoints")
-        return 0
+        return self.job.step
 
     def _resume(self) -> int:
         folder = self.workspace / "checkpoints"
         found = load_latest_checkpoint(folder)
         if found is None:
-            log.warning("no checkpoint in %s: starting from step 0", folder)
+            log.warning("no checkpoint in %s: starting from step %d", folder, self.job.step)
             self.log.rows = []
-            return 0
+            return self.job.step
         path, arrays, meta = found
         self._restore(path, arrays, meta)
         step = self.cluster.step
         job = self.job
         # Keep what a straight run has at this step: rows of the steps before, and the
-        # display and test rows due at it (not the extra rows of a run that ended here).
+        # display, validation and test rows due at it (not the extra rows of a run that
+        # ended here).
         self.log.resume_at(step, lambda r: r.step < step or (
-            (r.phase == "train" and step % self.disp_freq == 0)
-            or (r.phase == "test" and self._due(step, job.test_freq, job.test_after))))
+            (r.phase == "train" and due(step, self.disp_freq, job.disp_after))
+            or (r.phase == "test" and due(step, job.test_freq, job.test_after))
+            or (r.phase == "val" and due(step, job.validate_freq, job.validate_after))))
         log.info("resuming from %s (step %d)", path, step)
         return step
 
@@ -285,6 +371,12 @@ class Trainer:
             raise CheckpointError(f"{path}: {e}") from None
 
 
+def due(step: int, freq: int, after: int) -> bool:
+    """Whether an event of frequency ``freq`` from step ``after`` happens after ``step``
+    steps: SINGA's rule (never when ``freq`` is 0)."""
+    return freq > 0 and step >= after and (step - after) % freq == 0
+
+
 def _train_step(net: Net, job: JobConf, worker: Worker, step: int) -> Mapping[str, Any]:
     """One worker's step: its shard of the step's batch, forward and backward."""
     c = job.cluster
@@ -299,7 +391,7 @@ def net_grad_fn(job: str, base_dir: str | None = None) -> Callable[[Worker, int]
     (:class:`~paramserver.cluster.gradfn.RemoteGradFn` data) and bound to the worker's
     replica on the first step."""
     conf = JobConf.parse(json.loads(job))
-    net = Net(conf.neuralnet, seed=conf.seed, base_dir=base_dir)
+    net = Net(conf.neuralnet, seed=conf.seed, base_dir=base_dir, phases=("kTrain",))
     bound: list[ParamSet] = []
 
     def grad_fn(worker: Worker, step: int) -> Mapping[str, Any]:
@@ -311,4 +403,4 @@ def net_grad_fn(job: str, base_dir: str | None = None) -> Callable[[Worker, int]
     return grad_fn
 
 
-__all__ = ["TrainResult", "Trainer", "net_grad_fn"]
+__all__ = ["TrainResult", "Trainer", "due", "net_grad_fn"]

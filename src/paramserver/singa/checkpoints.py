@@ -1,0 +1,149 @@
+"""SINGA-layout checkpoints: the ``step<N>-worker<M>`` files of SINGA's workers.
+
+SINGA's worker writes, into ``<workspace>/checkpoint/``, one file per worker of the first
+group: a serialized ``BlobProtos`` message holding, for every Param it owns, its name, its
+version and its values (a ``BlobProto``: shape and float32 data). A later job names such
+files in ``checkpoint_path`` to start from those values (SINGA's rbm examples chain four
+RBMs and an autoencoder so). paramserver writes one file per checkpoint step,
+``step<N>-worker0``, with every owner Param, beside its own checkpoints; and reads any such
+file, from SINGA or from paramserver.
+
+Reading parses the protocol-buffer message and nothing else: no code of the file runs.
+A file that is not a well-formed ``BlobProtos`` (undecodable, other fields, as many names as
+values and versions, each value as long as its shape says, versions not negative) is refused
+with :class:`~paramserver.checkpoint.CheckpointError` naming it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..checkpoint import CheckpointError
+from ..config import ParamError
+from ..params import ParamSet
+from .files import write_atomically
+from .records import BlobProtos, parse
+
+#: SINGA's folder of checkpoints inside the workspace.
+FOLDER = "checkpoint"
+
+
+def checkpoint_file_name(step: int, worker: int = 0) -> str:
+    """SINGA's name of worker ``worker``'s checkpoint of ``step``: ``step6000-worker0``."""
+    return f"step{int(step)}-worker{int(worker)}"
+
+
+@dataclass(frozen=True)
+class SavedParam:
+    """One Param of a SINGA checkpoint: its name, version, shape and float32 values."""
+
+    name: str
+    version: int
+    shape: tuple[int, ...]
+    values: np.ndarray
+
+
+def write_checkpoint(path: str | os.PathLike[str],
+                     params: Iterable[tuple[str, np.ndarray, int]]) -> Path:
+    """Write ``(name, values, version)`` of each Param as SINGA's ``BlobProtos``, atomically
+    (a temporary file in the same folder, flushed, then renamed over ``path``).
+
+    Values are stored as float32, SINGA's type.
+    """
+    msg = BlobProtos()
+    for name, values, version in params:
+        arr = np.asarray(values)
+        blob = msg.blob.add()
+        blob.shape.extend(int(d) for d in arr.shape)
+        blob.data.extend(np.asarray(arr, np.float32).reshape(-1).tolist())
+        msg.version.append(int(version))
+        msg.name.append(str(name))
+    return write_atomically(path, msg.SerializeToString())
+
+
+def read_checkpoint(path: str | os.PathLike[str]) -> list[SavedParam]:
+    """The Params of a SINGA checkpoint file, in file order; CheckpointError when it cannot
+    be read or is not a well-formed one."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no such checkpoint") from None
+    except OSError as e:
+        raise CheckpointError(f"{path}: the checkpoint cannot be read: {e.strerror or e}"
+                              ) from None
+    try:
+        msg = parse(BlobProtos, data, f"{path}: not a SINGA checkpoint")
+    except ParamError as e:
+        raise CheckpointError(str(e)) from None
+    problems = []
+    n = len(msg.name)
+    if n == 0:
+        problems.append("it holds no Params")
+    if len(msg.blob) != n or len(msg.version) != n:
+        problems.append(f"it has {n} names, {len(msg.version)} versions and {len(msg.blob)} "
+                        "values; SINGA writes one of each per Param")
+    if len(msg.id) not in (0, n):
+        problems.append(f"it has {len(msg.id)} ids for {n} Params")
+    out: list[SavedParam] = []
+    if not problems:
+        for name, version, blob in zip(msg.name, msg.version, msg.blob, strict=True):
+            shape = tuple(int(d) for d in blob.shape)
+            values = np.array(blob.data, np.float32)
+            if not name:
+                problems.append("a Param has no name")
+            elif any(d < 0 for d in shape):
+                problems.append(f"Param '{name}' has a negative dimension in {shape}")
+            elif version < 0:
+                problems.append(f"Param '{name}' has the negative version {version}")
+            elif values.size != int(np.prod(shape, dtype=np.int64)):
+                problems.append(f"Param '{name}' has {values.size} values for shape {shape}")
+            else:
+                out.append(SavedParam(name, int(version), shape, values.reshape(shape)))
+    if problems:
+        raise CheckpointError([f"{path}: not a well-formed SINGA checkpoint: {p}"
+                               for p in problems])
+    return out
+
+
+def load_checkpoints(params: ParamSet, paths: Sequence[str | os.PathLike[str]]
+                     ) -> dict[str, int]:
+    """Set the values of ``params``' owner Params from SINGA checkpoints, by name, as SINGA's
+    ``checkpoint_path`` does: files in order (a later one wins), names the ParamSet does not
+    own are passed over. Every file is read and checked before any value changes.
+
+    Returns:
+        The version each loaded Param has in its (last) file.
+
+    Raises:
+        CheckpointError: a file that cannot be read or is malformed, or a Param whose number
+            of values differs from the job's (its shape may differ: values are copied in
+            order, as SINGA does).
+    """
+    loaded: dict[str, tuple[SavedParam, str]] = {}
+    for path in paths:
+        for saved in read_checkpoint(path):
+            loaded[saved.name] = (saved, str(path))
+    owners = {p.name: p for p in params.owners}
+    problems = [f"{path}: Param '{s.name}' has {s.values.size} values {s.shape} but the "
+                f"job's has {owners[s.name].size} {owners[s.name].shape}"
+                for s, path in loaded.values()
+                if s.name in owners and s.values.size != owners[s.name].size]
+    if problems:
+        raise CheckpointError(problems)
+    versions = {}
+    for name, (saved, _) in loaded.items():
+        p = owners.get(name)
+        if p is not None:
+            p.data[...] = saved.values.reshape(p.shape).astype(p.dtype)
+            versions[name] = saved.version
+    return versions
+
+
+__all__ = ["FOLDER", "SavedParam", "checkpoint_file_name", "load_checkpoints",
+           "read_checkpoint", "write_checkpoint"]
