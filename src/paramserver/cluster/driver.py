@@ -26,6 +26,7 @@ import shutil
 import tempfile
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -278,11 +279,13 @@ class Driver:
         self.checkpoint_freq = int(checkpoint_freq)
         self.step = 0
         self.skipped: dict[int, int] = {}
-        self._temp_dir = temp_dir
         self.addresses: list[Address] = [(g, L.index) for g in range(conf.nserver_groups)
                                          for L in self.layouts]
         self._names = {a: server_name(a[1], a[0], conf.nserver_groups) for a in self.addresses}
         self.dead: dict[int, int] = {}  # workers whose thread or process died: rank -> step
+        # A temporary folder goes when the cluster is closed, or forgotten, or at exit.
+        self._cleanup = (weakref.finalize(self, shutil.rmtree, str(checkpoint_dir), True)
+                         if temp_dir and checkpoint_dir is not None else None)
         self._pristine = True  # the servers hold what was put from params, nothing since
         self._saved: int | None = None  # the step of the servers' newest checkpoint
         self._closed = False
@@ -606,8 +609,8 @@ class Driver:
         try:
             self.backend.close()
         finally:
-            if self._temp_dir and self.checkpoint_dir is not None:
-                shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
+            if self._cleanup is not None:
+                self._cleanup()
 
 
 def checkpoint_folder(checkpoint_dir: str | Path | None, needed: bool) -> tuple[Path | None,
