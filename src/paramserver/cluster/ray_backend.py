@@ -117,7 +117,8 @@ class RayBackend:
             address ``(group, index)`` / the worker's rank returning them.
         modules: more modules for every actor to import (those that registered a user's
             components are imported without being named).
-        max_restarts: restarts of a server actor allowed by Ray (default 3).
+        actor_restarts: restarts of a server actor allowed by Ray (the cluster's
+            ``max_restarts``).
     """
 
     default_restarts = 3
