@@ -163,14 +163,41 @@ def test_float_accepts(text: str, expected: float) -> None:
     assert value("eps", text) == expected
 
 
-@pytest.mark.parametrize("text", ["nan", "NaN", "NAN", "-nan"])
-def test_float_nan_in_any_case(text: str) -> None:
+@pytest.mark.parametrize("text", [
+    "nan", "NaN", "NAN", "-nan", "+nan", "nan(foobar)", "NAN(FooBar)", "NaN(foo_bar_12)",
+    "+NaN(foo_bar_12)", "-NAN(FooBar)", "nan()", " nan(x) ",
+])
+def test_float_nan_in_any_case_with_a_payload(text: str) -> None:
+    # dmlc-core's own test accepts C99's nan(char-sequence) spellings as NaN.
     assert math.isnan(value("eps", text))
 
 
+@pytest.mark.parametrize("text", ["infinity", "+INFINITY", "-Infinity", "+inf", "-INF"])
+def test_float_infinity_spellings(text: str) -> None:
+    assert math.isinf(value("eps", text))
+
+
+@pytest.mark.parametrize("text", ["1e-500", "-1e-500", "1e-325", "1e999", "-1e400",
+                                  "1.8e+308", "1e-500f", "0.0001e-321"])
+def test_float_out_of_range_is_reported(text: str) -> None:
+    # As dmlc (strtod's ERANGE): not a silent 0, inf or subnormal value.
+    assert message(FC, {"num_hidden": 1, "eps": text}) == (
+        f"Out of range value for eps, value='{text}'")
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("0e-500", 0.0), ("0.000e-999", 0.0), ("2.3e-308", 2.3e-308), ("1.7e+308", 1.7e308),
+    ("1e-100", 1e-100), ("4920000500.0", 4920000500.0),
+    ("2.2e-308", 2.2e-308), ("5e-324", 5e-324),  # subnormal: kept (dmlc refuses these)
+])
+def test_float_range_edges(text: str, expected: float) -> None:
+    assert value("eps", text) == expected
+
+
 @pytest.mark.parametrize("text", [
-    "1.5x", "1.2ff", "1.2 f", "1e", "e5", "", " ", "1,5", "0x1p3", "1_0", "1e999", "f", "..5",
-    "\u0661.5", "infinit",
+    "1.5x", "1.2ff", "1.2 f", "1e", "e5", "", " ", "1,5", "0x1p3", "1_0", "f", "..5",
+    "\u0661.5", "infinit", "infamous", "infinity war", "Nanny", "nan(", "nan(a b)", "nan()x",
+    "foo1.2", "1.2e10foo", "1.2e-2 foo",
 ])
 def test_float_rejects_naming_the_key(text: str) -> None:
     assert message(FC, {"num_hidden": 1, "eps": text}) == (
@@ -185,7 +212,7 @@ def test_float_typed_values() -> None:
     assert message(FC, {"num_hidden": 1, "learning_rate": True}) == (
         "Invalid Parameter format for learning_rate expect float but value='True'")
     assert message(FC, {"num_hidden": 1, "learning_rate": 10**400}).startswith(
-        "Invalid Parameter format for learning_rate expect float but value='1000")
+        "Out of range value for learning_rate, value='1000")
 
 
 # -- bool --------------------------------------------------------------------------------------
@@ -226,6 +253,48 @@ def test_str_is_taken_as_written() -> None:
     assert value("name", "None") == "None"  # only optional fields read None
     assert message(FC, {"num_hidden": 1, "name": 3}) == (
         "Invalid Parameter format for name expect string but value='3'")
+
+
+# -- list (dmlc's std::vector text) ------------------------------------------------------------
+
+
+class Lists(Parameter):
+    ints: list[int] = field(factory=list, lower=0, doc="Ints.")
+    floats: list[float] = field(factory=list, doc="Floats.")
+    names: list[str] = field(factory=list, doc="Names.")
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("(1,2,3)", [1, 2, 3]), ("[1,2,3]", [1, 2, 3]), ("1,2,3", [1, 2, 3]), ("(10,)", [10]),
+    ("(10)", [10]), ("10", [10]), (" ( 3, 2,1 ) ", [3, 2, 1]), (" (3,2,1,)", [3, 2, 1]),
+    ("()", []), ("1, 2", [1, 2]),
+])
+def test_int_list_reads_the_text_forms_of_dmlc(text: str, expected: list[int]) -> None:
+    assert Lists.parse({"ints": text}).ints == expected
+
+
+@pytest.mark.parametrize("text", ["(3.0,2,1)", "1a", "abcde", "(3,2,1", "(1 2)", "1,,2", ""])
+def test_int_list_refuses_other_text(text: str) -> None:
+    assert str(error(Lists, {"ints": text})).startswith(
+        "ints: Invalid Parameter format for ints expect int but value=")
+
+
+def test_list_text_forms_items_are_checked() -> None:
+    assert Lists.parse({"floats": "(0.5, 1e-3, inf)"}).floats == [0.5, 1e-3, math.inf]
+    assert message(Lists, {"ints": "(1,-2)"}) == (
+        "value -2 for Parameter ints should be greater equal to 0\nints: Ints.")
+    assert message(Lists, {"floats": "1,1e-500"}) == (
+        "floats: Out of range value for floats, value='1e-500'")
+    # Strings are taken whole: a name may hold a comma.
+    assert Lists.parse({"names": "a,b"}).names == ["a,b"]
+
+
+def test_list_text_forms_in_a_job_file() -> None:
+    from paramserver.config.textformat import parse_text
+
+    block = parse_text('ints: "(1, 2)"\nints: 3\nfloats: "1,2"\nfloats: [0.5]\n', "x.conf")
+    assert Lists._build(block).ints == [1, 2, 3]
+    assert Lists._build(block).floats == [1.0, 2.0, 0.5]
 
 
 # -- tuple / shape -----------------------------------------------------------------------------
@@ -433,7 +502,7 @@ def test_bound_messages() -> None:
     assert message(Bounded, {"lo": 0}) == (
         "value 0 for Parameter lo should be greater equal to 1e-08\nlo: Lower alone.")
     assert message(Bounded, {"hi": 2.5}) == (
-        "value 2.5 for Parameter hi should be less equal to 2\nhi: Upper alone.")
+        "value 2.5 for Parameter hi should be smaller equal to 2\nhi: Upper alone.")
     assert message(Bounded, {"both": 11}) == (
         "value 11 for Parameter both exceed bound [1,10]\nboth: Both.")
     assert message(Bounded, {"pos": 0}) == (
@@ -458,6 +527,20 @@ def test_nan_and_inf_are_outside_bounds() -> None:
         "value -inf for Parameter learning_rate should be greater equal to 0\n"
         "learning_rate: Learning rate.")
     assert FC.parse({"num_hidden": 1, "learning_rate": "inf"}).learning_rate == math.inf
+
+
+def test_finite_fields_refuse_inf_and_nan() -> None:
+    class Rate(Parameter):
+        lr: float = field(0.1, lower=0.0, finite=True, doc="Rate.")
+        shift: float = field(0.0, finite=True, doc="Shift.")
+
+    for text in ("inf", "+inf", "nan", "Infinity"):
+        assert message(Rate, {"lr": text}) == (
+            f"value {format_number(float(text))} for Parameter lr should be a finite number\n"
+            "lr: Rate.")
+    assert message(Rate, {"shift": float("-inf")}) == (
+        "value -inf for Parameter shift should be a finite number\nshift: Shift.")
+    assert Rate.parse({"lr": "1e300", "shift": "-5"}).shift == -5.0
 
 
 def test_bound_with_no_description_keeps_the_line() -> None:

@@ -193,8 +193,8 @@ def test_bounds_give_the_spec_messages() -> None:
         "value 0 for Parameter change_freq should be greater equal to 1\n"
         "change_freq: Steps between changes.")
     assert message({"type": "kStep", "step_conf": {"change_freq": 2, "gamma": 0}}) == (
-        "step_conf: value 0 for Parameter gamma should be greater than 0\n"
-        "gamma: Factor applied at every change.")
+        "step_conf: value 0 for Parameter gamma exceed bound (0,1]\n"
+        "gamma: Factor applied at every change (at most 1).")
     assert message({"type": "kInverse", "gamma": -1}).startswith(
         "value -1 for Parameter gamma should be greater than 0")
     assert message({"type": "kExponential", "freq": 0}).startswith(
@@ -205,6 +205,29 @@ def test_bounds_give_the_spec_messages() -> None:
         "value 0 for Parameter final_lr should be greater than 0")
     assert message({"type": "kStep", "step_conf": {"gamma": 0.5}}) == (
         "step_conf: Required parameter change_freq of int is not presented")
+
+
+def test_step_gamma_above_1_is_refused_not_an_overflow() -> None:
+    # A factor > 1 grows without bound: gamma ** (step // change_freq) raised OverflowError
+    # at a large step. Refused when configured, as MXNet's FactorScheduler refuses it.
+    assert message({"type": "kStep", "change_freq": 1, "gamma": 2}) == (
+        "value 2 for Parameter gamma exceed bound (0,1]\n"
+        "gamma: Factor applied at every change (at most 1).")
+    lr = create_lr_method({"type": "kStep", "change_freq": 1, "gamma": 0.5})
+    assert lr(10**6) == 0.0 and lr(2**62) == 0.0  # underflows quietly to 0, no error
+
+
+@pytest.mark.parametrize("conf", [
+    {"base_lr": "inf"}, {"base_lr": float("inf")},
+    {"type": "kLinear", "change_freq": 5, "final_lr": "inf"},
+    {"type": "kInverse", "pow": "inf"}, {"type": "kInverse", "gamma": "inf"},
+    {"type": "kInverseT", "final_lr": "inf"},
+    {"type": "kFixedStep", "step": [0], "step_lr": ["inf"]},
+    {"type": "kCosine", "decay_steps": 5, "final_lr": "inf"},
+    {"type": "kWarmup", "warmup_steps": 5, "start_lr": "inf"},
+])
+def test_rates_must_be_finite(conf: dict[str, Any]) -> None:
+    assert "should be a finite number" in message(conf)
 
 
 def test_fixed_step_lists_must_be_as_long_and_increasing() -> None:

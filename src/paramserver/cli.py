@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
+import traceback
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,18 +49,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (``paramserver doc | head``)
         sys.stdout = None  # type: ignore[assignment]  # nothing more to flush at exit
         return 0
+    except OSError as e:  # the disk filled up, a file went away while running
+        place = f"{e.filename}: " if e.filename else ""
+        print(error_text(args.command, f"{place}{e.strerror or e}", "failed"), file=sys.stderr)
+        return 1
     finally:
         detach()
 
 
 def _import_user_module(name: str) -> None:
+    """Import a module of the user's; its failure is their mistake, told in one line:
+    the module, the exception, and the place in their code where it was raised."""
     try:
         importlib.import_module(name)
+    except ParamError:
+        raise  # a registration refused (a name taken twice): already a clear message
     except ModuleNotFoundError as e:
         if e.name and name.startswith(e.name):
             raise ParamError(f"--import {name}: no module named '{e.name}' (is it on "
                              "PYTHONPATH, or in the current folder?)") from None
-        raise
+        raise ParamError(f"--import {name}: {_exception_line(e)}") from None
+    except SyntaxError as e:
+        where = f"{e.filename}:{e.lineno}" + (f":{e.offset}" if e.offset else "")
+        raise ParamError(f"--import {name}: SyntaxError: {e.msg} ({where})") from None
+    except Exception as e:
+        raise ParamError(f"--import {name}: {_exception_line(e)}") from None
+
+
+def _exception_line(e: BaseException) -> str:
+    """``Type: message (file:line)``: the place is the innermost frame in the user's own
+    code (not in the standard library, installed packages or paramserver), else the
+    innermost one."""
+    frames = [f for f in traceback.extract_tb(e.__traceback__)
+              if not f.filename.startswith("<frozen")]
+    libraries = tuple({sys.prefix, sys.base_prefix, os.path.dirname(__file__)})
+    own = [f for f in frames if not os.path.abspath(f.filename).startswith(libraries)]
+    frames = own or frames
+    where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    message = str(e).strip().splitlines()
+    return f"{type(e).__name__}" + (f": {message[0]}" if message else "") + where
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -187,24 +216,21 @@ def _train(args: argparse.Namespace) -> int:
 
     job_file = read_job_file(args.job)
     job = job_file.job
-    overrides: dict[str, Any] = {}
-    if args.steps is not None:
-        overrides["train_steps"] = args.steps
-    if args.seed is not None:
-        overrides["seed"] = args.seed
-    if args.workspace is not None:
-        overrides["workspace"] = args.workspace
-    try:
-        job.update(overrides, allow_unknown=False)
-        if args.backend is not None or args.address is not None:
-            cluster: dict[str, Any] = {}
-            if args.backend is not None:
-                cluster["backend"] = args.backend
-            if args.address is not None:
-                cluster["ray_address"] = args.address
-            job.cluster.update(cluster, allow_unknown=False)
-    except ParamError as e:
-        raise ParamError(f"command-line option: {e}") from None
+    # Each option checked as its field, every mistake named by its option.
+    options = [("--steps", job, "train_steps", args.steps), ("--seed", job, "seed", args.seed),
+               ("--workspace", job, "workspace", args.workspace),
+               ("--backend", job.cluster, "backend", args.backend),
+               ("--address", job.cluster, "ray_address", args.address)]
+    problems = []
+    for option, conf, key, value in options:
+        if value is None:
+            continue
+        try:
+            conf.update({key: value}, allow_unknown=False)
+        except ParamError as e:
+            problems.append(f"{option} {value}: {e}")
+    if problems:
+        raise ParamError(problems)
     with job_file.placing():
         trainer = Trainer(job, progress=not args.quiet, base_dir=job_file.base_dir,
                           tensorboard=args.tensorboard)

@@ -30,10 +30,11 @@ from typing import Any, NoReturn
 
 import numpy as np
 import numpy.typing as npt
-from numba import get_num_threads, njit, prange, set_num_threads
+from numba import get_num_threads, prange, set_num_threads
 from numba.extending import register_jitable
 
 from .config import ParamError
+from .numba_cache import njit
 
 __all__ = ["adadelta", "adagrad", "adam", "adamax", "nesterov", "rmsprop", "sgd", "threads_for",
            "warmup"]

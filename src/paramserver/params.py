@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import copy
 import difflib
+import math
+import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -54,11 +56,48 @@ class Param:
         self.dtype = _dtype(dtype)
         self.conf = conf if conf is not None else ParamConf(name=name)
         self.owner = owner
-        self.data = np.zeros(self.shape, self.dtype) if data is None else self._fit(data, "data")
-        self.grad = np.zeros(self.shape, self.dtype) if grad is None else self._fit(grad, "grad")
+        self._data = np.zeros(self.shape, self.dtype) if data is None else self._fit(data, "data")
+        self._grad = np.zeros(self.shape, self.dtype) if grad is None else self._fit(grad, "grad")
         self._version = 0
         #: Its updater state (an owner's; made by the updater that first updates it).
         self.updater_state: UpdaterState | None = None
+
+    # ``data`` and ``grad`` are views into the flat buffers that servers, kernels and
+    # checkpoints read: ``p.grad = g`` copies g into that memory (replacing the view would
+    # leave the buffers, and so the update, unchanged).
+
+    @property
+    def data(self) -> np.ndarray:
+        """The values: a view of the ParamSet's flat buffer (the owner's, for a sharer)."""
+        return self._data
+
+    @data.setter
+    def data(self, value: Any) -> None:
+        self._write("data", self._data, value)
+
+    @property
+    def grad(self) -> np.ndarray:
+        """The gradient: a view of the ParamSet's flat gradient buffer."""
+        return self._grad
+
+    @grad.setter
+    def grad(self, value: Any) -> None:
+        self._write("grad", self._grad, value)
+
+    def _write(self, role: str, into: np.ndarray, value: Any) -> None:
+        """``p.data = x`` / ``p.grad = g``: write the values into this Param's memory."""
+        try:
+            arr = np.asarray(value)
+        except (TypeError, ValueError) as e:
+            raise ParamError(f"Param '{self.name}': cannot assign {type(value).__name__} to "
+                             f"{role}: {e}") from None
+        if arr.shape != self.shape and arr.size != 1:
+            raise ParamError(f"Param '{self.name}': cannot assign an array of shape "
+                             f"{arr.shape} to {role} of shape {self.shape}")
+        if arr.dtype.kind not in "iuf":
+            raise ParamError(f"Param '{self.name}': cannot assign {arr.dtype} values to "
+                             f"{role} ({self.dtype})")
+        into[...] = arr
 
     def _fit(self, a: np.ndarray, role: str) -> np.ndarray:
         """Memory given for ``role``: fills and updates work on it in place, as one block."""
@@ -150,18 +189,21 @@ class ParamSet:
             ``updater_state`` views its part), made by the updater that first updates them.
     """
 
-    def __init__(self, items: Iterable[ParamSpec | tuple[Any, ...]], dtype: Any = np.float32):
+    def __init__(self, items: Iterable[ParamSpec | tuple[Any, ...]] | ParamPlan,
+                 dtype: Any = np.float32):
         self.dtype = _dtype(dtype)
-        specs = [s if isinstance(s, ParamSpec) else _spec(s, i) for i, s in enumerate(items)]
-        owner_of = _resolve_sharing(specs)
-        owners = [s for s in specs if owner_of[s.name] == s.name]
-        sharers = [s for s in specs if owner_of[s.name] != s.name]
-        sizes = np.array([int(np.prod(s.shape, dtype=np.int64)) for s in owners], np.int64)
-        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        total = int(self.offsets[-1])
-        sharer_total = sum(int(np.prod(s.shape, dtype=np.int64)) for s in sharers)
-        self.values = np.zeros(total, self.dtype)
-        self.grads = np.zeros(total + sharer_total, self.dtype)
+        plan = items if isinstance(items, ParamPlan) else plan_params(items)
+        specs, owner_of = plan.specs, plan.owner_of
+        owners, sharers = plan.owners, plan.sharers
+        self.offsets = np.concatenate([[0], np.cumsum(plan.sizes, dtype=np.int64)]).astype(
+            np.int64)
+        total = plan.num_values
+        plan.check_memory(self.dtype)
+        try:
+            self.values = np.zeros(total, self.dtype)
+            self.grads = np.zeros(plan.num_grads, self.dtype)
+        except MemoryError:
+            raise ParamError(plan.too_big(self.dtype)) from None
         by_name: dict[str, Param] = {}
         for i, s in enumerate(owners):
             lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
@@ -285,6 +327,82 @@ class ParamSet:
                 f"{self.values.size} values, {self.dtype.name})")
 
 
+class ParamPlan:
+    """What a :class:`ParamSet` will hold, worked out before any memory exists: each Param's
+    owner and the owners' sizes. ``paramserver check`` reads it, so a job whose model would
+    not fit is still checked, and a ParamSet is built from it.
+
+    Attributes:
+        specs: every Param, in declaration order.
+        owner_of: each Param's owner name (its own for owners).
+        owners, sharers: the specs of owners and of sharers, in declaration order.
+        sizes: the owners' numbers of elements, in order.
+    """
+
+    def __init__(self, specs: list[ParamSpec]):
+        self.specs = specs
+        self.owner_of = _resolve_sharing(specs)
+        self.owners = [s for s in specs if self.owner_of[s.name] == s.name]
+        self.sharers = [s for s in specs if self.owner_of[s.name] != s.name]
+        self.sizes = [math.prod(s.shape) for s in self.owners]
+
+    @property
+    def num_values(self) -> int:
+        """Elements of the values buffer (the owners')."""
+        return sum(self.sizes)
+
+    @property
+    def num_grads(self) -> int:
+        """Elements of the gradient buffer (every Param's: owners', then sharers')."""
+        return self.num_values + sum(math.prod(s.shape) for s in self.sharers)
+
+    def nbytes(self, dtype: Any = np.float32) -> int:
+        """Bytes of the values and gradient buffers in ``dtype``."""
+        return (self.num_values + self.num_grads) * np.dtype(dtype).itemsize
+
+    def too_big(self, dtype: Any, available: int | None = None) -> str:
+        """The message for a model whose buffers cannot be allocated."""
+        dt = np.dtype(dtype)
+        big = sorted(self.specs, key=lambda s: -math.prod(s.shape))[:3]
+        largest = ", ".join(f"'{s.name}' {'x'.join(map(str, s.shape))} ({s.place})"
+                            for s in big)
+        have = f"; this machine has {_bytes(available)} of memory" if available else ""
+        return (f"the model does not fit in memory: its Params hold {self.num_values:,} values "
+                f"and {self.num_grads:,} gradient elements, {_bytes(self.nbytes(dt))} in "
+                f"{dt.name}{have} (largest: {largest})")
+
+    def check_memory(self, dtype: Any) -> None:
+        """Refuse, before allocating, buffers larger than the machine's physical memory
+        (where the system lets memory be promised beyond it, the allocation would succeed
+        and the process be killed later, when initialisation touches the pages)."""
+        available = physical_memory()
+        if available is not None and self.nbytes(dtype) > available:
+            raise ParamError(self.too_big(dtype, available))
+
+
+def plan_params(items: Iterable[ParamSpec | tuple[Any, ...]]) -> ParamPlan:
+    """The :class:`ParamPlan` of Param specs (or ``(name, shape[, conf])`` tuples); every
+    naming and sharing error at once, and no memory allocated."""
+    return ParamPlan([s if isinstance(s, ParamSpec) else _spec(s, i)
+                      for i, s in enumerate(items)])
+
+
+def physical_memory() -> int | None:
+    """Bytes of physical memory of this machine, or None where the system does not say."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _bytes(n: int) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:,} bytes" if unit == "bytes" else f"{n:,.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    raise AssertionError("unreachable")
+
+
 def _spec(item: tuple[Any, ...], index: int) -> ParamSpec:
     """A spec from ``(name, shape)`` or ``(name, shape, conf)``; conf a ParamConf or dict."""
     if len(item) not in (2, 3):
@@ -348,4 +466,4 @@ def _resolve_sharing(specs: list[ParamSpec]) -> dict[str, str]:
     return owner_of
 
 
-__all__ = ["Param", "ParamSet", "ParamSpec"]
+__all__ = ["Param", "ParamPlan", "ParamSet", "ParamSpec", "physical_memory", "plan_params"]

@@ -105,7 +105,7 @@ def job_summary(job: JobConf, net: Any = None) -> dict[str, Any]:
     """
     from .cluster import server_loads
     from .config.job import unbuilt_error
-    from .params import ParamSet
+    from .params import plan_params
     from .schedules import create_lr_method
     from .train.net import Net
 
@@ -115,24 +115,29 @@ def job_summary(job: JobConf, net: Any = None) -> dict[str, Any]:
     if net is None:
         net = Net(job.neuralnet, seed=job.seed, phases=("kTrain", *job.eval_phases()))
     specs = net.param_specs()
-    pset = ParamSet(specs)
-    layer_of = {s.name: s.place.split("'")[1] if "'" in s.place else "" for s in specs}
-    params = [{"name": p.name, "layer": layer_of.get(p.name, ""), "shape": list(p.shape),
-               "size": p.size, "init": describe_conf(p.conf.init),
-               "lr_scale": p.lr_scale, "wd_scale": p.wd_scale,
-               "share_from": p.owner.name if p.owner else None} for p in pset.params]
+    plan = plan_params(specs)  # sizes and sharing only: no memory for the Params
+    by_name = {s.name: s for s in specs}
+    params = []
+    for s in specs:
+        owner = by_name[plan.owner_of[s.name]]  # a sharer takes its owner's configuration
+        params.append({"name": s.name, "layer": s.place.split("'")[1] if "'" in s.place else "",
+                       "shape": list(s.shape), "size": math.prod(s.shape),
+                       "init": describe_conf(owner.conf.init),
+                       "lr_scale": float(owner.conf.lr_scale),
+                       "wd_scale": float(owner.conf.wd_scale),
+                       "share_from": owner.name if owner is not s else None})
     c = job.cluster
     lr = create_lr_method(job.updater.learning_rate)
     last = max(job.train_steps - 1, 0)
     samples = sorted({0, last // 4, last // 2, 3 * last // 4, last})
-    total = max(pset.values.size, 1)
+    total = max(plan.num_values, 1)
     return {
         "job": {"name": job.name, "train_steps": job.train_steps, "seed": job.seed,
                 "workspace": job.workspace_dir, "disp_freq": job.disp_freq,
                 "test_freq": job.test_freq, "checkpoint_freq": job.checkpoint_freq},
         "params": params,
-        "num_params": len(pset.params), "num_owners": len(pset.owners),
-        "num_values": int(pset.values.size),
+        "num_params": len(specs), "num_owners": len(plan.owners),
+        "num_values": plan.num_values,
         "updater": {"description": describe_conf(job.updater),
                     "conf": job.updater.to_dict()},
         "schedule": {"description": describe_conf(job.updater.learning_rate),
@@ -142,7 +147,7 @@ def job_summary(job: JobConf, net: Any = None) -> dict[str, Any]:
                     "consistency": "BSP" if c.nworker_groups == 1 else "Downpour"},
         "servers": [{"server": x.server, "slices": list(x.slice_ids),
                      "values": x.num_values, "share": x.num_values / total}
-                    for x in server_loads(pset, c)],
+                    for x in server_loads(plan.sizes, c)],
     }
 
 

@@ -47,9 +47,10 @@ import hashlib
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from .config import ParamError
+from .numba_cache import njit
 
 __all__ = [
     "fill_normal",

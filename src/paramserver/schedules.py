@@ -73,7 +73,8 @@ class Fixed(LRMethod):
 class LinearConf(Parameter):
     change_freq: int = field(lower=1, aliases=("freq",), doc="Steps to go from base_lr "
                                                              "to final_lr.")
-    final_lr: float = field(lower=0.0, doc="Rate reached at change_freq, and kept after.")
+    final_lr: float = field(lower=0.0, finite=True,
+                            doc="Rate reached at change_freq, and kept after.")
 
 
 @register_lr_method("kLinear")
@@ -103,7 +104,7 @@ class Exponential(LRMethod):
 
 
 class InverseTConf(Parameter):
-    final_lr: float = field(lower=0.0, lower_exclusive=True,
+    final_lr: float = field(lower=0.0, lower_exclusive=True, finite=True,
                             doc="Steps after which the rate has halved.")
 
 
@@ -118,8 +119,9 @@ class InverseT(LRMethod):
 
 
 class InverseConf(Parameter):
-    gamma: float = field(1.0, lower=0.0, lower_exclusive=True, doc="Rate of decay.")
-    pow: float = field(0.0, lower=0.0, doc="Power of the decay.")
+    gamma: float = field(1.0, lower=0.0, lower_exclusive=True, finite=True,
+                         doc="Rate of decay.")
+    pow: float = field(0.0, lower=0.0, finite=True, doc="Power of the decay.")
 
 
 @register_lr_method("kInverse")
@@ -134,8 +136,10 @@ class Inverse(LRMethod):
 
 class StepConf(Parameter):
     change_freq: int = field(lower=1, aliases=("freq",), doc="Steps between changes.")
-    gamma: float = field(1.0, lower=0.0, lower_exclusive=True,
-                         doc="Factor applied at every change.")
+    # At most 1, as MXNet's FactorScheduler: a factor > 1 grows without bound, and
+    # gamma ** (step // change_freq) overflows a float on a long run.
+    gamma: float = field(1.0, lower=0.0, lower_exclusive=True, upper=1.0,
+                         doc="Factor applied at every change (at most 1).")
 
 
 @register_lr_method("kStep")
@@ -151,7 +155,8 @@ class Step(LRMethod):
 class FixedStepConf(Parameter):
     step: list[int] = field(factory=list, lower=0, doc="Steps at which the rate changes, "
                                                        "increasing.")
-    step_lr: list[float] = field(factory=list, lower=0.0, doc="The rate from each step on.")
+    step_lr: list[float] = field(factory=list, lower=0.0, finite=True,
+                                 doc="The rate from each step on.")
 
     def check(self) -> list[str]:
         problems = []
@@ -183,7 +188,8 @@ class FixedStep(LRMethod):
 
 class CosineConf(Parameter):
     decay_steps: int = field(lower=1, doc="Steps over which the rate falls to final_lr.")
-    final_lr: float = field(0.0, lower=0.0, doc="Rate at decay_steps, and kept after.")
+    final_lr: float = field(0.0, lower=0.0, finite=True,
+                            doc="Rate at decay_steps, and kept after.")
 
 
 @register_lr_method("kCosine", aliases=("cosine_decay",))
@@ -203,7 +209,8 @@ class FollowingLRGenConf(LRGenConf):
     when not given, is the enclosing method's, so that ``base_lr`` is written once."""
 
     base_lr: float | None = field(  # type: ignore[assignment]
-        None, lower=0.0, doc="Base learning rate (default: the enclosing method's base_lr).")
+        None, lower=0.0, finite=True,
+        doc="Base learning rate (default: the enclosing method's base_lr).")
 
 
 def _following(conf: LRGenConf, base_lr: float) -> LRMethod:
@@ -216,7 +223,7 @@ def _following(conf: LRGenConf, base_lr: float) -> LRMethod:
 
 class WarmupConf(Parameter):
     warmup_steps: int = field(lower=1, doc="Steps of the linear warm-up.")
-    start_lr: float = field(0.0, lower=0.0, doc="Rate at step 0.")
+    start_lr: float = field(0.0, lower=0.0, finite=True, doc="Rate at step 0.")
     then: FollowingLRGenConf | None = field(
         None, doc="Method after the warm-up, counted from its end (none: base_lr); its "
                   "base_lr is the warm-up's unless it sets its own.")

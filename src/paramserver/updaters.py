@@ -27,6 +27,7 @@ import numpy as np
 from .config import ParamError, Parameter, field
 from .config.components import updaters
 from .config.job import UpdaterConf, conf_from
+from .config.types import format_number
 from .params import Param, ParamSet
 from .schedules import create_lr_method
 from .state import COUNT, Role, UpdaterState, roles_of
@@ -59,8 +60,23 @@ class Updater:
         return roles_of(self.state_roles)
 
     def init_state(self, offsets: np.ndarray | list[int], dtype: Any) -> UpdaterState:
-        """Zeroed state for a range of values cut into segments at ``offsets``."""
+        """Zeroed state for a range of values cut into segments at ``offsets``.
+
+        Refuses a ``delta`` that is 0 in ``dtype`` (see :meth:`check_dtype`).
+        """
+        self.check_dtype(dtype)
         return UpdaterState(self.roles, offsets, dtype)
+
+    def check_dtype(self, dtype: Any) -> None:
+        """Refuse values of ``dtype`` where ``delta`` is 0 (1e-300 in float32): every
+        division it guards would give Inf or NaN."""
+        dt = np.dtype(dtype)
+        if dt.kind == "f" and not dt.type(self.conf.delta) > 0:
+            raise ParamError(
+                f"value {format_number(self.conf.delta)} for Parameter delta should be greater "
+                f"than 0 in {dt.name}, where it rounds to 0 (the smallest is "
+                f"{np.finfo(dt).smallest_subnormal!s})\n"
+                f"delta: {UpdaterConf.fields()['delta'].doc}")
 
     def state_of(self, target: Param | ParamSet) -> UpdaterState:
         """The state a Param or a ParamSet holds for this method, made (zero) on first use.

@@ -37,7 +37,9 @@ def _build() -> dict[str, Any]:
     with _build_lock:
         if _kernels:
             return _kernels
-        from numba import njit, prange
+        from numba import prange
+
+        from ..numba_cache import njit
 
         @njit(parallel=True, nogil=True, cache=True)
         def count_nonfinite_chunks(bits, mask):  # type: ignore[no-untyped-def]

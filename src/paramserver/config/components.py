@@ -172,7 +172,16 @@ class ComponentConf(Parameter):
         extensions = [e for e in block.entries if e.extension]
         known = [e for e in block.entries if not e.extension]
         loose: dict[str, Any] = {}
-        obj = super()._build(Block(known, block.where), loose)
+        try:
+            obj = super()._build(Block(known, block.where), loose)
+        except ParamError as err:
+            # A common field is wrong (a misspelt type, say): the loose keys that no
+            # component could read are mistakes as well, reported in the same run.
+            component = cls._named_component(known)
+            own = cls._own_keys(component) if component else cls._all_own_keys()
+            raise ParamError(err.problems + cls._unknown_keys(
+                {k: v for k, v in loose.items() if k not in own}, known, block,
+                own)) from None
         problems: list[Problem] = []
         try:
             component = obj.component
@@ -181,6 +190,11 @@ class ComponentConf(Parameter):
             where = next((x.where for x in known if x.key == key), block.where)
             raise err.at(where) from None
         conf_key = cls.registry.conf_name(component)
+        own_keys = cls._own_keys(component)
+        # Loose keys of neither the common fields nor the component's own: unknown here,
+        # with a suggestion from both sets of keys (momentun: did you mean momentum?).
+        stray = {k: v for k, v in loose.items() if k not in own_keys}
+        loose = {k: v for k, v in loose.items() if k in own_keys}
         # Every *_conf block must belong to the component selected.
         for name in [k for k in obj.__dict__ if k not in cls.__fields__]:
             if name != conf_key:
@@ -198,12 +212,9 @@ class ComponentConf(Parameter):
         own_entries = [e for e in extensions if e.key == conf_key]
         if conf_key is not None and loose and (own_entries or conf_key in obj.__dict__):
             # The own configuration given as a block, and some of its keys loose as well.
-            own_keys = cls.registry.get(component).Config.__keys__
-            mixed = sorted(k for k in loose if k in own_keys)
-            if mixed:
-                problems.append(Problem(f"give {conf_key} either as a block or as keys, "
-                                        f"not both: {mixed}", block.where))
-                loose = {k: v for k, v in loose.items() if k not in own_keys}
+            problems.append(Problem(f"give {conf_key} either as a block or as keys, "
+                                    f"not both: {sorted(loose)}", block.where))
+            loose = {}
         if conf_key is not None and conf_key not in obj.__dict__:
             # Loose keys (Python keyword arguments) go to the component's own configuration.
             config = cls.registry.get(component).Config
@@ -221,19 +232,56 @@ class ComponentConf(Parameter):
                     obj.__dict__[conf_key] = config._build(own_block)
                 except ParamError as e:
                     problems.extend(e.at(block.where).problems)
-        if loose:
+        if stray:
             if unknown is not None:
-                unknown.update(loose)
+                unknown.update(stray)
             else:
-                doc = cls.doc()
-                for key in loose:
-                    where = next((x.where for x in known if x.key == key), block.where)
-                    problems.append(Problem(
-                        f"Cannot find argument '{key}', Possible Arguments:\n{'-' * 16}\n{doc}"
-                        + _suggest(key, cls.__keys__), where))
+                problems += cls._unknown_keys(stray, known, block, own_keys, component)
         if problems:
             raise ParamError(problems)
         return obj
+
+    @classmethod
+    def _named_component(cls, entries: list[Entry]) -> str | None:
+        """The registered component that ``user_type`` or ``type`` names, if either does."""
+        for key in ("user_type", "type"):
+            entry = next((e for e in entries if e.key == key), None)
+            if entry is not None and isinstance(entry.value, Scalar):
+                raw = entry.value.raw
+                return cls.registry.lookup(raw) if isinstance(raw, str) and (
+                    raw in cls.registry) else None
+        return None
+
+    @classmethod
+    def _own_keys(cls, component: str) -> dict[str, str]:
+        config = getattr(cls.registry.get(component), "Config", None)
+        return dict(config.__keys__) if config is not None else {}
+
+    @classmethod
+    def _all_own_keys(cls) -> dict[str, str]:
+        keys: dict[str, str] = {}
+        for name in cls.registry.names():
+            keys.update(cls._own_keys(name))
+        return keys
+
+    @classmethod
+    def _unknown_keys(cls, keys: dict[str, Any], known: list[Entry], block: Block,
+                      own_keys: dict[str, str], component: str | None = None
+                      ) -> list[Problem]:
+        """The dmlc message for each key that neither the common fields nor the selected
+        component's own configuration (any component's, when none is selected) knows."""
+        if not keys:
+            return []
+        doc = cls.doc()
+        if component is not None and own_keys:
+            doc += f"\n{cls.registry.get(component).Config.doc()}"
+        out = []
+        for key in keys:
+            where = next((x.where for x in known if x.key == key), block.where)
+            out.append(Problem(
+                f"Cannot find argument '{key}', Possible Arguments:\n{'-' * 16}\n{doc}"
+                + _suggest(key, [*cls.__keys__, *own_keys]), where))
+        return out
 
 
 def _wrap(value: Any, where: Any) -> Any:

@@ -13,6 +13,8 @@ by the component itself (the layers' in :mod:`paramserver.singa.confs`).
 from __future__ import annotations
 
 import difflib
+import os
+import stat
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -33,12 +35,13 @@ class ParamGenConf(ComponentConf):
     type: str = field("kConstant", enum=param_generators, doc="Initialisation method.")
     user_type: str | None = field(None, enum=param_generators,
                                   doc="A user-registered initialisation method.")
-    value: float = field(1.0, doc="Constant value (kConstant) or factor the fill is "
-                                  "multiplied by (other methods).")
-    mean: float = field(0.0, doc="Mean of the Gaussian methods.")
-    std: float = field(1.0, lower=0.0, doc="Standard deviation of the Gaussian methods.")
-    low: float = field(-1.0, doc="Lower bound of the uniform methods.")
-    high: float = field(1.0, doc="Upper bound of the uniform methods.")
+    value: float = field(1.0, finite=True, doc="Constant value (kConstant) or factor the "
+                                               "fill is multiplied by (other methods).")
+    mean: float = field(0.0, finite=True, doc="Mean of the Gaussian methods.")
+    std: float = field(1.0, lower=0.0, finite=True,
+                       doc="Standard deviation of the Gaussian methods.")
+    low: float = field(-1.0, finite=True, doc="Lower bound of the uniform methods.")
+    high: float = field(1.0, finite=True, doc="Upper bound of the uniform methods.")
 
     def check(self) -> list[str]:
         if self.low > self.high:
@@ -59,8 +62,9 @@ class ParamConf(Parameter):
     init: ParamGenConf = field(factory=ParamGenConf, doc="Initialisation method.")
     share_from: str | None = field(None, doc="Name of the Param whose configuration and "
                                              "values this one shares.")
-    lr_scale: float = field(1.0, lower=0.0, doc="Multiplied with the learning rate.")
-    wd_scale: float = field(1.0, lower=0.0, doc="Multiplied with the weight decay.")
+    lr_scale: float = field(1.0, lower=0.0, finite=True,
+                            doc="Multiplied with the learning rate.")
+    wd_scale: float = field(1.0, lower=0.0, finite=True, doc="Multiplied with the weight decay.")
     id: int | None = field(None, doc="Set internally by SINGA; no effect.")
     owner: int = field(-1, doc="Set internally by SINGA; no effect.")
     partition_dim: int | None = field(None, doc="Set internally by SINGA for partitioned "
@@ -85,7 +89,7 @@ class LRGenConf(ComponentConf):
     type: str = field("kFixed", enum=lr_methods, doc="Learning-rate change method.")
     user_type: str | None = field(None, enum=lr_methods,
                                   doc="A user-registered learning-rate method.")
-    base_lr: float = field(0.01, lower=0.0, doc="Base learning rate.")
+    base_lr: float = field(0.01, lower=0.0, finite=True, doc="Base learning rate.")
 
 
 class UpdaterConf(ComponentConf):
@@ -96,12 +100,14 @@ class UpdaterConf(ComponentConf):
     user_type: str | None = field(None, enum=updaters, doc="A user-registered updater.")
     learning_rate: LRGenConf = field(factory=LRGenConf, doc="Learning-rate change method.")
     momentum: float = field(0.0, lower=0.0, upper=1.0, doc="Momentum.")
-    weight_decay: float = field(0.0, lower=0.0, doc="Weight decay (L2) coefficient.")
-    delta: float = field(1e-8, lower=0.0, lower_exclusive=True,
+    weight_decay: float = field(0.0, lower=0.0, finite=True,
+                                doc="Weight decay (L2) coefficient.")
+    delta: float = field(1e-8, lower=0.0, lower_exclusive=True, finite=True,
                          doc="Small constant that keeps divisions finite (epsilon).")
-    clip_low: float = field(0.0, doc="Gradients are clamped into [clip_low, clip_high] "
-                                     "when clip_high > clip_low.")
-    clip_high: float = field(0.0, doc="See clip_low.")
+    clip_low: float = field(0.0, finite=True, doc="Gradients are clamped into "
+                                                  "[clip_low, clip_high] when clip_high > "
+                                                  "clip_low.")
+    clip_high: float = field(0.0, finite=True, doc="See clip_low.")
 
 
 class CDConf(Parameter):
@@ -299,18 +305,30 @@ class NetConf(Parameter):
         return problems
 
 
+#: Most workers or servers in a group, and most groups: each is a thread (embedded) or a Ray
+#: actor with its own share of the job, so a count beyond this is a typing mistake, and
+#: planning for 2**31 servers would take minutes and gigabytes before anything is said.
+MAX_NODES = 4096
+
+
 class ClusterConf(Parameter):
     """Servers and workers (SPEC §7); SINGA's ``cluster { ... }`` (``ClusterProto``)."""
 
-    nworker_groups: int = field(1, lower=1, doc="Worker groups; asynchronous to each other.")
-    nserver_groups: int = field(1, lower=1, doc="Server groups, each holding all Params.")
-    nworkers_per_group: int = field(1, lower=1, doc="Workers in a group; synchronous (BSP).")
-    nservers_per_group: int = field(1, lower=1, doc="Servers in a group; each holds slices.")
-    nworkers_per_procs: int = field(1, lower=1, doc="Workers per process in SINGA; no effect "
-                                                    "here: embedded, every worker is a thread "
-                                                    "of one process; on Ray, an actor each.")
-    nservers_per_procs: int = field(1, lower=1, doc="Servers per process in SINGA; no effect "
-                                                    "here (see nworkers_per_procs).")
+    nworker_groups: int = field(1, lower=1, upper=MAX_NODES,
+                                doc="Worker groups; asynchronous to each other.")
+    nserver_groups: int = field(1, lower=1, upper=MAX_NODES,
+                                doc="Server groups, each holding all Params.")
+    nworkers_per_group: int = field(1, lower=1, upper=MAX_NODES,
+                                    doc="Workers in a group; synchronous (BSP).")
+    nservers_per_group: int = field(1, lower=1, upper=MAX_NODES,
+                                    doc="Servers in a group; each holds slices.")
+    nworkers_per_procs: int = field(1, lower=1, upper=MAX_NODES,
+                                    doc="Workers per process in SINGA; no effect here: "
+                                        "embedded, every worker is a thread of one process; "
+                                        "on Ray, an actor each.")
+    nservers_per_procs: int = field(1, lower=1, upper=MAX_NODES,
+                                    doc="Servers per process in SINGA; no effect here (see "
+                                        "nworkers_per_procs).")
     server_worker_separate: bool = field(False, doc="Run servers apart from workers.")
     sync_freq: int = field(1, lower=1, doc="Steps between synchronisations of server groups.")
     start_port: int = field(6723, lower=0, upper=65535,
@@ -437,21 +455,55 @@ def unbuilt_error(lines: list[str]) -> ParamError:
 
 def parse_job(text: str, filename: str = "<string>") -> JobConf:
     """Read a job from the text of a job file; errors name ``filename:line:column``."""
-    from .textformat import parse_text
+    from .textformat import parse_text, paused_gc
 
     block = parse_text(text, filename)
-    return JobConf._build(block)
+    with paused_gc():
+        return JobConf._build(block)
+
+
+#: The largest job file read. A job file holds settings (lists of a few thousand steps at
+#: most), and reads at about 2 MB/s; a larger file is a data file given by mistake.
+MAX_JOB_FILE_BYTES = 16 * 1024 * 1024
 
 
 def load_job(path: str | Path) -> JobConf:
-    """Read a job file."""
+    """Read a job file: a regular file of UTF-8 text, at most :data:`MAX_JOB_FILE_BYTES`."""
+    return parse_job(read_job_text(path), str(path))
+
+
+def read_job_text(path: str | os.PathLike[str]) -> str:
+    """The text of a job file, or a ParamError that names the file (and the line) and says
+    why it cannot be one: not a regular file, unreadable, too large, not UTF-8 text."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        # Looked at before it is opened: opening a pipe waits for a writer, and a device
+        # (/dev/zero) never ends.
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file"
+            raise ParamError(f"{path}: cannot read the job file: it is {kind}")
+        with open(path, "rb") as f:
+            data = f.read(MAX_JOB_FILE_BYTES + 1)
     except OSError as e:
         raise ParamError(f"{path}: cannot read the job file: {e.strerror or e}") from None
+    if len(data) > MAX_JOB_FILE_BYTES:
+        size = os.path.getsize(path)
+        raise ParamError(f"{path}: the job file is {size / 2**20:,.1f} MiB; job files of more "
+                         f"than {MAX_JOB_FILE_BYTES // 2**20} MiB are refused (is it a data "
+                         "file?)")
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ParamError(f"{path}: the job file is not UTF-8 text ({e.reason})") from None
-    return parse_job(text, str(path))
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ParamError(f"{path}:{line}: the job file is not UTF-8 text ({e.reason} at byte "
+                         f"{e.start})") from None
+    if not text.strip():
+        raise ParamError(f"{path}: the job file is empty (a job needs at least train_steps "
+                         "and neuralnet { ... })")
+    if "\x00" in text:
+        line = text.count("\n", 0, text.index("\x00")) + 1
+        raise ParamError(f"{path}:{line}: the job file is not text (it holds a NUL byte)")
+    return text
 
 
 def conf_from(cls: type[Any], x: Any, block_name: str) -> Any:
@@ -476,6 +528,7 @@ def conf_from(cls: type[Any], x: Any, block_name: str) -> Any:
                      f"{block_name} block, not {type(x).__name__}")
 
 
-__all__ = ["NET_PHASES", "CDConf", "ClusterConf", "JobConf", "LRGenConf", "LayerConf",
-           "LayerGroupConf", "NetConf", "ParamConf", "ParamGenConf", "TrainOneBatchConf",
-           "UpdaterConf", "conf_from", "load_job", "parse_job", "unbuilt_error"]
+__all__ = ["MAX_JOB_FILE_BYTES", "MAX_NODES", "NET_PHASES", "CDConf", "ClusterConf", "JobConf",
+           "LRGenConf", "LayerConf", "LayerGroupConf", "NetConf", "ParamConf", "ParamGenConf",
+           "TrainOneBatchConf", "UpdaterConf", "conf_from", "load_job", "parse_job",
+           "read_job_text", "unbuilt_error"]

@@ -16,6 +16,7 @@ import copy
 import difflib
 import inspect
 import json
+import math
 import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
@@ -37,6 +38,7 @@ from .types import (
 _MISSING: Any = type("MISSING", (), {"__repr__": lambda self: "MISSING"})()
 _BAD: Any = type("BAD", (), {})()
 P = TypeVar("P", bound="Parameter")
+_MAX_ITEM_PROBLEMS = 20  # bad values of one list reported one by one; the rest are counted
 Where = Location | str | None
 
 
@@ -45,13 +47,14 @@ class Field:
 
     def __init__(self, default: Any, factory: Callable[[], Any] | None, doc: str,
                  lower: float | None, upper: float | None, lower_exclusive: bool,
-                 enum: Any, aliases: tuple[str, ...]):
+                 enum: Any, aliases: tuple[str, ...], finite: bool = False):
         self.default = default
         self.factory = factory
         self.doc = doc
         self.lower = lower
         self.upper = upper
         self.lower_exclusive = lower_exclusive
+        self.finite = finite
         self.enum = enum
         self.aliases = aliases
         self.name = ""
@@ -71,19 +74,20 @@ class Field:
         try:
             out = self.type.convert(value)
         except Invalid as e:
-            raise ParamError(e.message or (
-                f"Invalid Parameter format for {self.name} expect {self.type.name} "
-                f"but value='{e.shown}'")) from None
+            raise ParamError(e.text(self.name, self.type.name)) from None
         self.check_bounds(out)
         return out
 
     def check_bounds(self, value: Any) -> None:
-        if self.lower is None and self.upper is None:
+        if self.lower is None and self.upper is None and not self.finite:
             return
         values = value if isinstance(value, (list, tuple)) else [value]  # each element
         for v in values:
             if v is None or isinstance(v, bool) or not isinstance(v, (int, float)):
                 continue
+            if self.finite and not math.isfinite(v):
+                raise ParamError(f"value {format_number(v)} for Parameter {self.name} "
+                                 f"should be a finite number\n{self.name}: {self.doc}")
             lo, hi = self.lower, self.upper
             below = lo is not None and not (v > lo if self.lower_exclusive else v >= lo)
             above = hi is not None and not v <= hi  # nan is within no bound
@@ -96,7 +100,7 @@ class Field:
                 bound = ("should be greater than " if self.lower_exclusive
                          else "should be greater equal to ") + format_number(lo)
             else:
-                bound = f"should be less equal to {format_number(hi)}"
+                bound = f"should be smaller equal to {format_number(hi)}"
             raise ParamError(f"value {format_number(v)} for Parameter {self.name} {bound}\n"
                              f"{self.name}: {self.doc}")
 
@@ -116,7 +120,7 @@ class Field:
 def field(default: Any = _MISSING, *, doc: str = "", lower: float | None = None,
           upper: float | None = None, lower_exclusive: bool = False,
           enum: Any = None, aliases: Iterable[str] = (),
-          factory: Callable[[], Any] | None = None) -> Any:
+          factory: Callable[[], Any] | None = None, finite: bool = False) -> Any:
     """Declare a field of a :class:`Parameter`.
 
     Args:
@@ -127,6 +131,8 @@ def field(default: Any = _MISSING, *, doc: str = "", lower: float | None = None,
         enum: the allowed names of a string field, or a :class:`Registry` whose names it takes.
         aliases: other keys accepted for this field (e.g. SINGA's ``freq``).
         factory: a callable giving the default, for nested configurations and lists.
+        finite: refuse ``inf``, ``-inf`` and ``nan`` (rates, scales, decays: a value that
+            would make every parameter non-finite).
 
     Returns:
         The field declaration, assigned to an annotated class attribute.
@@ -134,7 +140,8 @@ def field(default: Any = _MISSING, *, doc: str = "", lower: float | None = None,
     if isinstance(enum, str):
         raise ParamError("enum= takes a tuple of names, not one string")
     return Field(default, factory, doc, lower, upper, lower_exclusive,
-                 tuple(enum) if isinstance(enum, (list, tuple)) else enum, tuple(aliases))
+                 tuple(enum) if isinstance(enum, (list, tuple)) else enum, tuple(aliases),
+                 finite)
 
 
 def _suggest(key: str, names: Iterable[str]) -> str:
@@ -294,11 +301,15 @@ class Parameter(Nested):
             try:
                 out.append(list_type.item.convert(item))
             except Invalid as e:
-                problems.append(Problem(e.message or (
-                    f"Invalid Parameter format for {f.name} expect {list_type.item.name} "
-                    f"but value='{e.shown}'"), getattr(item, "where", None)))
+                problems.append(Problem(e.text(f.name, list_type.item.name),
+                                        getattr(item, "where", None)))
             except ParamError as e:
                 problems.extend(e.problems)
+        if len(problems) > _MAX_ITEM_PROBLEMS:  # a long list of bad values: the first ones
+            rest = len(problems) - _MAX_ITEM_PROBLEMS
+            where = problems[_MAX_ITEM_PROBLEMS].where
+            problems[_MAX_ITEM_PROBLEMS:] = [
+                Problem(f"... and {rest:,} more bad values of {f.name}", where)]
         if problems:
             raise ParamError(problems)
         f.check_bounds(out)

@@ -23,18 +23,29 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 # ASCII digits only: Python's \d and int() also take other scripts' digits, dmlc does not.
 _INT_RE = re.compile(r"([+-]?)0*([0-9]+)")
 _FLOAT_RE = re.compile(r"[+-]?([0-9]+\.?[0-9]*([eE][+-]?[0-9]+)?|\.[0-9]+([eE][+-]?[0-9]+)?)[fF]?")
-_SPECIAL_FLOATS = {"inf": math.inf, "+inf": math.inf, "-inf": -math.inf,
-                   "infinity": math.inf, "+infinity": math.inf, "-infinity": -math.inf,
-                   "nan": math.nan, "+nan": math.nan, "-nan": math.nan}
+#: inf, infinity and nan in any case, signed; nan with a C99 payload, ``nan(foo_bar_12)``.
+_SPECIAL_FLOAT_RE = re.compile(r"([+-]?)(?:(inf(?:inity)?)|nan(?:\([0-9A-Za-z_]*\))?)",
+                               re.IGNORECASE)
+#: Whether a number's significand has a digit other than 0 (its value is not zero).
+_NONZERO_RE = re.compile(r"[1-9]")
 
 
 class Invalid(Error):
     """A value that does not fit its type; the caller turns it into the dmlc message."""
 
-    def __init__(self, shown: str, message: str | None = None):
+    def __init__(self, shown: str, message: str | None = None, *, out_of_range: bool = False):
         super().__init__(shown)
         self.shown = shown          # the value as the message shows it
         self.message = message      # a whole message, replacing the format message
+        self.out_of_range = out_of_range  # a number the type cannot hold (dmlc's ERANGE)
+
+    def text(self, key: str, type_name: str) -> str:
+        """The whole message for field ``key`` of type ``type_name``, in dmlc's wording."""
+        if self.message is not None:
+            return self.message
+        if self.out_of_range:
+            return f"Out of range value for {key}, value='{self.shown}'"
+        return f"Invalid Parameter format for {key} expect {type_name} but value='{self.shown}'"
 
 
 def format_number(x: Any) -> str:
@@ -100,6 +111,8 @@ class IntType(FieldType):
     def convert(self, value: Value) -> int:
         raw = self.scalar(value).raw
         if isinstance(raw, str):
+            if len(raw) < 19 and raw.isdigit() and raw.isascii():
+                return int(raw)  # the common case (a long list of steps), without the regex
             m = _INT_RE.fullmatch(raw.strip())
             if m is None or len(m.group(2)) > 19:  # more digits can only overflow int64
                 raise Invalid(raw)
@@ -121,20 +134,27 @@ class FloatType(FieldType):
         raw = self.scalar(value).raw
         if isinstance(raw, str):
             text = raw.strip()
-            special = _SPECIAL_FLOATS.get(text.lower())
+            special = _SPECIAL_FLOAT_RE.fullmatch(text)
             if special is not None:
-                return special
+                out = math.inf if special.group(2) else math.nan
+                return -out if special.group(1) == "-" else out
             if not _FLOAT_RE.fullmatch(text):
                 raise Invalid(raw)
             out = float(text.rstrip("fF"))
-            if math.isinf(out):
-                raise Invalid(raw)  # overflow: 1e999 is a mistake, not infinity
+            # As dmlc (strtod's ERANGE): 1e999 is a mistake, not infinity, and 1e-500 not a
+            # silent 0. (dmlc refuses subnormals such as 2e-308 too; they are kept here, as
+            # the repr of every float reads back to itself.)
+            if math.isinf(out) or (out == 0.0 and _NONZERO_RE.search(
+                    text.partition("e")[0].partition("E")[0])):
+                raise Invalid(raw, out_of_range=True)
             return out
         if isinstance(raw, bool) or not hasattr(raw, "__float__"):
             raise Invalid(shown(raw))
         try:
             return float(raw)
-        except (TypeError, ValueError, OverflowError):
+        except OverflowError:  # an int beyond the range of float
+            raise Invalid(shown(raw), out_of_range=True) from None
+        except (TypeError, ValueError):
             raise Invalid(shown(raw)) from None
 
 
@@ -235,10 +255,36 @@ class OptionalType(FieldType):
         return "None" if value is None else self.inner.show(value)
 
 
+_BRACKETED = re.compile(r"\s*[(\[]\s*(.*?)\s*[)\]]\s*", re.DOTALL)
+_SPACE = re.compile(r"\s")
+
+
+def split_sequence(raw: str, *, bare: bool) -> list[str]:
+    """The item texts of a tuple or list written as text: ``(1, 2)``, ``[1,2]``, ``(3,)``,
+    ``(3)``, ``()``, a bare ``5``; with ``bare`` also ``1,2,3`` without brackets (dmlc's
+    ``std::vector`` text). Raises :class:`Invalid` for anything else (``(2 3)``, ``(1,2]``,
+    ``(1,,2)``)."""
+    m = _BRACKETED.fullmatch(raw)
+    if m is None:
+        body = raw.strip()
+        if not bare and ("," in body or _SPACE.search(body)):
+            raise Invalid(raw)
+    else:
+        if (raw.strip()[0] == "(") != (raw.strip()[-1] == ")"):
+            raise Invalid(raw)
+        body = m.group(1)
+        if not body:
+            return []
+    parts = [p.strip() for p in body.split(",")]
+    if len(parts) > 1 and parts[-1] == "":
+        parts.pop()  # (3,) and 1,2,
+    if any(p == "" or _SPACE.search(p) for p in parts):
+        raise Invalid(raw)
+    return parts
+
+
 class TupleType(FieldType):
     """A shape: ``(1, 2)``, ``[1,2]``, ``(3,)``, ``()``, or a bare ``5`` meaning ``(5,)``."""
-
-    _TEXT = re.compile(r"\s*[(\[]\s*(.*?)\s*[)\]]\s*", re.DOTALL)
 
     def __init__(self, item: FieldType):
         self.item = item
@@ -255,22 +301,7 @@ class TupleType(FieldType):
             return tuple(self._item(Scalar(v), value) for v in raw)
         if not isinstance(raw, str):
             return (self._item(value, value),)
-        m = self._TEXT.fullmatch(raw)
-        if m is None:
-            if "," in raw or re.search(r"\s", raw.strip()):
-                raise Invalid(raw)
-            return (self._item(Scalar(raw), value),)
-        if (raw.strip()[0] == "(") != (raw.strip()[-1] == ")"):
-            raise Invalid(raw)
-        body = m.group(1)
-        if not body:
-            return ()
-        parts = body.split(",")
-        if parts[-1].strip() == "":
-            parts = parts[:-1]
-        if any(p.strip() == "" or re.search(r"\s", p.strip()) for p in parts):
-            raise Invalid(raw)
-        return tuple(self._item(Scalar(p.strip()), value) for p in parts)
+        return tuple(self._item(Scalar(p), value) for p in split_sequence(raw, bare=False))
 
     def _item(self, v: Value, whole: Value) -> Any:
         try:
@@ -297,11 +328,23 @@ class ListType(FieldType):
         return f"list of {self.item.name}"
 
     def items(self, value: Value) -> list[Value]:
-        """The separate values of a repeated field (one written value may hold several)."""
+        """The separate values of a repeated field (one written value may hold several).
+
+        A list of numbers or booleans also reads dmlc's text forms of a ``std::vector``:
+        ``(1,2,3)``, ``[1,2,3]``, ``1,2,3``, ``(10,)``, ``(10)``, ``10``. (Strings are taken
+        whole: a layer name may hold a comma.)
+        """
         if isinstance(value, ListValue):
             return list(value.items)
         if isinstance(value, Scalar) and isinstance(value.raw, tuple):
             return [Scalar(v, value.where) for v in value.raw]
+        if (isinstance(value, Scalar) and isinstance(value.raw, str)
+                and isinstance(self.item, (IntType, FloatType, BoolType))):
+            try:
+                parts = split_sequence(value.raw, bare=True)
+            except Invalid:
+                return [value]  # the item's own conversion says what is wrong with it
+            return [Scalar(p, value.where, value.quoted) for p in parts]
         return [value]
 
     def convert(self, value: Value) -> list[Any]:

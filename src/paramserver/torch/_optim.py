@@ -340,6 +340,7 @@ class Optimizer(torch.optim.Optimizer):
         # One state for every group: the roles of every updater in use (zero where a
         # group's method does not use one).
         for u in dict.fromkeys(updaters):
+            u.check_dtype(pset.dtype)
             self._state = self._state.with_roles(u.roles)
         runs: list[_Run] = []
         offsets = pset.offsets

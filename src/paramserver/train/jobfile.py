@@ -17,12 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import Location, ParamError, Problem
-from ..config.job import JobConf, NetConf, load_job, unbuilt_error
-from ..config.textformat import parse_text
+from ..config.job import JobConf, NetConf, read_job_text, unbuilt_error
+from ..config.textformat import parse_text, paused_gc
 from ..config.tree import Block, Entry, Scalar
 from ..init import init_params
-from ..params import ParamSet
+from ..params import ParamSet, plan_params
 from .net import Net
+
+#: Most memory ``check`` spends on making and initialising a model's Params.
+CHECK_MEMORY = 256 * 1024 * 1024
 
 _LAYER = re.compile(r"layer '([^']*)'")
 _PARAM = re.compile(r"(?:.*?)\bParam '([^']*)'")
@@ -54,9 +57,15 @@ class JobFile:
 
     def check_params(self, net: Net) -> None:
         """Make and initialise the net's Params as training would (an init method that does
-        not fit its Param, a kFromFile file that lacks a tensor), problems placed."""
+        not fit its Param, a kFromFile file that lacks a tensor), problems placed.
+
+        A model whose buffers exceed :data:`CHECK_MEMORY` is not made (``check`` allocates
+        nothing large): its names, sharing and sizes are checked without memory.
+        """
         with self.placing():
-            init_params(ParamSet(net.param_specs(), net.dtype), self.job.seed)
+            plan = plan_params(net.param_specs())
+            if plan.nbytes(net.dtype) <= CHECK_MEMORY:
+                init_params(ParamSet(plan, net.dtype), self.job.seed)
 
     @contextmanager
     def placing(self) -> Iterator[None]:
@@ -75,10 +84,11 @@ def read_job_file(path: str | os.PathLike[str]) -> JobFile:
             the net when the ``neuralnet`` block itself reads without one.
     """
     path = Path(path)
-    text = _read(path)
+    text = read_job_text(path)
     tree = parse_text(text, str(path))  # the grammar: nothing more to check without it
     try:
-        job = JobConf._build(tree)
+        with paused_gc():
+            job = JobConf._build(tree)
     except ParamError as e:
         problems: list[Problem] = [*e.problems, *_net_problems(tree, path.parent)]
         problems.sort(key=_order)
@@ -101,13 +111,6 @@ def place_net_problems(error: ParamError, tree: Block) -> ParamError:
     return ParamError(placed)
 
 
-def _read(path: Path) -> str:
-    # load_job's messages for a file that cannot be read, without parsing it twice.
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        load_job(path)  # raises the ParamError that names the reason
-        raise
 
 
 def _net_problems(tree: Block, base_dir: Path) -> list[Problem]:

@@ -14,7 +14,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..config import ParamError
+
 COLUMNS = ("step", "phase", "loss", "accuracy", "lr")
+PHASES = ("train", "val", "test")  # the phases of rows
 log = logging.getLogger(__name__)
 
 
@@ -31,6 +34,32 @@ class Row:
                 repr(float(self.lr))]
 
 
+class MetricsError(ParamError):
+    """A ``metrics.csv`` that cannot be read back on resume; names the file and line."""
+
+
+_FIX = (" (fix the line, or move the file away to resume without the rows of the earlier "
+        "steps)")
+
+
+def _parse_row(cells: list[str], where: str) -> Row:
+    if len(cells) != len(COLUMNS):
+        raise MetricsError(f"{where}: expected {len(COLUMNS)} values "
+                           f"({','.join(COLUMNS)}), found {len(cells)}" + _FIX)
+    step, phase, *numbers = cells
+    if not step.isascii() or not step.isdigit():
+        raise MetricsError(f"{where}: step '{step}' is not a non-negative integer" + _FIX)
+    if phase not in PHASES:
+        raise MetricsError(f"{where}: phase '{phase}' is not one of {', '.join(PHASES)}" + _FIX)
+    values = []
+    for name, text in zip(COLUMNS[2:], numbers):
+        try:
+            values.append(float(text))
+        except ValueError:
+            raise MetricsError(f"{where}: {name} '{text}' is not a number" + _FIX) from None
+    return Row(int(step), phase, *values)
+
+
 class MetricsLog:
     """The rows of ``metrics.csv``; :meth:`resume_at` forgets rows of steps not yet redone."""
 
@@ -39,20 +68,32 @@ class MetricsLog:
         self.rows: list[Row] = []
 
     def load(self) -> None:
+        """Read the file (none: no rows). A damaged file is refused, naming its line: the
+        rows of the steps before a resume are kept from it, so they must be right."""
         self.rows = []
         if not self.path.exists():
             return
-        with self.path.open(newline="") as f:
-            for rec in csv.DictReader(f):
-                self.rows.append(Row(int(rec["step"]), rec["phase"], float(rec["loss"]),
-                                     float(rec["accuracy"]), float(rec["lr"])))
+        try:
+            with self.path.open(newline="", encoding="utf-8") as f:
+                rows = list(csv.reader(f))
+        except (OSError, UnicodeDecodeError, csv.Error) as e:
+            raise MetricsError(f"{self.path}: cannot read the metrics of the run: {e}"
+                               ) from None
+        if not rows or tuple(rows[0]) != COLUMNS:
+            raise MetricsError(f"{self.path}:1: the metrics file does not start with the "
+                               f"header {','.join(COLUMNS)}" + _FIX)
+        for number, cells in enumerate(rows[1:], start=2):
+            self.rows.append(_parse_row(cells, f"{self.path}:{number}"))
 
     def resume_at(self, step: int, keep: Callable[[Row], bool]) -> None:
         """Read the file of a run that stopped at ``step``, keeping the rows ``keep`` says
-        a straight run has there, and dropping every row after ``step``."""
+        a straight run has there, and dropping every row after ``step``. The file is
+        rewritten only when that changes it."""
         self.load()
-        self.rows = [r for r in self.rows if r.step <= step and keep(r)]
-        self.write()
+        kept = [r for r in self.rows if r.step <= step and keep(r)]
+        if kept != self.rows:
+            self.rows = kept
+            self.write()
 
     def add(self, row: Row) -> None:
         self.rows.append(row)
@@ -133,4 +174,4 @@ def _spans_decades(values: Sequence[float]) -> bool:
         positive)
 
 
-__all__ = ["COLUMNS", "MetricsLog", "Row", "accuracy_limits"]
+__all__ = ["COLUMNS", "MetricsError", "MetricsLog", "Row", "accuracy_limits"]

@@ -45,13 +45,14 @@ from ..config import ParamError
 from ..config.job import JobConf, unbuilt_error
 from ..export import TABLE, param_table
 from ..init import init_params
-from ..params import ParamSet
+from ..params import ParamSet, physical_memory, plan_params
 from ..singa import checkpoints as singa_checkpoints
 from .metrics import MetricsLog, Row
 from .net import Net
 from .progress import Progress, Rate
 from .tensorboard import FOLDER as TENSORBOARD_FOLDER
 from .tensorboard import TensorBoardLog
+from .workspace import check_workspace
 
 FORMAT = "paramserver-checkpoint/1"
 log = logging.getLogger(__name__)
@@ -109,7 +110,7 @@ class Trainer:
         if unbuilt:
             raise unbuilt_error(unbuilt)
         self.tensorboard = tensorboard
-        self.workspace = Path(job.workspace_dir)
+        self.workspace = check_workspace(job.workspace_dir)  # before anything is built
         self.show = progress
         self.stream = stream
         self.eval_phases = job.eval_phases()
@@ -117,11 +118,19 @@ class Trainer:
         # Every worker builds its own Net from the job (here in a thread, or in a Ray
         # actor): the cluster's backend decides where workers run, nothing here.
         self.nets: list[Net] = []
-        self.params = self._make_params(Net(job.neuralnet, seed=job.seed, base_dir=base_dir,
-                                            phases=("kTrain",)))
-        folder = self.workspace / "checkpoints" / "servers"
-        self.cluster = Cluster(job, self.params,
-                               **{"checkpoint_dir": folder, **dict(cluster_options or {})})
+        c = job.cluster
+        try:
+            self.params = self._make_params(Net(job.neuralnet, seed=job.seed,
+                                                base_dir=base_dir, phases=("kTrain",)))
+            folder = self.workspace / "checkpoints" / "servers"
+            self.cluster = Cluster(job, self.params,
+                                   **{"checkpoint_dir": folder, **dict(cluster_options or {})})
+        except MemoryError:  # the Params fit, but not with a gradient per worker (or state)
+            plan = plan_params(Net(job.neuralnet, seed=job.seed, base_dir=base_dir,
+                                   phases=("kTrain",)).param_specs())
+            raise ParamError(plan.too_big(np.float32, physical_memory()) + (
+                f"; every worker ({c.nworker_groups * c.nworkers_per_group}) holds its own "
+                "gradients, and the updater its state")) from None
         self._step_fn = RemoteGradFn(f"{__name__}:net_grad_fn", {
             "job": job.to_json(), "base_dir": os.path.abspath(base_dir or os.getcwd())})
         self.eval_net: Net | None = None
@@ -175,7 +184,12 @@ class Trainer:
         the newest checkpoint."""
         job = self.job
         t0 = time.perf_counter()
-        start = self._resume() if resume or job.resume else self._fresh()
+        resumed = resume or job.resume
+        start = self._resume() if resumed else self._fresh()
+        if resumed and start >= job.train_steps and job.train_steps:
+            # A resume with nothing to do changes nothing: no file is written again.
+            log.info("nothing to do: the job is at step %d of %d", start, job.train_steps)
+            return TrainResult(start, None, None, time.perf_counter() - t0, self.workspace)
         checkpoints = self._checkpoint_steps(start)
         board = TensorBoardLog(self.workspace / TENSORBOARD_FOLDER, start, checkpoints,
                                enabled=self.tensorboard and start < job.train_steps)
@@ -341,8 +355,9 @@ class Trainer:
         job = self.job
         # Keep what a straight run has at this step: rows of the steps before, and the
         # display, validation and test rows due at it (not the extra rows of a run that
-        # ended here).
-        self.log.resume_at(step, lambda r: r.step < step or (
+        # ended here, unless this run ends here too: then they are its own last rows).
+        final = step == job.train_steps
+        self.log.resume_at(step, lambda r: r.step < step or final or (
             (r.phase == "train" and due(step, self.disp_freq, job.disp_after))
             or (r.phase == "test" and due(step, job.test_freq, job.test_after))
             or (r.phase == "val" and due(step, job.validate_freq, job.validate_after))))

@@ -1,0 +1,109 @@
+"""An install that works for everyone (issue 13, row 6): paramserver pip-installed into a
+fresh virtual environment owned by root, then ``paramserver train`` run by another user
+(nobody) with no HOME, so that neither the install's ``__pycache__`` nor a home cache is
+writable. numba used to refuse to compile: ``cannot cache function '_philox_block': no
+locator available``.
+
+Runs where it can: as root, with ``setpriv`` and a Python interpreter that the other user
+may run (the test looks for one of this Python's version); skipped elsewhere, saying why.
+The dependencies are not downloaded: the fresh environment reads them from this one's
+site-packages (a ``.pth`` line), and the wheel of paramserver is built from this checkout.
+The first run compiles every kernel for the other user (half a minute on two cores); they
+are cached for it after that, in its own folder under the temporary folder.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+VERSION = f"python{sys.version_info.major}.{sys.version_info.minor}"
+AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "env", "-i",
+             "PATH=/usr/bin:/bin", "LANG=C.UTF-8"]
+
+
+def _runs_as_nobody(python: str) -> bool:
+    probe = subprocess.run([*AS_NOBODY, python, "-c", "import sys"], capture_output=True,
+                           timeout=60)
+    return probe.returncode == 0
+
+
+def _python_for_nobody() -> str | None:
+    candidates = [sys.executable, os.path.realpath(sys.executable),
+                  *(shutil.which(VERSION, path=p) or "" for p in ("/usr/bin", "/usr/local/bin"))]
+    return next((c for c in candidates if c and _runs_as_nobody(c)), None)
+
+
+def _skip_reason() -> str | None:
+    if sys.platform != "linux" or not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return "needs root on Linux, to run a command as another user"
+    if shutil.which("setpriv") is None:
+        return "needs setpriv (util-linux)"
+    if _python_for_nobody() is None:
+        return f"no {VERSION} interpreter that the user nobody may run"
+    return None
+
+
+@pytest.fixture(scope="module")
+def base() -> Iterator[Path]:
+    """A folder the other user can reach (pytest's own are root's alone)."""
+    with tempfile.TemporaryDirectory(prefix="paramserver-install-") as folder:
+        path = Path(folder)
+        path.chmod(0o755)  # root's, readable by all, writable by root alone
+        yield path
+
+
+@pytest.fixture(scope="module")
+def installed(base: Path) -> Path:
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    python = _python_for_nobody()
+    assert python is not None
+    pkg, wheels, venv = base / "pkg", base / "wheels", base / "venv"
+    pkg.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, pkg / name)
+    shutil.copytree(ROOT / "src", pkg / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                    "--no-build-isolation", "-w", str(wheels), str(pkg)], check=True,
+                   timeout=300)
+    subprocess.run([python, "-m", "venv", str(venv)], check=True, timeout=300)
+    site = next(venv.glob("lib/python*/site-packages"))
+    (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--no-deps", "--no-index",
+                    *map(str, wheels.glob("*.whl"))], check=True, timeout=300)
+    return venv
+
+
+def test_train_as_another_user_without_home(installed: Path, base: Path) -> None:
+    venv = installed
+    tmp_path = base / "run"
+    tmp_path.mkdir()
+    where = subprocess.run([*AS_NOBODY, str(venv / "bin" / "python"), "-c",
+                            "import paramserver; print(paramserver.__file__)"],
+                           capture_output=True, text=True, timeout=120)
+    assert where.stdout.startswith(str(venv)), where.stdout + where.stderr  # the install
+    tmp_path.chmod(0o777)
+    job = tmp_path / "job.conf"
+    job.write_text((ROOT / "examples" / "digits_mlp.conf").read_text())
+    proc = subprocess.run([*AS_NOBODY, f"MPLCONFIGDIR={tmp_path}",
+                           str(venv / "bin" / "paramserver"), "train", str(job), "--steps",
+                           "20", "--workspace", str(tmp_path / "ws"), "--quiet"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    rows = (tmp_path / "ws" / "metrics.csv").read_text().splitlines()
+    assert rows[0] == "step,phase,loss,accuracy,lr" and rows[-1].startswith("20,test,")
+    assert (tmp_path / "ws" / "checkpoints").is_dir()
+    # The install stayed as it was: nothing written into it by the other user.
+    assert not list(venv.rglob("*.nbi"))
