@@ -1,7 +1,9 @@
 """The passes over memory the cluster adds to the updater's kernel.
 
 - :func:`all_finite`: whether a gradient holds no NaN or Inf — one parallel, read-only pass
-  that compares exponent bits as integers (exact, and vectorised without fast-math);
+  that counts the values whose exponent bits are all set, as integers (exact, and
+  vectorised without fast-math: 1 ms for 16M float32 values where a running maximum of the
+  bits took 1 to 6 ms on two busy cores);
 - :func:`nonfinite_counts`: the slow, exact account for the error message, per range;
 - :func:`sum_into`: ``out = a + b``, elementwise, in parallel (the fixed-order sum of
   several workers' gradients is a chain of these), counting the non-finite sums in the same
@@ -42,17 +44,16 @@ def _build() -> dict[str, Any]:
         from ..numba_cache import njit
 
         @njit(parallel=True, nogil=True, cache=True)
-        def count_nonfinite_chunks(bits, mask):  # type: ignore[no-untyped-def]
+        def count_nonfinite(bits, mask):  # type: ignore[no-untyped-def]
             n = bits.shape[0]
             bad = 0
             for c in prange((n + _CHUNK - 1) // _CHUNK):
                 lo = c * _CHUNK
                 s = bits[lo:min(lo + _CHUNK, n)]
-                m = mask ^ mask  # zero, of the bits' type
+                k = 0
                 for i in range(s.shape[0]):
-                    m = max(m, s[i] & mask)  # all exponent bits set: Inf or NaN
-                if m == mask:
-                    bad += 1
+                    k += (s[i] & mask) == mask  # all exponent bits set: Inf or NaN
+                bad += k
             return bad
 
         @njit(parallel=True, nogil=True, cache=True)
@@ -74,7 +75,7 @@ def _build() -> dict[str, Any]:
                 bad += count
             return bad
 
-        _kernels.update(count=count_nonfinite_chunks, add=add)
+        _kernels.update(count=count_nonfinite, add=add)
         return _kernels
 
 
