@@ -197,12 +197,13 @@ def test_async_groups_with_several_servers():
 
 
 def staleness_run(staleness, groups=3, steps=12):
-    """Group 0 is the slow one: before each step it waits until every other group has
-    started as far ahead as the bound allows (a condition, not a clock)."""
+    """Group 0 is the slow one: before each step s it waits until every other group has
+    started step s + staleness, as far ahead as the bound allows (a condition, not a clock).
+    A wait that cannot be met means the bound held the others back too far."""
     ps = ParamSet([("w", (8,))])
     c = Cluster(conf(nworker_groups=groups, staleness=staleness), ps, PLAIN)
     started = [0] * groups  # steps each group has started
-    violations, leads = [], [0]
+    violations, too_strict = [], []
     cond = threading.Condition()
 
     def grads(worker, step):
@@ -214,20 +215,19 @@ def staleness_run(staleness, groups=3, steps=12):
                 violations.append((worker.group, step, list(started)))
             if worker.group == 0:
                 bound = min(step + staleness, steps - 1) + 1
-                cond.wait_for(lambda: min(started[1:]) >= bound, timeout=30)
-            else:  # how far ahead of group 0, as the bound counts it
-                leads[0] = max(leads[0], step - started[0])
+                if not cond.wait_for(lambda: min(started[1:]) >= bound, timeout=10):
+                    too_strict.append((step, list(started)))
         worker.params.grads[:] = 1.0
 
     c.run(grads, steps)
-    return violations, leads[0], ps
+    return violations, too_strict, ps
 
 
 @pytest.mark.parametrize("staleness", [0, 1, 3])
 def test_bounded_staleness_never_lets_a_group_pass_the_bound(staleness):
-    violations, lead, ps = staleness_run(staleness)
+    violations, too_strict, ps = staleness_run(staleness)
     assert violations == []
-    assert lead == staleness  # the others did run ahead by the whole bound
+    assert too_strict == []  # the others could always run ahead by the whole bound
     assert np.array_equal(ps.values, np.full(8, -36, np.float32))
 
 
@@ -303,9 +303,9 @@ def test_nothing_is_copied_inside_one_process():
     calls = []
     apply = updater.apply
 
-    def spy(step, values, grads, *rest):
+    def spy(step, values, grads, *rest, **kw):
         calls.append((values, grads))
-        apply(step, values, grads, *rest)
+        return apply(step, values, grads, *rest, **kw)
 
     updater.apply = spy
     c = Cluster(conf(), ps, updater)

@@ -659,3 +659,24 @@ def test_an_updater_without_a_rule_says_so() -> None:
 
 def test_every_builtin_is_registered() -> None:
     assert sorted(updaters.names()) == BUILTINS
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_a_refused_nonfinite_gradient_writes_nothing(method: str) -> None:
+    """``refuse_nonfinite``: the kernel reads the gradient first and, when it holds NaN or
+    Inf, leaves values, state and update counts as they were; a finite one is applied as
+    without it."""
+    a, b = paramset(), paramset()
+    ua, ub = make_updater(method, weight_decay=0.01), make_updater(method, weight_decay=0.01)
+    sa, sb = ua.init_state(a.offsets, a.dtype), ub.init_state(b.offsets, b.dtype)
+    rng = np.random.default_rng(7)
+    for step in range(3):
+        g = rng.standard_normal(a.values.size).astype(np.float32)
+        assert ua.apply(step, a.values, g, sa, refuse_nonfinite=True) == 0
+        ub.apply(step, b.values, g, sb)
+    assert np.array_equal(a.values, b.values)
+    before, state = a.values.copy(), {k: v.copy() for k, v in sa.arrays.items()}
+    g[[3, 40]] = [np.nan, -np.inf]
+    assert ua.apply(3, a.values, g, sa, refuse_nonfinite=True) == 2
+    assert np.array_equal(a.values, before)
+    assert all(np.array_equal(sa[k], v) for k, v in state.items())  # counts included

@@ -114,11 +114,11 @@ class Updater:
 
     def apply(self, step: int, values: np.ndarray, grads: np.ndarray, state: UpdaterState,
               lr_scale: np.ndarray | float = 1.0, wd_scale: np.ndarray | float = 1.0,
-              grad_scale: np.ndarray | float = 1.0) -> int:
+              grad_scale: np.ndarray | float = 1.0, *, refuse_nonfinite: bool = False) -> int:
         """One update of a range of flat buffers, in place.
 
         Returns the number of gradient elements that were NaN or Inf, counted in the same
-        pass (the update is applied regardless; the caller decides what that means).
+        pass (the update is applied regardless, unless ``refuse_nonfinite``).
 
         Args:
             step: the training step; the learning rate is ``learning_rate(step)``.
@@ -127,6 +127,8 @@ class Updater:
             state: this range's state (its segments are the range's), updated in place;
                 every segment's update count goes up by one.
             lr_scale, wd_scale, grad_scale: per segment (arrays) or for all (numbers).
+            refuse_nonfinite: read the gradient first (a read-only pass in the same kernel
+                call); if it holds NaN or Inf, write nothing at all (values, state, counts).
         """
         n = state.num_segments
         if values.shape != (state.size,):
@@ -134,16 +136,24 @@ class Updater:
                              "values")
         lr = self.lr(step) * _per_segment(lr_scale, n)
         wd = self.conf.weight_decay * _per_segment(wd_scale, n)
-        np.add(state.counts, 1, out=state.counts)
-        return self._run(values, grads, state, lr, wd, _per_segment(grad_scale, n))
+        counts = state.counts
+        np.add(counts, 1, out=counts)  # this update's number, as the rule sees it
+        nonfinite = self._run(values, grads, state, lr, wd, _per_segment(grad_scale, n),
+                              refuse_nonfinite)
+        if nonfinite and refuse_nonfinite:
+            np.subtract(counts, 1, out=counts)  # refused: nothing else was written
+        return nonfinite
 
     def _run(self, w: np.ndarray, g: np.ndarray, state: UpdaterState, lr: np.ndarray,
-             wd: np.ndarray, gscale: np.ndarray) -> int:
+             wd: np.ndarray, gscale: np.ndarray, check: bool = False) -> int:
         """The update over segments; by default :meth:`rule` on each segment, in NumPy.
-        Returns the number of non-finite gradient elements."""
+        Returns the number of non-finite gradient elements; with ``check``, writes nothing
+        when there are any."""
         c = self.conf
         offsets = state.offsets
         nonfinite = int(g.size - np.count_nonzero(np.isfinite(g)))
+        if check and nonfinite:
+            return nonfinite
         for i in range(state.num_segments):
             lo, hi = int(offsets[i]), int(offsets[i + 1])
             gi = g[lo:hi].astype(w.dtype, copy=True)
@@ -230,7 +240,7 @@ class _Fused(Updater):
     counted: ClassVar[bool] = False
 
     def _run(self, w: np.ndarray, g: np.ndarray, state: UpdaterState, lr: np.ndarray,
-             wd: np.ndarray, gscale: np.ndarray) -> int:
+             wd: np.ndarray, gscale: np.ndarray, check: bool = False) -> int:
         from . import kernels
 
         arrays = [state[r.name] for r in self.roles[1:]]
@@ -239,7 +249,7 @@ class _Fused(Updater):
             kw["step"] = state.counts.astype(np.float64)
         nonfinite: int = getattr(kernels, self.kernel)(
             w, g, *arrays, state.offsets, lr, wd, gscale, clip_low=self.conf.clip_low,
-            clip_high=self.conf.clip_high, **kw)
+            clip_high=self.conf.clip_high, check=check, **kw)
         return nonfinite
 
 
@@ -254,13 +264,13 @@ class SGD(_Fused):
         return ("history",) if self.conf.momentum > 0 else ()
 
     def _run(self, w: np.ndarray, g: np.ndarray, state: UpdaterState, lr: np.ndarray,
-             wd: np.ndarray, gscale: np.ndarray) -> int:
+             wd: np.ndarray, gscale: np.ndarray, check: bool = False) -> int:
         from . import kernels
 
         h = state["history"] if "history" in state and self.conf.momentum > 0 else w[:0]
         return kernels.sgd(w, g, h, state.offsets, lr, wd, gscale,
                            momentum=self.conf.momentum, clip_low=self.conf.clip_low,
-                           clip_high=self.conf.clip_high)
+                           clip_high=self.conf.clip_high, check=check)
 
 
 @register_updater("kNesterov", aliases=("nesterov",))

@@ -24,8 +24,8 @@ Consistency:
 - *non-finite gradients*: under ``nonfinite: error`` a step whose gradient (or the sum of its
   workers' gradients) holds a NaN or an Inf is refused before anything is written: the
   values and the updater state stay as they were, and every waiter of the step hears why.
-  The check is fused into the fixed-order sum (several workers: free) or is one read-only
-  pass over the one gradient.
+  The check is fused into the fixed-order sum (several workers: free), or is a read-only pass
+  over the one gradient inside the update's own kernel call.
 
 Checkpoints of its own (for a backend whose servers can be lost and restarted):
 :class:`Save` writes its values, updater state and versions to ``folder`` (atomically, no
@@ -74,7 +74,7 @@ from .messages import (
     Update,
     Values,
 )
-from .numerics import all_finite, kernel_guard, nonfinite_counts, sum_into
+from .numerics import kernel_guard, nonfinite_counts, sum_into
 from .transport import Pending, ReplyFn
 
 Send = Callable[[Address, Request, str], Pending]
@@ -269,11 +269,10 @@ class Server:
         return [*((fn, answer) for fn in rnd.replies), *self._ready_gets()]
 
     def _total(self, grads: list[np.ndarray]) -> tuple[np.ndarray, bool]:
-        """The fixed-order sum ``((g0 + g1) + g2) + ...`` and whether it is finite (checked
-        in the sum's own pass; one gradient alone is checked under ``nonfinite: error``,
-        under ``skip`` its worker has checked it)."""
+        """The fixed-order sum ``((g0 + g1) + g2) + ...`` and whether it is finite (counted
+        in the sum's own pass; one gradient alone is the total, checked by the update)."""
         if len(grads) == 1:
-            return grads[0], self.conf.nonfinite == "skip" or all_finite(grads[0])
+            return grads[0], True
         assert self.values is not None
         if self._acc is None:
             self._acc = np.empty_like(self.values)
@@ -292,9 +291,15 @@ class Server:
             raise ClusterError(self._nonfinite_message(rnd, total, group))
         L = self.layout
         scale = 1.0 / (self.num_shares * len(grads))
+        # One gradient under 'error' is read first in the update's own kernel call, which
+        # writes nothing when it holds NaN or Inf (under 'skip' its worker checked it).
+        refuse = len(grads) == 1 and self.conf.nonfinite == "error"
         with kernel_guard():
-            self.updater.apply(rnd.step, self.values, total, self.state, L.lr_scale,
-                               L.wd_scale, scale)
+            nonfinite = self.updater.apply(rnd.step, self.values, total, self.state,
+                                           L.lr_scale, L.wd_scale, scale,
+                                           refuse_nonfinite=refuse)
+        if nonfinite and refuse:
+            raise ClusterError(self._nonfinite_message(rnd, total, group))
         self.versions += 1
         self._since_sync += 1
         return True
