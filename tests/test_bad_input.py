@@ -119,14 +119,33 @@ def test_assignment_to_data_and_grad_is_checked() -> None:
      "value inf for Parameter weight_decay should be a finite number\n"
      "weight_decay: Weight decay (L2) coefficient."),
     ({"clip_low": "nan"},
-     "value nan for Parameter clip_low should be a finite number\n"
-     "clip_low: Gradients are clamped into [clip_low, clip_high] when clip_high > clip_low."),
-    ({"clip_high": float("nan")}, "value nan for Parameter clip_high should be a finite number"),
+     "value nan for Parameter clip_low should be a number (inf and -inf are), not nan\n"
+     "clip_low: Gradients are clamped into [clip_low, clip_high] when clip_high > clip_low;"),
+    ({"clip_high": float("nan")},
+     "value nan for Parameter clip_high should be a number (inf and -inf are), not nan"),
+    ({"clip_high": "nan(x)"}, "value nan for Parameter clip_high should be a number"),
     ({"delta": "inf"}, "value inf for Parameter delta should be a finite number"),
     ({"delta": "1e-500"}, "Out of range value for delta, value='1e-500'"),
 ])
 def test_updater_values_must_be_finite(conf: dict[str, Any], expected: str) -> None:
     assert error(UpdaterConf.parse, conf).startswith(expected)
+
+
+@pytest.mark.parametrize(("low", "high", "expected"), [
+    ("-inf", "0.5", [-3.0, 0.5, 0.5, -0.25]),   # clipped above only
+    ("-0.5", "inf", [-0.5, 2.0, 1e30, -0.25]),  # below only
+    ("-inf", "inf", [-3.0, 2.0, 1e30, -0.25]),  # a clip that changes nothing
+])
+def test_clip_bounds_may_be_infinite(low: str, high: str, expected: list[float]) -> None:
+    """One-sided clipping (SPEC §5: clip bounds must not be NaN; infinite ones are bounds)."""
+    text = f"type: kSGD clip_low: {low} clip_high: {high} learning_rate {{ base_lr: 1 }}"
+    conf = UpdaterConf.parse(parse_text(text, "updater"))
+    assert (conf.clip_low, conf.clip_high) == (float(low), float(high))
+    for dtype in (np.float32, np.float64):  # kernels run in the Params' type
+        param = ParamSet([("w", (4,))], dtype)["w"]  # values 0
+        param.grad[...] = [-3.0, 2.0, 1e30, -0.25]
+        create_updater(conf).update(0, param)
+        assert np.array_equal(-param.data, np.array(expected, dtype)), (dtype, param.data)
 
 
 def test_param_scales_must_be_finite() -> None:
@@ -140,6 +159,64 @@ def test_param_scales_must_be_finite() -> None:
     for key in ("value", "mean", "std", "low", "high"):
         assert "should be a finite number" in error(
             parse_job, MLP.replace("type: kGaussian std: 0.01", f"type: kGaussian {key}: nan"))
+
+
+# -- the SINGA layer and data configurations (issue 14's): no value that makes training
+# non-finite or a layer impossible ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(("block", "expected"), [
+    ("lrn_conf { knorm: 0 }", "value 0 for Parameter knorm should be greater than 0"),
+    ("lrn_conf { alpha: -1 }", "value -1 for Parameter alpha should be greater equal to 0"),
+    ("lrn_conf { beta: inf }", "value inf for Parameter beta should be a finite number"),
+    ("lrn_conf { local_size: 4 }", "local_size must be odd (the window is centred on the "
+                                   "channel), got 4"),
+    ("convolution_conf { num_filters: 8 stride: 0 }",
+     "value 0 for Parameter stride should be greater equal to 1"),
+    ("convolution_conf { num_filters: 8 kernel_x: 0 }",
+     "value 0 for Parameter kernel_x should be greater equal to 1"),
+    ("pooling_conf { stride_y: 0 }", "value 0 for Parameter stride_y should be greater equal "
+                                     "to 1"),
+    ("pooling_conf { kernel: 0 }", "value 0 for Parameter kernel should be greater equal to 1"),
+    ("softmaxloss_conf { scale: inf }", "value inf for Parameter scale should be a finite"),
+    ("relu_conf { negative_slope: nan }", "value nan for Parameter negative_slope should be a "
+                                          "finite number"),
+    ("rnn_dummy_conf { low: 1 high: 0 }", "low must not exceed high, got low 1 and high 0"),
+    ("rnn_dummy_conf { high: inf }", "value inf for Parameter high should be a finite number"),
+    ("dropout_conf { dropout_ratio: nan }", "value nan for Parameter dropout_ratio exceed "
+                                            "bound [0,1]"),
+    # data
+    ("store_conf { std_value: 0 }", "value 0 for Parameter std_value should be greater than 0"),
+    ("store_conf { mean_value: -inf }", "value -inf for Parameter mean_value should be a "
+                                        "finite number"),
+    ("store_conf { separator: '' }", "separator must not be empty"),
+    ("store_conf { batchsize: 0 }", "value 0 for Parameter batchsize should be greater equal "
+                                    "to 1"),
+    ("mnist_conf { norm_a: 0 }", "value 0 for Parameter norm_a should be greater than 0"),
+    ("mnist_conf { norm_b: nan }", "value nan for Parameter norm_b should be a finite number"),
+    ("mnist_conf { sigma: -1 }", "value -1 for Parameter sigma should be greater equal to 0"),
+    ("rgbimage_conf { scale: inf }", "value inf for Parameter scale should be a finite number"),
+    ("sharddata_conf { path: 'x' batchsize: 0 }",
+     "value 0 for Parameter batchsize should be greater equal to 1"),
+])
+def test_singa_layer_and_data_values_are_checked(block: str, expected: str) -> None:
+    name = block.split()[0]
+    from paramserver.config.components import layers
+
+    layer_type = next(t for t in layers.names() if layers.conf_name(t) == name)
+    text = MLP.replace("neuralnet {", f'neuralnet {{\n  layer {{ name: "x" type: {layer_type} '
+                                      f"{block} }}", 1)
+    message = error(parse_job, text, "job.conf")
+    assert message.startswith("job.conf:") and expected in message, message
+
+
+def test_singa_example_values_are_still_accepted() -> None:
+    from paramserver.singa.confs import LRNConf, MnistConf, PoolingConf, StoreConf
+
+    assert LRNConf.parse({"local_size": 3, "alpha": 5e-05, "beta": 0.75, "knorm": 1}).knorm == 1
+    assert MnistConf.parse({"norm_a": 127.5, "norm_b": 1}).norm_a == 127.5
+    assert PoolingConf.parse({"kernel": 3, "stride": 2, "pool": "AVG"}).stride == 2
+    assert StoreConf.parse({"std_value": 255, "mean_value": 127.5}).std_value == 255
 
 
 def test_delta_that_rounds_to_zero_in_the_data_type_is_refused() -> None:

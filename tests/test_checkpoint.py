@@ -146,3 +146,62 @@ def test_listing_prefers_safetensors_and_skips_what_does_not_load(tmp_path: Path
     assert steps[1][1].name.endswith(".safetensors")
     found = load_latest_checkpoint(tmp_path)
     assert found is not None and found[2] == {"step": 10, "new": True}
+
+
+# -- the checkpoint suite: every byte of a real training checkpoint ------------------------------
+
+TINY = """
+train_steps: 3
+checkpoint_freq: 3
+seed: 1
+workspace: "{ws}"
+updater {{ type: kAdam learning_rate {{ base_lr: 0.01 }} }}
+neuralnet {{
+  layer {{ name: "data" type: kData data_conf {{ source: "{data}" batchsize: 4 }} }}
+  layer {{ name: "fc" type: kInnerProduct srclayers: "data" innerproduct_conf {{ num_output: 2 }} }}
+  layer {{ name: "loss" type: kSoftmaxLoss srclayers: "fc" srclayers: "data" }}
+}}
+"""
+
+
+@pytest.fixture(scope="module")
+def training_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A checkpoint the trainer wrote: values, Adam's two states, versions, step, window,
+    the job's configuration and Param table."""
+    from paramserver.config.job import parse_job
+    from paramserver.train.trainer import Trainer
+
+    ws = tmp_path_factory.mktemp("tiny")
+    rng = np.random.default_rng(0)  # 2 classes of 3 features: a checkpoint of a few KB
+    np.savez(ws / "data.npz", x=rng.normal(size=(20, 3)), y=np.arange(20) % 2)
+    Trainer(parse_job(TINY.format(ws=ws, data=ws / "data.npz")), progress=False,
+            tensorboard=False).train()
+    return ws / "checkpoints" / checkpoint_name(3)
+
+
+@pytest.mark.parametrize("suffix", [".ckpt.safetensors", ".npz"])
+def test_every_flipped_byte_of_a_training_checkpoint(tmp_path: Path, training_checkpoint: Path,
+                                                     suffix: str) -> None:
+    """Each byte in turn inverted: the file loads as it was saved, or is refused with
+    CheckpointError and nothing else. (Single bits: test_every_damaged_byte_is_refused_or_
+    harmless; ``--resume`` then goes back to the checkpoint before: test_resume.py.)"""
+    arrays, meta = load_checkpoint(training_checkpoint)
+    assert {"layout", "step"} <= set(arrays) and len(arrays) > 5
+    good = save_checkpoint(tmp_path / f"good{suffix}", arrays, meta).read_bytes()
+    path = tmp_path / f"bad{suffix}"
+    outcomes = {"refused": 0, "same": 0}
+    for i in range(len(good)):
+        damaged = bytearray(good)
+        damaged[i] ^= 0xFF
+        path.write_bytes(damaged)
+        try:
+            got, got_meta = load_checkpoint(path)
+        except CheckpointError:
+            outcomes["refused"] += 1
+            continue
+        assert got_meta == meta and same(got, arrays), i
+        outcomes["same"] += 1
+    if suffix != ".npz":
+        assert outcomes["same"] == 0  # every byte of a safetensors checkpoint is checked
+    else:  # a zip's timestamps, flags and extra fields are not; its content is (CRC-32)
+        assert outcomes["refused"] > outcomes["same"]

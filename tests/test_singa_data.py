@@ -228,6 +228,12 @@ def test_bilinear_resampling_keeps_constants_and_ramps() -> None:
     (["--shape", "0,4"], "every dimension must be at least 1"),
     (["--scale", "100"], "pixel values must be 0..255, these are 0..1600"),
     (["--split", "val"], "the val split of digits is empty"),
+    (["--scale", "nan", "--encoding", "float"], "--scale nan: the values' factor must be a "
+                                                "finite number above 0"),
+    (["--scale", "inf", "--encoding", "float"], "--scale inf: the values' factor must be"),
+    (["--scale", "0"], "--scale 0: the values' factor must be a finite number above 0"),
+    (["--seed", "-1"], "--seed -1: the seed of the split must be at least 0"),
+    (["--test-fraction", "nan"], "test_fraction must be in [0, 1), got nan"),
 ])
 def test_data_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                             argv: list[str], message: str) -> None:

@@ -285,7 +285,7 @@ def test_step_disp_after_and_resume_in_the_file(tmp_path: Path) -> None:
     train = [int(r["step"]) for r in rows(tmp_path) if r["phase"] == "train"]
     assert train == [8, 13, 18, 20]  # from step 6 on; every 5 from 3; and the last
     conf.update({"train_steps": 30, "checkpoint_freq": 10, "resume": False})
-    Trainer(conf, progress=False).train()
+    Trainer(conf, progress=False).train(overwrite=True)
     conf.update({"train_steps": 35, "resume": True})  # as --resume
     assert Trainer(conf, progress=False).train().step == 35
     assert [int(r["step"]) for r in rows(tmp_path) if r["phase"] == "train"][-2:] == [33, 35]

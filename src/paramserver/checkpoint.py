@@ -8,7 +8,7 @@ Face tools and ``safetensors.safe_open`` (by memory map) read these files as the
 
 Writing goes to a temporary file in the same folder, created with the user's umask (a team
 on a shared file system can read it), flushed to disk, then renamed over the final name: a
-crash at any moment leaves the previous checkpoint whole.
+crash at any moment leaves the previous checkpoint whole (:mod:`paramserver.atomic`).
 
 Checkpoints of earlier releases (``.npz`` archives with a ``__meta__`` array of JSON) still
 load, with ``allow_pickle=False``; a path ending in ``.npz`` is still written in that format.
@@ -21,14 +21,14 @@ from __future__ import annotations
 import json
 import os
 import re
-import uuid
 import zlib
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .atomic import write_atomically
 from .config import ParamError
 
 META = "__meta__"
@@ -77,7 +77,7 @@ def save_checkpoint(path: str | os.PathLike[str], arrays: dict[str, np.ndarray],
 
         def write(tmp: Path) -> None:
             _write_safetensors(tmp, payload, header)
-    return _write_atomically(path, write)
+    return write_atomically(path, write)
 
 
 def save_tensors(path: str | os.PathLike[str], arrays: dict[str, np.ndarray],
@@ -85,8 +85,7 @@ def save_tensors(path: str | os.PathLike[str], arrays: dict[str, np.ndarray],
     """Write ``arrays`` as a plain safetensors file (a model, for other tools) atomically,
     with the user's umask; ``metadata`` is the file's text-to-text header map."""
     payload = _payload(arrays)
-    return _write_atomically(Path(path), lambda tmp: _write_safetensors(tmp, payload,
-                                                                          metadata))
+    return write_atomically(path, lambda tmp: _write_safetensors(tmp, payload, metadata))
 
 
 def load_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -132,15 +131,24 @@ def list_checkpoints(folder: str | os.PathLike[str]) -> list[tuple[int, Path]]:
     return sorted(found.items())
 
 
+def read_checkpoints(folder: str | os.PathLike[str]
+                     ) -> Iterator[tuple[Path, tuple[dict[str, np.ndarray], dict[str, Any]]
+                                         | CheckpointError]]:
+    """The checkpoints of a folder, newest first, each read when the iteration reaches it:
+    ``(path, (arrays, meta))``, or ``(path, error)`` for one that cannot be read."""
+    for _, path in reversed(list_checkpoints(folder)):
+        try:
+            yield path, load_checkpoint(path)
+        except CheckpointError as e:
+            yield path, e
+
+
 def load_latest_checkpoint(folder: str | os.PathLike[str]
                            ) -> tuple[Path, dict[str, np.ndarray], dict[str, Any]] | None:
     """The newest checkpoint of a folder that loads, read once: ``(path, arrays, meta)``."""
-    for _, p in reversed(list_checkpoints(folder)):
-        try:
-            arrays, meta = load_checkpoint(p)
-        except CheckpointError:
-            continue
-        return p, arrays, meta
+    for path, read in read_checkpoints(folder):
+        if not isinstance(read, CheckpointError):
+            return path, *read
     return None
 
 
@@ -148,6 +156,12 @@ def latest_checkpoint(folder: str | os.PathLike[str]) -> Path | None:
     """The path of the newest checkpoint of a folder that loads, or None."""
     found = load_latest_checkpoint(folder)
     return None if found is None else found[0]
+
+
+def is_checkpoint_name(name: str) -> bool:
+    """Whether ``name`` is the name of a checkpoint file (``step-00000100.ckpt.safetensors``,
+    or ``.npz`` of an earlier release)."""
+    return _NAME.fullmatch(name) is not None
 
 
 # -- writing ------------------------------------------------------------------------------
@@ -167,70 +181,51 @@ def _payload(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return payload
 
 
-def _write_atomically(path: Path, write: Callable[[Path], None]) -> Path:
-    """``write(tmp)`` a temporary file beside ``path``, flush it to disk, rename it over
-    ``path``: a crash at any moment leaves the previous file whole."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp, mode = _create_temporary(path)
-    try:
-        write(tmp)
-        os.chmod(tmp, mode)  # a library may replace the file (losing the mode it was made with)
-        _fsync(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-    return path
-
-
-def _create_temporary(path: Path) -> tuple[Path, int]:
-    """A new empty file beside ``path``, and the mode the system gave it: 0666 less the
-    umask (and as default ACLs say), unlike ``mkstemp``'s 0600."""
-    while True:
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
-        try:
-            fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
-        except FileExistsError:
-            continue
-        try:
-            mode = os.fstat(fd).st_mode & 0o7777
-        finally:
-            os.close(fd)
-        return tmp, mode
+# safetensors' names of the numpy types a checkpoint may hold.
+_DTYPES = {"b": {1: "BOOL"}, "u": {1: "U8", 2: "U16", 4: "U32", 8: "U64"},
+           "i": {1: "I8", 2: "I16", 4: "I32", 8: "I64"}, "f": {2: "F16", 4: "F32", 8: "F64"}}
 
 
 def _write_safetensors(tmp: Path, payload: dict[str, np.ndarray],
-                       header: dict[str, str] | None) -> None:
-    from safetensors.numpy import save_file
+                       metadata: dict[str, str] | None) -> None:
+    """Write a safetensors file: the length of the header (8 bytes, little-endian), the
+    header (JSON, padded with spaces to a multiple of 8 bytes), then each array's bytes.
 
-    save_file(payload, tmp, metadata=header)
+    Hand-written rather than ``safetensors.numpy.save_file``, which (0.4 to 0.8) writes the
+    ``__metadata__`` map in a random order per process: the same checkpoint would differ in
+    its bytes from run to run, and a resumed run's files from an uninterrupted run's. Here
+    the bytes are a function of the content, and arrays go to the file from their own
+    memory, without the copy ``save_file`` makes of each. Arrays are laid out as safetensors
+    does (larger elements first, then by name), so that each is aligned to its element size.
+    """
+    header: dict[str, Any] = {}
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in sorted(metadata.items())}
+    order = sorted(payload, key=lambda k: (-payload[k].dtype.itemsize, k))
+    offset = 0
+    for key in order:
+        arr = payload[key]
+        dtype = _DTYPES.get(arr.dtype.kind, {}).get(arr.dtype.itemsize)
+        if dtype is None:
+            raise CheckpointError(f"checkpoint array '{key}' holds {arr.dtype}, which "
+                                  "safetensors cannot store")
+        header[key] = {"dtype": dtype, "shape": list(arr.shape),
+                       "data_offsets": [offset, offset + arr.nbytes]}
+        offset += arr.nbytes
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    with open(tmp, "wb") as f:
+        f.write(len(text).to_bytes(8, "little"))
+        f.write(text)
+        for key in order:
+            arr = payload[key]
+            if arr.size:
+                f.write(arr.reshape(-1).view(np.uint8).data)
 
 
 def _crc(arr: np.ndarray) -> int:
     """CRC-32 of an array's bytes as stored (C order, little-endian); no copy."""
     return zlib.crc32(np.ascontiguousarray(arr).reshape(-1).view(np.uint8).data)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 # -- reading ------------------------------------------------------------------------------
@@ -297,6 +292,6 @@ def _reason(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}"[:200] if text else type(e).__name__
 
 
-__all__ = ["FILE_FORMAT", "CheckpointError", "checkpoint_name", "latest_checkpoint",
-           "list_checkpoints", "load_checkpoint", "load_latest_checkpoint", "save_checkpoint",
-           "save_tensors"]
+__all__ = ["FILE_FORMAT", "CheckpointError", "checkpoint_name", "is_checkpoint_name",
+           "latest_checkpoint", "list_checkpoints", "load_checkpoint", "load_latest_checkpoint",
+           "read_checkpoints", "save_checkpoint", "save_tensors"]

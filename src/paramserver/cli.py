@@ -127,8 +127,14 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--workspace", help="folder for checkpoints, metrics and the plot "
                        "(default: the job's workspace)")
     train.add_argument("--seed", type=int, help="seed of the job (default: the job's seed)")
-    train.add_argument("--resume", action="store_true",
-                       help="go on from the newest checkpoint in the workspace")
+    again = train.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true",
+                       help="go on from the newest checkpoint in the workspace that can be "
+                       "read (a damaged newer one is set aside, with a warning)")
+    again.add_argument("--overwrite", action="store_true",
+                       help="start afresh in a workspace that holds an earlier run, deleting "
+                       "its checkpoints, TensorBoard event files and metrics (without "
+                       "--resume or --overwrite such a workspace is refused)")
     train.add_argument("--backend", choices=("local", "ray"),
                        help="where servers and workers run (default: the job's, local)")
     train.add_argument("--address", help="with --backend ray: address of an existing Ray "
@@ -235,7 +241,7 @@ def _train(args: argparse.Namespace) -> int:
         trainer = Trainer(job, progress=not args.quiet, base_dir=job_file.base_dir,
                           tensorboard=args.tensorboard)
         try:
-            trainer.train(resume=args.resume)
+            trainer.train(resume=args.resume, overwrite=args.overwrite)
         finally:
             trainer.close()
     return 0

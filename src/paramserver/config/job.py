@@ -104,10 +104,11 @@ class UpdaterConf(ComponentConf):
                                 doc="Weight decay (L2) coefficient.")
     delta: float = field(1e-8, lower=0.0, lower_exclusive=True, finite=True,
                          doc="Small constant that keeps divisions finite (epsilon).")
-    clip_low: float = field(0.0, finite=True, doc="Gradients are clamped into "
-                                                  "[clip_low, clip_high] when clip_high > "
-                                                  "clip_low.")
-    clip_high: float = field(0.0, finite=True, doc="See clip_low.")
+    clip_low: float = field(0.0, not_nan=True,
+                            doc="Gradients are clamped into [clip_low, clip_high] when "
+                                "clip_high > clip_low; -inf or inf clips on one side only "
+                                "(clip_low: -inf clip_high: 5).")
+    clip_high: float = field(0.0, not_nan=True, doc="See clip_low.")
 
 
 class CDConf(Parameter):

@@ -47,7 +47,8 @@ class Field:
 
     def __init__(self, default: Any, factory: Callable[[], Any] | None, doc: str,
                  lower: float | None, upper: float | None, lower_exclusive: bool,
-                 enum: Any, aliases: tuple[str, ...], finite: bool = False):
+                 enum: Any, aliases: tuple[str, ...], finite: bool = False,
+                 not_nan: bool = False):
         self.default = default
         self.factory = factory
         self.doc = doc
@@ -55,6 +56,7 @@ class Field:
         self.upper = upper
         self.lower_exclusive = lower_exclusive
         self.finite = finite
+        self.not_nan = not_nan or finite
         self.enum = enum
         self.aliases = aliases
         self.name = ""
@@ -79,7 +81,7 @@ class Field:
         return out
 
     def check_bounds(self, value: Any) -> None:
-        if self.lower is None and self.upper is None and not self.finite:
+        if self.lower is None and self.upper is None and not self.not_nan:
             return
         values = value if isinstance(value, (list, tuple)) else [value]  # each element
         for v in values:
@@ -88,6 +90,9 @@ class Field:
             if self.finite and not math.isfinite(v):
                 raise ParamError(f"value {format_number(v)} for Parameter {self.name} "
                                  f"should be a finite number\n{self.name}: {self.doc}")
+            if self.not_nan and v != v:
+                raise ParamError(f"value nan for Parameter {self.name} should be a number "
+                                 f"(inf and -inf are), not nan\n{self.name}: {self.doc}")
             lo, hi = self.lower, self.upper
             below = lo is not None and not (v > lo if self.lower_exclusive else v >= lo)
             above = hi is not None and not v <= hi  # nan is within no bound
@@ -120,7 +125,8 @@ class Field:
 def field(default: Any = _MISSING, *, doc: str = "", lower: float | None = None,
           upper: float | None = None, lower_exclusive: bool = False,
           enum: Any = None, aliases: Iterable[str] = (),
-          factory: Callable[[], Any] | None = None, finite: bool = False) -> Any:
+          factory: Callable[[], Any] | None = None, finite: bool = False,
+          not_nan: bool = False) -> Any:
     """Declare a field of a :class:`Parameter`.
 
     Args:
@@ -133,6 +139,8 @@ def field(default: Any = _MISSING, *, doc: str = "", lower: float | None = None,
         factory: a callable giving the default, for nested configurations and lists.
         finite: refuse ``inf``, ``-inf`` and ``nan`` (rates, scales, decays: a value that
             would make every parameter non-finite).
+        not_nan: refuse ``nan`` only (a bound that may be infinite: a gradient clipped on
+            one side, ``clip_low: -inf``).
 
     Returns:
         The field declaration, assigned to an annotated class attribute.
@@ -141,7 +149,7 @@ def field(default: Any = _MISSING, *, doc: str = "", lower: float | None = None,
         raise ParamError("enum= takes a tuple of names, not one string")
     return Field(default, factory, doc, lower, upper, lower_exclusive,
                  tuple(enum) if isinstance(enum, (list, tuple)) else enum, tuple(aliases),
-                 finite)
+                 finite, not_nan)
 
 
 def _suggest(key: str, names: Iterable[str]) -> str:

@@ -17,6 +17,7 @@ with :class:`~paramserver.checkpoint.CheckpointError` naming it.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,11 +32,17 @@ from .records import BlobProtos, parse
 
 #: SINGA's folder of checkpoints inside the workspace.
 FOLDER = "checkpoint"
+_FILE_NAME = re.compile(r"step\d+-worker\d+")
 
 
 def checkpoint_file_name(step: int, worker: int = 0) -> str:
     """SINGA's name of worker ``worker``'s checkpoint of ``step``: ``step6000-worker0``."""
     return f"step{int(step)}-worker{int(worker)}"
+
+
+def is_checkpoint_file_name(name: str) -> bool:
+    """Whether ``name`` is SINGA's name of a checkpoint file (``step6000-worker0``)."""
+    return _FILE_NAME.fullmatch(name) is not None
 
 
 @dataclass(frozen=True)
@@ -145,5 +152,5 @@ def load_checkpoints(params: ParamSet, paths: Sequence[str | os.PathLike[str]]
     return versions
 
 
-__all__ = ["FOLDER", "SavedParam", "checkpoint_file_name", "load_checkpoints",
-           "read_checkpoint", "write_checkpoint"]
+__all__ = ["FOLDER", "SavedParam", "checkpoint_file_name", "is_checkpoint_file_name",
+           "load_checkpoints", "read_checkpoint", "write_checkpoint"]

@@ -37,10 +37,11 @@ class StoreConf(Parameter):
                                             "subtracted from every sample.")
     std_file: str | None = field(None, doc="A store whose first record divides every "
                                            "sample (after the mean).")
-    mean_value: float | None = field(None, doc="One mean for every feature (when no "
-                                               "mean_file is given).")
-    std_value: float | None = field(None, doc="One divisor for every feature (when no "
-                                              "std_file is given); not 0.")
+    mean_value: float | None = field(None, finite=True, doc="One mean for every feature "
+                                                            "(when no mean_file is given).")
+    std_value: float | None = field(None, lower=0.0, lower_exclusive=True, finite=True,
+                                    doc="One divisor for every feature (when no std_file is "
+                                        "given).")
     batchsize: list[int] = field(factory=list, lower=1,
                                  doc="Samples per step: one value, split among the "
                                      "partitions of a layer; or one value per partition. "
@@ -54,6 +55,12 @@ class StoreConf(Parameter):
     has_label: bool = field(True, doc="Each textfile record starts with its label.")
     prefetching: bool = field(False, doc="Read the next batch while the current one is "
                                          "used (v0.3.0); no effect on the values read.")
+
+    def check(self) -> list[str]:
+        if not self.separator:
+            return ["separator must not be empty (a textfile record's values are split "
+                    "at it)"]
+        return []
 
 
 class ShardConf(Parameter):
@@ -70,13 +77,16 @@ class ShardConf(Parameter):
 class MnistConf(Parameter):
     """``mnist_conf`` of kMnist: parses a record's pixels into a normalised 2-D image."""
 
-    norm_a: float = field(1.0, doc="Pixels are divided by norm_a ...")
-    norm_b: float = field(0.0, doc="... and then norm_b is subtracted.")
+    norm_a: float = field(1.0, lower=0.0, lower_exclusive=True, finite=True,
+                          doc="Pixels are divided by norm_a ...")
+    norm_b: float = field(0.0, finite=True, doc="... and then norm_b is subtracted.")
     kernel: int = field(0, lower=0, doc="Elastic distortion: Gaussian kernel size.")
-    sigma: float = field(0.0, doc="Elastic distortion: Gaussian sigma.")
-    alpha: float = field(0.0, doc="Elastic distortion: scale of the displacement.")
-    beta: float = field(0.0, doc="Rotation or horizontal shearing.")
-    gamma: float = field(0.0, doc="Scaling.")
+    sigma: float = field(0.0, lower=0.0, finite=True,
+                         doc="Elastic distortion: Gaussian sigma.")
+    alpha: float = field(0.0, finite=True, doc="Elastic distortion: scale of the "
+                                               "displacement.")
+    beta: float = field(0.0, finite=True, doc="Rotation or horizontal shearing.")
+    gamma: float = field(0.0, finite=True, doc="Scaling.")
     resize: int = field(0, lower=0, doc="Scale images to this size before distortion.")
     elastic_freq: int = field(0, lower=0, doc="Distort every elastic_freq steps.")
 
@@ -84,7 +94,8 @@ class MnistConf(Parameter):
 class RGBImageConf(Parameter):
     """``rgbimage_conf`` of kRGBImage and kImagePreprocess: parses and augments RGB images."""
 
-    scale: float = field(1.0, doc="Every pixel is multiplied by it (after the mean).")
+    scale: float = field(1.0, lower=0.0, finite=True,
+                         doc="Every pixel is multiplied by it (after the mean).")
     cropsize: int = field(0, lower=0, doc="Crop a random cropsize x cropsize square in "
                                           "training (the centre in tests); 0: no crop.")
     mirror: bool = field(False, doc="Mirror images at random in training.")
@@ -133,16 +144,16 @@ class ConvolutionConf(Parameter):
 
     num_filters: int = field(0, lower=0, doc="Output channels (v0.1.0 required it; 0 "
                                              "cannot be built).")
-    kernel: int = field(3, lower=0, doc="Square kernel size (v0.1.0 required it); "
+    kernel: int = field(3, lower=1, doc="Square kernel size (v0.1.0 required it); "
                                         "kernel_x/kernel_y give other shapes.")
     pad: int = field(0, lower=0, doc="Zero padding on every side.")
-    stride: int = field(1, lower=0, doc="Stride.")
-    kernel_x: int = field(3, lower=0, doc="Kernel width, when kernel is not given.")
-    kernel_y: int = field(3, lower=0, doc="Kernel height, when kernel is not given.")
+    stride: int = field(1, lower=1, doc="Stride.")
+    kernel_x: int = field(3, lower=1, doc="Kernel width, when kernel is not given.")
+    kernel_y: int = field(3, lower=1, doc="Kernel height, when kernel is not given.")
     pad_x: int = field(0, lower=0, doc="Padding left and right, when pad is not given.")
     pad_y: int = field(0, lower=0, doc="Padding top and bottom, when pad is not given.")
-    stride_x: int = field(1, lower=0, doc="Horizontal stride, when stride is not given.")
-    stride_y: int = field(1, lower=0, doc="Vertical stride, when stride is not given.")
+    stride_x: int = field(1, lower=1, doc="Horizontal stride, when stride is not given.")
+    stride_y: int = field(1, lower=1, doc="Vertical stride, when stride is not given.")
     workspace_byte_limit: int = field(512, lower=0, doc="cuDNN's workspace in MB; no "
                                                         "effect on the result.")
     bias_term: bool = field(True, doc="Add a bias per filter (v0.1.0; later releases "
@@ -181,25 +192,33 @@ class InnerProductConf(Parameter):
 class LRNConf(Parameter):
     """``lrn_conf`` of kLRN and kCudnnLRN: local response normalisation across channels."""
 
-    local_size: int = field(5, lower=1, doc="Channels summed over.")
-    alpha: float = field(1.0, doc="Scale of the sum of squares.")
-    beta: float = field(0.75, doc="Exponent.")
-    knorm: float = field(1.0, doc="Offset added before the exponent.")
+    local_size: int = field(5, lower=1, doc="Channels summed over (odd, as SINGA requires).")
+    alpha: float = field(1.0, lower=0.0, finite=True, doc="Scale of the sum of squares.")
+    beta: float = field(0.75, finite=True, doc="Exponent.")
+    knorm: float = field(1.0, lower=0.0, lower_exclusive=True, finite=True,
+                         doc="Offset added before the exponent; above 0, so that the base "
+                             "of the power is never 0.")
+
+    def check(self) -> list[str]:
+        if self.local_size % 2 != 1:
+            return [f"local_size must be odd (the window is centred on the channel), got "
+                    f"{self.local_size}"]
+        return []
 
 
 class PoolingConf(Parameter):
     """``pooling_conf`` of kPooling, kCPooling and kCudnnPool."""
 
-    kernel: int = field(3, lower=0, doc="Square window size (v0.1.0 required it).")
+    kernel: int = field(3, lower=1, doc="Square window size (v0.1.0 required it).")
     pool: str = field("MAX", enum=POOL_METHOD, doc="MAX or AVG.")
     pad: int = field(0, lower=0, doc="Zero padding on every side.")
-    stride: int = field(2, lower=0, doc="Stride (v0.1.0's default was 1).")
-    kernel_x: int = field(3, lower=0, doc="Window width, when kernel is not given.")
-    kernel_y: int = field(3, lower=0, doc="Window height, when kernel is not given.")
+    stride: int = field(2, lower=1, doc="Stride (v0.1.0's default was 1).")
+    kernel_x: int = field(3, lower=1, doc="Window width, when kernel is not given.")
+    kernel_y: int = field(3, lower=1, doc="Window height, when kernel is not given.")
     pad_x: int = field(0, lower=0, doc="Padding left and right, when pad is not given.")
     pad_y: int = field(0, lower=0, doc="Padding top and bottom, when pad is not given.")
-    stride_x: int = field(2, lower=0, doc="Horizontal stride, when stride is not given.")
-    stride_y: int = field(2, lower=0, doc="Vertical stride, when stride is not given.")
+    stride_x: int = field(2, lower=1, doc="Horizontal stride, when stride is not given.")
+    stride_y: int = field(2, lower=1, doc="Vertical stride, when stride is not given.")
 
 
 class RBMConf(Parameter):
@@ -213,8 +232,9 @@ class RBMConf(Parameter):
 class ReLUConf(Parameter):
     """``relu_conf`` of kReLU."""
 
-    negative_slope: float = field(0.0, doc="Slope for negative inputs. No effect, as in "
-                                           "SINGA, whose ReLU layers never read it.")
+    negative_slope: float = field(0.0, finite=True,
+                                  doc="Slope for negative inputs. No effect, as in SINGA, "
+                                      "whose ReLU layers never read it.")
 
 
 class SoftmaxConf(Parameter):
@@ -256,8 +276,8 @@ class SoftmaxLossConf(Parameter):
 
     topk: int = field(1, lower=1, doc="A sample counts as correct when its label is among "
                                       "the topk highest scores.")
-    scale: float = field(1.0, lower=0.0, doc="The loss and its gradient are multiplied "
-                                             "by it.")
+    scale: float = field(1.0, lower=0.0, finite=True,
+                         doc="The loss and its gradient are multiplied by it.")
 
 
 class ArgSortConf(Parameter):
@@ -299,8 +319,13 @@ class RNNDummyConf(Parameter):
     shape: list[int] = field(factory=list, lower=1, doc="Shape of the random data of the "
                                                          "first step.")
     integer: bool = field(False, doc="Generate integers.")
-    low: float = field(0.0, doc="Lower bound of the random values.")
-    high: float = field(0.0, doc="Upper bound of the random values.")
+    low: float = field(0.0, finite=True, doc="Lower bound of the random values.")
+    high: float = field(0.0, finite=True, doc="Upper bound of the random values.")
+
+    def check(self) -> list[str]:
+        if self.low > self.high:
+            return [f"low must not exceed high, got low {self.low:g} and high {self.high:g}"]
+        return []
 
 
 __all__ = ["ActivationConf", "ArgSortConf", "BMConf", "CharRNNConf", "ConcateConf",

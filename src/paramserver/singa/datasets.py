@@ -87,6 +87,11 @@ def write_dataset(source: str, output: str | Path, *, fmt: str = "kvfile",
         raise ParamError(f"Invalid Input: '{encoding}', valid values are: {{'float', 'pixel'}}")
     if backend == "textfile":
         encoding = "float"
+    if scale is not None and not (math.isfinite(scale) and scale > 0):
+        raise ParamError(f"--scale {scale:g}: the values' factor must be a finite number above "
+                         "0")
+    if seed < 0:
+        raise ParamError(f"--seed {seed}: the seed of the split must be at least 0")
     every = split == "all"  # no split: the training "split" is every sample, in order
     ds = load_dataset(source, test_fraction=0.0 if every else test_fraction, split_seed=seed,
                       normalize=False, x_key=x_key, y_key=y_key, dtype=np.float64,

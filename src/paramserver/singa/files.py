@@ -1,10 +1,9 @@
 """Writing SINGA's files atomically: the whole file appears at its name, or nothing changes.
 
 SINGA's files (checkpoints, data stores, mean files) are plain bytes, written the way
-paramserver's own checkpoints are (:mod:`paramserver.checkpoint`, whose writer this uses: one
-mechanism for both): into a temporary file in the same folder, created with the user's umask,
-flushed to disk, then renamed over the final name — a crash at any moment leaves the previous
-file whole.
+paramserver's own checkpoints are (one mechanism for both, :mod:`paramserver.atomic`): into
+a temporary file in the same folder, created with the user's umask, flushed to disk, then
+renamed over the final name — a crash at any moment leaves the previous file whole.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..checkpoint import _write_atomically
+from ..atomic import write_atomically as _write_atomically
 
 
 def write_atomically(path: str | os.PathLike[str], data: bytes) -> Path:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..atomic import write_atomically
 from ..config import ParamError
 
 COLUMNS = ("step", "phase", "loss", "accuracy", "lr")
@@ -105,10 +106,8 @@ class MetricsLog:
         w.writerow(COLUMNS)
         for r in self.rows:
             w.writerow(r.cells())
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text(buf.getvalue())
-        os.replace(tmp, self.path)
+        data = buf.getvalue().encode("utf-8")
+        write_atomically(self.path, lambda tmp: tmp.write_bytes(data))
 
     def plot(self, path: str | os.PathLike[str], title: str) -> Path | None:
         """A PNG of loss, accuracy and learning rate against the step, train, test and val;
@@ -150,12 +149,10 @@ class MetricsLog:
                 ax.legend()
         fig.suptitle(title)
         fig.tight_layout()
-        out = Path(path)
-        tmp = out.with_name(f".{out.name}.tmp.png")
-        fig.savefig(tmp, dpi=100)
-        plt.close(fig)
-        os.replace(tmp, out)
-        return out
+        try:
+            return write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
+        finally:
+            plt.close(fig)
 
 
 def accuracy_limits(values: Sequence[float]) -> tuple[float, float]:

@@ -35,15 +35,15 @@ import numpy as np
 from ..checkpoint import (
     CheckpointError,
     checkpoint_name,
-    list_checkpoints,
     load_checkpoint,
-    load_latest_checkpoint,
+    read_checkpoints,
     save_checkpoint,
 )
 from ..cluster import Cluster, RemoteGradFn, Worker
 from ..config import ParamError
 from ..config.job import JobConf, unbuilt_error
 from ..export import TABLE, param_table
+from ..faults import marker
 from ..init import init_params
 from ..params import ParamSet, physical_memory, plan_params
 from ..singa import checkpoints as singa_checkpoints
@@ -52,7 +52,14 @@ from .net import Net
 from .progress import Progress, Rate
 from .tensorboard import FOLDER as TENSORBOARD_FOLDER
 from .tensorboard import TensorBoardLog
-from .workspace import check_workspace
+from .workspace import (
+    check_workspace,
+    earlier_run,
+    remove_earlier_run,
+    remove_temporaries,
+    set_aside,
+    workspace_lock,
+)
 
 FORMAT = "paramserver-checkpoint/1"
 log = logging.getLogger(__name__)
@@ -179,16 +186,45 @@ class Trainer:
 
     # -- the run ----------------------------------------------------------------------------
 
-    def train(self, resume: bool = False) -> TrainResult:
-        """Train to ``job.train_steps``; with ``resume`` (or the job's ``resume: true``) from
-        the newest checkpoint."""
+    def train(self, resume: bool = False, *, overwrite: bool = False) -> TrainResult:
+        """Train to ``job.train_steps``.
+
+        Args:
+            resume: go on from the newest checkpoint in the workspace that can be read (also
+                the job's ``resume: true``); a damaged newer one is set aside with a warning.
+                With no checkpoint at all, the run starts from the job's ``step``.
+            overwrite: start afresh in a workspace that holds an earlier run's results,
+                deleting them (its checkpoints, SINGA checkpoints, TensorBoard event files and
+                metrics). Without it (or ``resume``) such a workspace is refused.
+
+        Raises:
+            ParamError: the workspace holds an earlier run and neither ``resume`` nor
+                ``overwrite`` is given, or another run holds the workspace.
+            CheckpointError: ``resume`` and no checkpoint in the workspace can be read, or
+                the newest readable one is not of this job.
+        """
+        resumed = resume or self.job.resume
+        if resumed and overwrite:
+            raise ParamError("--resume and --overwrite exclude each other: resume the run "
+                             "in the workspace, or overwrite it" + (
+                                 " (the job file sets resume: true)" if not resume else ""))
+        with workspace_lock(self.workspace):
+            return self._train(resumed, overwrite)
+
+    def _train(self, resumed: bool, overwrite: bool) -> TrainResult:
         job = self.job
         t0 = time.perf_counter()
-        resumed = resume or job.resume
-        start = self._resume() if resumed else self._fresh()
+        start = self._resume() if resumed else self._fresh(overwrite)  # or refused, as it was
+        removed = remove_temporaries(self.workspace)  # held: no other run writes them
+        if removed:
+            log.info("removed %d temporary file(s) of an interrupted run: %s",
+                     len(removed), ", ".join(str(p) for p in removed))
         if resumed and start >= job.train_steps and job.train_steps:
-            # A resume with nothing to do changes nothing: no file is written again.
+            # A resume with nothing to do changes nothing: no file is written again (only a
+            # plot that a run killed at its very end did not write yet).
             log.info("nothing to do: the job is at step %d of %d", start, job.train_steps)
+            if not (self.workspace / "metrics.png").exists():
+                self.log.plot(self.workspace / "metrics.png", f"{job.name}")
             return TrainResult(start, None, None, time.perf_counter() - t0, self.workspace)
         checkpoints = self._checkpoint_steps(start)
         board = TensorBoardLog(self.workspace / TENSORBOARD_FOLDER, start, checkpoints,
@@ -219,6 +255,7 @@ class Trainer:
             window.append([float(np.mean([m["loss"] for m in live])),
                            float(np.mean([m["accuracy"] for m in live]))])
             done = step + 1
+            marker("step", done)
             shown = due(done, self.disp_freq, job.disp_after)
             if shown or done == job.train_steps:
                 loss, acc = (float(v) for v in np.mean(window, axis=0))
@@ -310,15 +347,16 @@ class Trainer:
 
     def save(self, step: int) -> Path:
         """Write the checkpoint of ``step`` into ``<workspace>/checkpoints``, and SINGA's
-        (:meth:`save_singa`)."""
+        (:meth:`save_singa`) before it: once a checkpoint is on disk, so is everything of
+        its step (a run killed between the two resumes from the step before and writes
+        SINGA's again)."""
+        self.save_singa(step)
         meta = {"format": FORMAT, "job": self.job.name, "step": step,
                 "params": self._layout(), "dtype": self.params.dtype.name,
                 "window": self._window, TABLE: param_table(self.params),
                 "job_conf": self.job.to_dict()}
-        path = save_checkpoint(self.workspace / "checkpoints" / checkpoint_name(step),
+        return save_checkpoint(self.workspace / "checkpoints" / checkpoint_name(step),
                                self.cluster.state_dict(), meta)
-        self.save_singa(step)
-        return path
 
     def save_singa(self, step: int) -> Path:
         """Write SINGA's checkpoint of ``step``: ``<workspace>/checkpoint/step<N>-worker0``,
@@ -329,28 +367,47 @@ class Trainer:
             (p.name, p.data, self._base_versions.get(p.name, 0) + p.version)
             for p in self.params.owners])
 
-    def _fresh(self) -> int:
-        """A new run from the job's ``step`` (0 unless given): forget the metrics and
-        checkpoints of an earlier run of this workspace, so that a later ``--resume`` cannot
-        pick up one of them."""
+    def _fresh(self, overwrite: bool) -> int:
+        """A new run from the job's ``step`` (0 unless given). An earlier run's results in
+        the workspace are refused, or with ``overwrite`` deleted (so that a later
+        ``--resume`` cannot pick up one of its checkpoints)."""
+        job = self.job
+        earlier = earlier_run(self.workspace, training=job.train_steps > job.step)
+        if earlier.files and not overwrite:
+            raise ParamError(
+                f"workspace {self.workspace} holds the results of an earlier run "
+                f"({earlier.describe(self.workspace)}): give --resume to go on from its "
+                "newest checkpoint, or --overwrite to start afresh (deleting them), or "
+                "another --workspace")
+        removed = remove_earlier_run(earlier, keep=job.checkpoint_path)
+        if removed.files:
+            log.warning("--overwrite: deleted the earlier run's %s",
+                        removed.describe(self.workspace))
         self.log.rows = []
-        stale = list_checkpoints(self.workspace / "checkpoints")
-        for _, path in stale:
-            path.unlink()
-        if stale:
-            log.warning("a new run: removed %d checkpoint(s) of an earlier run in %s (use "
-                        "--resume to continue one)", len(stale), self.workspace / "checkpoints")
-        return self.job.step
+        return job.step
 
     def _resume(self) -> int:
+        """Restore the newest checkpoint that can be read; the damaged ones after it are
+        set aside (renamed, kept) with a warning naming each. None at all: the job's
+        ``step``; only unreadable ones: refused, naming every file."""
         folder = self.workspace / "checkpoints"
-        found = load_latest_checkpoint(folder)
-        if found is None:
+        refused: list[tuple[Path, CheckpointError]] = []
+        for path, read in read_checkpoints(folder):
+            if isinstance(read, CheckpointError):
+                refused.append((path, read))
+                continue
+            self._restore(path, *read)  # one of another job is refused, not passed over
+            break
+        else:
+            if refused:
+                raise CheckpointError([
+                    f"cannot resume: none of the {len(refused)} checkpoint(s) in {folder} can "
+                    "be read (move them away to resume from the start, or give --overwrite "
+                    "to start afresh, deleting the earlier run's files)",
+                    *(str(e) for _, e in refused)])
             log.warning("no checkpoint in %s: starting from step %d", folder, self.job.step)
             self.log.rows = []
             return self.job.step
-        path, arrays, meta = found
-        self._restore(path, arrays, meta)
         step = self.cluster.step
         job = self.job
         # Keep what a straight run has at this step: rows of the steps before, and the
@@ -361,6 +418,10 @@ class Trainer:
             (r.phase == "train" and due(step, self.disp_freq, job.disp_after))
             or (r.phase == "test" and due(step, job.test_freq, job.test_after))
             or (r.phase == "val" and due(step, job.validate_freq, job.validate_after))))
+        for bad, error in refused:  # the resume stands: out of the way of the new ones
+            kept = set_aside(bad)
+            log.warning("%s; resuming from %s instead%s", error, path.name,
+                        f" (the damaged file is kept as {kept.name})" if kept != bad else "")
         log.info("resuming from %s (step %d)", path, step)
         return step
 

@@ -1,20 +1,37 @@
-"""The workspace of a run: checked before anything is built or trained.
+"""The workspace of a run: checked before anything is built or trained, held while it runs,
+and never emptied without being asked.
 
-A run writes ``metrics.csv``, ``metrics.png`` and ``checkpoints/`` into its workspace. A
-workspace that cannot take them (a file where a folder belongs, a folder where a file
-belongs, no write permission) is found here, with the path named, before training starts,
-not at the first checkpoint an hour in. Nothing in the workspace is created or changed by
-the check (for a workspace still to be made, a folder is made and removed at once in the
-folder that will hold it).
+A run writes ``metrics.csv``, ``metrics.png``, ``checkpoints/``, SINGA's ``checkpoint/`` and
+``tensorboard/`` into its workspace. A workspace that cannot take them (a file where a
+folder belongs, a folder where a file belongs, no write permission) is found here, with the
+path named, before training starts, not at the first checkpoint an hour in. Nothing in the
+workspace is created or changed by the check (for a workspace still to be made, a folder is
+made and removed at once in the folder that will hold it).
+
+While it trains, a run holds its workspace (:func:`workspace_lock`): a second run started in
+the same workspace is refused, instead of mixing its files with the first's. Holding it, the
+run removes the temporaries of writes a killed run left (:func:`remove_temporaries`).
+
+What an earlier run left (:func:`earlier_run`) is never deleted unless the user asks: a new
+run in such a workspace is refused, unless it resumes the earlier one or is told to
+overwrite it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+from .. import atomic
+from ..checkpoint import is_checkpoint_name
 from ..config import ParamError
+from ..singa.checkpoints import FOLDER as SINGA_FOLDER
+from ..singa.checkpoints import is_checkpoint_file_name
+from .tensorboard import FOLDER as TENSORBOARD
 
 #: What a run writes in its workspace: name and whether it is a folder.
 ENTRIES = (("checkpoints", True), ("checkpoints/servers", True), ("checkpoint", True),
@@ -71,4 +88,154 @@ def _can_make_folders(parent: Path) -> bool:
     return True
 
 
-__all__ = ["ENTRIES", "check_workspace"]
+@contextlib.contextmanager
+def workspace_lock(workspace: str | os.PathLike[str]) -> Iterator[Path]:
+    """Hold ``workspace`` (made if need be) for one run: a second run that asks for it
+    meanwhile, in this process or another, is refused. The lock is the kernel's (``flock``
+    on the folder itself: no lock file to go stale; a killed run's lock goes with it).
+
+    Raises:
+        ParamError: another run holds the workspace.
+    """
+    ws = Path(workspace)
+    ws.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # not on this system: runs are not kept apart
+        yield ws
+        return
+    try:
+        fd = os.open(ws, os.O_RDONLY)
+    except OSError:  # a folder that can be written but not read: not kept apart either
+        yield ws
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ParamError(f"workspace {ws} is in use by another run (a paramserver train "
+                             "that has not ended): wait for it to end, or give another "
+                             "--workspace") from None
+        except OSError:
+            pass  # a file system without locks: runs are not kept apart
+        yield ws
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _own_files(ws: Path) -> list[tuple[Path, Callable[[str], bool]]]:
+    """The folders a run writes, each with the test of the file names it writes there."""
+    folders: list[tuple[Path, Callable[[str], bool]]] = [
+        (ws, lambda name: name in ("metrics.csv", "metrics.png")),
+        (ws / "checkpoints", is_checkpoint_name),
+        (ws / SINGA_FOLDER, is_checkpoint_file_name)]
+    servers = ws / "checkpoints" / "servers"  # the Ray servers' own, one folder each
+    with contextlib.suppress(OSError):
+        folders += [(p, is_checkpoint_name) for p in sorted(servers.iterdir())
+                    if p.is_dir() and not p.is_symlink()]
+    return folders
+
+
+def remove_temporaries(workspace: str | os.PathLike[str]) -> list[Path]:
+    """Remove what writes of an interrupted run left: the temporaries of this workspace's
+    own files (checkpoints, SINGA's checkpoints, metrics), and nothing else. Call it while
+    holding the workspace (:func:`workspace_lock`). Returns the paths removed."""
+    ws = Path(workspace)
+    removed: list[Path] = []
+    for folder, own in _own_files(ws):
+        removed += atomic.remove_temporaries(folder, own)
+    for name in _LEGACY_TEMPORARIES:
+        path = ws / name
+        if path.is_file() and not path.is_symlink():
+            path.unlink()
+            removed.append(path)
+    return removed
+
+
+#: The fixed names of the temporaries of metrics.csv and metrics.png in earlier releases.
+_LEGACY_TEMPORARIES = (".metrics.csv.tmp", ".metrics.png.tmp.png")
+
+
+@dataclass(frozen=True)
+class EarlierRun:
+    """What an earlier run left in a workspace that a new run would replace or hide."""
+
+    checkpoints: list[Path]
+    singa_checkpoints: list[Path]
+    event_files: list[Path]
+    metrics: list[Path]
+
+    @property
+    def files(self) -> list[Path]:
+        return [*self.checkpoints, *self.singa_checkpoints, *self.event_files, *self.metrics]
+
+    def describe(self, workspace: Path) -> str:
+        parts = []
+        for paths, what, folder in (
+                (self.checkpoints, "checkpoint", workspace / "checkpoints"),
+                (self.singa_checkpoints, "SINGA checkpoint", workspace / SINGA_FOLDER),
+                (self.event_files, "TensorBoard event file", workspace / TENSORBOARD)):
+            if paths:
+                parts.append(f"{len(paths)} {what}{'s' if len(paths) > 1 else ''} in {folder}")
+        parts += [str(p) for p in self.metrics]
+        return ", ".join(parts)
+
+
+_EVENTS = "events.out.tfevents."
+
+
+def earlier_run(workspace: str | os.PathLike[str], training: bool) -> EarlierRun:
+    """The files of an earlier run that a new run would replace or hide: with ``training``
+    its checkpoints, SINGA checkpoints, TensorBoard event files and metrics; without (a run
+    that only tests) its metrics."""
+    ws = Path(workspace)
+
+    def files(folder: Path, own: Callable[[str], bool]) -> list[Path]:
+        try:
+            return sorted(p for p in folder.iterdir() if own(p.name) and not p.is_dir())
+        except OSError:
+            return []
+
+    metrics = [p for p in (ws / "metrics.csv",) if p.is_file()]
+    if not training:
+        return EarlierRun([], [], [], metrics)
+    return EarlierRun(files(ws / "checkpoints", is_checkpoint_name),
+                      files(ws / SINGA_FOLDER, is_checkpoint_file_name),
+                      files(ws / TENSORBOARD, lambda name: name.startswith(_EVENTS)), metrics)
+
+
+def remove_earlier_run(earlier: EarlierRun, keep: Sequence[str | os.PathLike[str]] = ()
+                       ) -> EarlierRun:
+    """Delete an earlier run's files (the user asked: ``--overwrite``), except those in
+    ``keep`` (files the new run reads, such as its ``checkpoint_path``). Returns what was
+    deleted."""
+    kept = {os.path.realpath(p) for p in keep}
+
+    def delete(paths: list[Path]) -> list[Path]:
+        out = [p for p in paths if os.path.realpath(p) not in kept]
+        for path in out:
+            path.unlink(missing_ok=True)
+        return out
+
+    return EarlierRun(delete(earlier.checkpoints), delete(earlier.singa_checkpoints),
+                      delete(earlier.event_files), delete(earlier.metrics))
+
+
+def set_aside(path: Path) -> Path:
+    """Rename a damaged checkpoint to ``<name>.damaged`` (``.damaged-2``, ... if taken), out
+    of the way of the checkpoint that will be written under its name, and kept for the user
+    to look at. Returns the new path (``path`` itself if it cannot be renamed)."""
+    for n in range(1, 1000):
+        target = path.with_name(f"{path.name}.damaged" + (f"-{n}" if n > 1 else ""))
+        if target.exists() or target.is_symlink():
+            continue
+        try:
+            path.rename(target)
+        except OSError:
+            return path
+        return target
+    return path
+
+
+__all__ = ["ENTRIES", "EarlierRun", "check_workspace", "earlier_run", "remove_earlier_run",
+           "remove_temporaries", "set_aside", "workspace_lock"]
