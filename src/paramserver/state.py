@@ -214,6 +214,8 @@ class UpdaterState:
         off = self.offsets
         a = int(np.searchsorted(off[1:], lo, side="right"))  # the first segment ending after lo
         b = max(a, int(np.searchsorted(off[:-1], hi, side="left")))  # those starting before hi
+        if hi == lo:
+            b = a  # an empty range touches no segment
         arrays = {}
         for r in self.roles:
             if r.per == "element":
