@@ -62,7 +62,7 @@ def main() -> None:
     updater = create_updater(UPDATER)
     grad = (np.random.default_rng(1).standard_normal(ps.values.size) * 1e-3).astype(
         np.float32)
-    bare_state = updater.init_state(ps.values.size, len(ps.owners), ps.dtype)
+    bare_state = updater.init_state(ps.offsets, ps.dtype)
     lr, wd, gs = ps.lr_scales, ps.wd_scales, 1.0 / ps.num_shares
     clusters = {}
     for name, kw in CONFIGS.items():
@@ -78,8 +78,7 @@ def main() -> None:
         def grad_fn(worker: Worker, step: int) -> None:
             if worker.rank == 0:
                 t0 = time.perf_counter()
-                updater.apply(step, ps.values, worker.params.grads, bare_state, ps.offsets,
-                              lr, wd, gs)
+                updater.apply(step, ps.values, worker.params.grads, bare_state, lr, wd, gs)
                 marks.append((t0, time.perf_counter()))
 
         c.run(grad_fn, n + 1)

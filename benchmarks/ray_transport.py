@@ -8,7 +8,7 @@ the same load; the ratio reported is the median of the per-round ratios
 (bare time / paramserver time, i.e. paramserver's throughput over the bare actor's):
 
 - paramserver: a :class:`~paramserver.cluster.worker.Worker` stub here, with its own replica,
-  talks to the server actors of a ``RayCluster`` (``backend: ray``) over the backend's
+  talks to the server actors of a ``Cluster`` with ``backend: ray`` over the backend's
   transport, exactly as a worker actor does:
   * push + pull: one training step's exchange, ``push`` then ``collect``: the non-finite
     check, the gradients to the server through the object store, the server's update
@@ -41,8 +41,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import numpy as np
 
 from paramserver.cluster import Cluster, Worker
+from paramserver.cluster.messages import Update
 from paramserver.cluster.numerics import all_finite
-from paramserver.cluster.ray_backend import RayCluster, import_ray, start_ray
+from paramserver.cluster.ray_backend import import_ray, start_ray
+from paramserver.cluster.ray_wire import encode
 from paramserver.config.job import ClusterConf
 from paramserver.params import ParamSet
 from paramserver.updaters import create_updater
@@ -79,20 +81,18 @@ def model(n: int) -> ParamSet:
 
 
 class Client:
-    """A worker stub in this process, on the server actors of a RayCluster."""
+    """A worker stub in this process, on the server actors of a Cluster on Ray."""
 
     def __init__(self, n: int, servers: int):
         self.params = model(n)
         conf = ClusterConf(nservers_per_group=servers, timeout=120.0, backend="ray")
-        self.cluster = Cluster(conf, self.params, UPDATER)
-        assert isinstance(self.cluster, RayCluster)
+        self.cluster = Cluster(conf, self.params, UPDATER, max_restarts=0)
         replica = self.params.replica(self.params.values.copy())
         replica.grads[:] = 1e-3
         self.worker = Worker(0, 0, replica, self.cluster.layouts, self.cluster.transport,
                              self.cluster.conf)
         self.step = 0
-        self.cluster._begin(0, {})  # the servers serve from step 0, as at a run's start
-        self.worker.pull(0)
+        self.worker.pull(0)  # the servers serve from step 0 (the cluster put its values)
 
     def push_pull(self) -> None:
         self.worker.collect(self.worker.push(self.step), self.step)
@@ -104,11 +104,11 @@ class Client:
     def push(self) -> None:
         ray = import_ray()
         w = self.worker
-        refs = [self.cluster.transport.handles[(0, L.index)].update.remote(
-            0, 0, self.step, w._grads[i], False) for i, L in enumerate(w._layouts)]
+        refs = [self.cluster.transport.handles[(0, L.index)].call.remote(
+            *encode(Update(0, 0, self.step, w._grads[i]))) for i, L in enumerate(w._layouts)]
         for ref in refs:
             reply = ray.get(ref)
-            assert reply[0] == "update", reply
+            assert reply[0] == "Values", reply
         self.step += 1
 
     def close(self) -> None:
@@ -163,10 +163,9 @@ def main() -> None:
         # What paramserver does beyond moving the arrays, timed here on the same arrays.
         up = create_updater(UPDATER)
         w, g = client.params.values.copy(), client.worker.params.owner_grads()
-        state = up.init_state(n, 1, np.float32)
+        state = up.init_state([0, n], np.float32)
         work = {"non-finite check": lambda: all_finite(g),
-                "server's update (kSGD)": lambda: up.apply(0, w, g, state,
-                                                           np.array([0, w.size])),
+                "server's update (kSGD)": lambda: up.apply(0, w, g, state),
                 "copy into the replica": lambda: np.copyto(w, g)}
         parts = {k: statistics.median(timed(f) for _ in range(7)) * 1e3
                  for k, f in work.items()}

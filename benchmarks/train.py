@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from paramserver.singa.datasets import write_dataset
 from paramserver.train.jobfile import read_job_file
 from paramserver.train.layers.dense import STANH_A, STANH_B
+from paramserver.train.net import Net
 from paramserver.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,8 +95,8 @@ class Contender:
         self.model, self.names = model
         self.step = 0
         trainer = self.trainer()
-        net = trainer.nets[0]
-        self.input = net.data_layer
+        self.input = Net(job.neuralnet, seed=job.seed, phases=("kTrain",),
+                         base_dir=self.job_file.base_dir).data_layer
         with torch.no_grad():  # the same initial values as paramserver's Params
             for p, name in zip(self.model.parameters(), self.names, strict=True):
                 p.copy_(torch.from_numpy(trainer.params[name].data).reshape(p.shape))

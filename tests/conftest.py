@@ -7,3 +7,35 @@ small parallel kernels and torch loops many times slower. Passive waiting change
 import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def ray_session() -> Iterator[Any]:
+    """One local Ray for every test that needs it (started once, a few seconds); skipped
+    where Ray is not installed. Its processes can import the test modules (for actors the
+    tests define) and the sources under test."""
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        yield ray
+        return
+    path = os.pathsep.join([str(Path(__file__).parent),
+                            *filter(None, [os.environ.get("PYTHONPATH")])])
+    ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
+             logging_level="ERROR", log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": path}})
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(params=["local", "ray"])
+def backend(request: Any) -> str:
+    """Each backend in turn: the embedded one, and Ray (skipped where not installed)."""
+    if request.param == "ray":
+        request.getfixturevalue("ray_session")
+    return str(request.param)

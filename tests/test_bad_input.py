@@ -228,7 +228,7 @@ def test_delta_that_rounds_to_zero_in_the_data_type_is_refused() -> None:
         "value 1e-300 for Parameter delta should be greater than 0 in float32, where it rounds "
         "to 0 (the smallest is 1e-45)\ndelta: Small constant that keeps divisions finite "
         "(epsilon).")
-    create_updater(job.updater).init_state(3, 1, np.float64)  # representable there
+    create_updater(job.updater).init_state([0, 3], np.float64)  # representable there
 
 
 # -- row 17: a wrong type does not hide the other mistakes ---------------------------------------

@@ -218,7 +218,7 @@ def test_workspace_that_is_not_writable(tmp_path: Path) -> None:
     ("import no_such_dependency_xyz\n",
      "ModuleNotFoundError: No module named 'no_such_dependency_xyz' (MOD.py:1)"),
     ("from paramserver import Parameter, field\nclass C(Parameter):\n    x = field(1)\n",
-     "TypeError: C.x: a field needs a type annotation (x: int = field(...)) (MOD.py:2)"),
+     "ParamError: C.x: a field needs a type annotation (x: int = field(...)) (MOD.py:2)"),
 ])
 def test_import_of_a_failing_module(tmp_path: Path, source: str, expected: str) -> None:
     module = f"user_mod_{abs(hash(source)) % 10**8}"

@@ -592,13 +592,13 @@ def test_defaults_are_kept_typed() -> None:
 
 
 def test_a_field_without_annotation_is_refused() -> None:
-    with pytest.raises(TypeError, match="needs a type annotation"):
+    with pytest.raises(ParamError, match="needs a type annotation"):
         class Bad(Parameter):
             x = field(1)
 
 
 def test_a_field_hiding_a_method_is_refused() -> None:
-    with pytest.raises(TypeError, match=r"^Bad.update: a field may not hide Parameter.update$"):
+    with pytest.raises(ParamError, match=r"^Bad.update: a field may not hide Parameter.update$"):
         class Bad(Parameter):
             update: int = field(1)  # type: ignore[assignment]
 
@@ -627,7 +627,7 @@ def test_alias_and_name_together_are_refused() -> None:
 
 
 def test_alias_colliding_with_another_field_is_refused() -> None:
-    with pytest.raises(TypeError, match="key 'a' names two fields"):
+    with pytest.raises(ParamError, match="key 'a' names two fields"):
         class Bad(Parameter):
             a: int = field(1)
             b: int = field(2, aliases=("a",))

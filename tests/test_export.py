@@ -21,7 +21,7 @@ from paramserver.cli import main
 from paramserver.config import ParamError
 from paramserver.config.job import parse_job
 from paramserver.export import TABLE, param_values
-from paramserver.init import create_param_generator
+from paramserver.init import create_param_generator, init_params
 from paramserver.params import ParamSet
 from paramserver.train.trainer import Trainer
 
@@ -99,7 +99,7 @@ def test_from_file_init(tmp_path: Path) -> None:
     pset = ParamSet([("w", (2, 3), {"init": {"type": "kFromFile", "path": str(path)}}),
                      ("v", (4,), {"init": {"type": "kFromFile", "path": str(path),
                                            "key": "other"}})])
-    pset.init(seed=0)
+    init_params(pset, seed=0)
     assert pset["w"].data.dtype == np.float32
     assert np.array_equal(pset["w"].data, np.arange(6).reshape(2, 3))
     assert np.array_equal(pset["v"].data, np.ones(4))
@@ -111,7 +111,7 @@ def test_from_file_init(tmp_path: Path) -> None:
     for conf, message in bad:
         p = ParamSet([("w", (2, 3), {"init": {"type": "kFromFile", **conf}})])
         with pytest.raises(ParamError, match=message.replace("(", r"\(").replace(")", r"\)")):
-            p.init(0)
+            init_params(p, 0)
 
 
 def test_train_starts_from_an_exported_model(tmp_path: Path,

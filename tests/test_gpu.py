@@ -74,10 +74,15 @@ def test_the_gpu_computes_what_the_cpu_does(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not CUDA, reason="torch sees no CUDA device")
 def test_a_net_on_the_gpu_keeps_its_params_on_the_host(tmp_path: Path) -> None:
-    trainer = Trainer(parse_job(job_text(tmp_path, "gpu: 0", "ws")), progress=False,
-                      tensorboard=False)
-    net = trainer.nets[0]
+    from paramserver.train.net import Net
+
+    job = parse_job(job_text(tmp_path, "gpu: 0", "ws"))
+    net = Net(job.neuralnet, phases=("kTrain",), device="cuda:0")
+    pset = net.make_params()
     assert str(net["conv"].weights[0].device).startswith("cuda")
+    net.train_step(0)
+    assert np.any(pset["w"].grad != 0)  # the gradients come back to host memory
+    trainer = Trainer(job, progress=False, tensorboard=False)
     before = trainer.params["w"].data.copy()
     trainer.train()
-    assert not np.array_equal(trainer.params["w"].data, before)  # updated in host memory
+    assert not np.array_equal(trainer.params["w"].data, before)

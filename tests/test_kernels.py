@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from paramserver import kernels
+from paramserver import ParamError, kernels
 
 # Segment sizes of odd lengths, empty ones among them, so that the kernels' chunks
 # (kernels.CHUNK elements) start and end inside segments and walk across many small ones.
@@ -299,9 +299,9 @@ def test_kernel_matches_torch_optim(name: str, dtype: Any) -> None:
 
 def test_wrong_arrays_are_refused() -> None:
     w = np.zeros(4, np.float32)
-    with pytest.raises(TypeError, match="g must be a float32"):
+    with pytest.raises(ParamError, match="g must be a float32"):
         kernels.sgd(w, np.zeros(4), w[:0], [0, 4], 0.1)
-    with pytest.raises(TypeError, match="float32 or float64"):
+    with pytest.raises(ParamError, match="float32 or float64"):
         kernels.sgd(np.zeros(4, np.int32), np.zeros(4, np.int32), w[:0], [0, 4], 0.1)
     with pytest.raises(ValueError, match="h must be 1-D"):
         kernels.sgd(w, w.copy(), np.zeros(3, np.float32), [0, 4], 0.1, momentum=0.5)

@@ -156,8 +156,10 @@ def test_what_cannot_be_partitioned_on_the_features(tmp_path: Path) -> None:
     with pytest.raises(ParamError, match=r"layer 'relu' \(kLRN\) cannot be partitioned on the "
                                          "features"):
         Net(parse_job(lrn).neuralnet, phases=("kTrain",), comm=Comm(0, 2, GroupExchange(2)))
-    ray = parse_job(MLP.format(steps=1, a=1, b=0, k=2, ws=tmp_path).replace(
-        "nworkers_per_group: 2", 'nworkers_per_group: 2 backend: "ray"'))
-    with pytest.raises(ParamError, match=r"partition_dim 1 .* runs on the embedded cluster"):
-        Trainer(ray, progress=False, tensorboard=False)
+    # a worker whose group's workers are elsewhere (a Ray actor) waits for them in vain
+    alone = GroupExchange(2, timeout=0.05)
+    with pytest.raises(ParamError, match=r"worker 0 of the group waited 0.05 s .* from "
+                                         r"workers \[1\]: partition_dim 1 needs the workers "
+                                         r"of a group in one process"):
+        alone.all_gather(0, 0, np.zeros(1), "layer 'fc1' (forward)")
 

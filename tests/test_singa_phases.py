@@ -12,6 +12,7 @@ import pytest
 from paramserver.checkpoint import CheckpointError
 from paramserver.config import ParamError
 from paramserver.config.job import parse_job
+from paramserver.init import init_params
 from paramserver.params import ParamSet
 from paramserver.singa import checkpoints as sc
 from paramserver.singa.records import BlobProtos
@@ -210,7 +211,7 @@ def test_malformed_checkpoints_are_refused(tmp_path: Path, content: bytes, messa
 
 def test_a_wrong_size_is_refused_and_nothing_changes(tmp_path: Path) -> None:
     pset = ParamSet([("w", (2, 3)), ("b", (3,)), ("wt", (3, 2), {"share_from": "w"})])
-    pset.init(0)
+    init_params(pset, 0)
     before = pset.values.copy()
     good = sc.write_checkpoint(tmp_path / "a", [("b", np.full(3, 9.0), 2),
                                                 ("other", np.ones(4), 1)])

@@ -539,3 +539,38 @@ def test_a_state_with_a_stale_lr_scale_loads_at_the_saved_lr() -> None:
     opt.step()
     for p, b in zip(model.parameters(), before, strict=True):
         assert torch.allclose(p, b - 0.01)
+
+
+@pytest.mark.parametrize("step", [-5, 2.7, True, "3"])
+def test_a_state_with_a_bad_step_is_refused_at_load(step: Any) -> None:
+    model = make_net()
+    opt = pst.Optimizer(model.parameters(), "type: kAdam")
+    train(model, opt, 2)
+    sd = opt.state_dict()
+    sd["paramserver"]["step"] = step
+    fresh = pst.Optimizer(make_net().parameters(), "type: kAdam")
+    with pytest.raises(ParamError, match=r"the saved step is .*: it must be an integer >= 0"):
+        fresh.load_state_dict(sd)
+    assert fresh.step_count == 0
+
+
+def test_a_state_with_a_negative_count_or_version_is_refused_at_load(tmp_path: Any) -> None:
+    from paramserver import CheckpointError, load_checkpoint, save_checkpoint
+
+    model = make_net()
+    opt = pst.Optimizer(model.parameters(), "type: kAdam")
+    train(model, opt, 2)
+    sd = opt.state_dict()
+    sd["state"][0]["count"] = torch.tensor(-1)
+    with pytest.raises(ParamError, match=r"'param0/count' is -1: an update count is "
+                                         ">= 0"):
+        pst.Optimizer(make_net().parameters(), "type: kAdam").load_state_dict(sd)
+    path = opt.save_checkpoint(tmp_path / "opt.ckpt.npz")
+    arrays, meta = load_checkpoint(path)
+    meta["versions"]["param5"] = -4
+    save_checkpoint(path, arrays, meta)
+    fresh = pst.Optimizer(make_net().parameters(), "type: kAdam")
+    with pytest.raises(CheckpointError, match=r"the version of 'param5' is -4: it must be an "
+                                              "integer >= 0"):
+        fresh.load_checkpoint(path)
+    assert fresh.step_count == 0

@@ -1,5 +1,6 @@
 """Updaters (SPEC §5, §8) through the API users call: ``create_updater``, ``update``,
-``update_params``, ``state_dict``, and users' own methods.
+``update_params``, the state Params hold (``state_of``, its export and checked load), and
+users' own methods.
 
 Every rule is checked over several steps against the SPEC formulas written out in NumPy
 (float64), with ``lr_scale``, ``wd_scale``, ``grad_scale``, clipping and weight decay each
@@ -27,7 +28,7 @@ from paramserver import (
 )
 from paramserver.config.components import updaters
 from paramserver.config.job import ParamConf, UpdaterConf
-from paramserver.updaters import COUNT
+from paramserver.state import COUNT
 
 RTOL, ATOL = 2e-5, 2e-6  # float32 against a float64 reference
 BUILTINS = ["kAdaDelta", "kAdaGrad", "kAdam", "kAdamMax", "kAdamW", "kNesterov", "kRMSProp",
@@ -331,81 +332,91 @@ def run(updater: Updater, target: Param | ParamSet, steps: range, seed: int) -> 
             updater.update(step, target)
 
 
+def names(target: Param | ParamSet) -> list[str]:
+    return [p.name for p in target.owners] if isinstance(target, ParamSet) else [target.name]
+
+
+def saved(updater: Updater, target: Param | ParamSet) -> dict[str, np.ndarray]:
+    return updater.state_of(target).export(names(target))
+
+
 @pytest.mark.parametrize("method", list(METHODS))
-def test_state_dict_round_trip_continues_bit_for_bit(method: str) -> None:
+def test_state_round_trip_continues_bit_for_bit(method: str) -> None:
     extra = {"weight_decay": 0.01}
     # One Param
     a = param("w", (5, 5), 0)
     ua = make_updater(method, **extra)
     run(ua, a, range(3), seed=1)
-    saved_state, saved_values = ua.state_dict(), a.data.copy()
+    saved_state, saved_values = saved(ua, a), a.data.copy()
     run(ua, a, range(3, 7), seed=2)
     b = param("w", (5, 5), 0)
     b.data[...] = saved_values
     ub = make_updater(method, **extra)
-    ub.load_state_dict(saved_state)
+    ub.state_of(b).load(saved_state, ["w"])
     run(ub, b, range(3, 7), seed=2)
     assert np.array_equal(a.data, b.data)
-    # A ParamSet, restored into an updater that has already bound another one
+    # A ParamSet, restored into one that has already been updated
     sa = paramset()
     usa = make_updater(method, **extra)
     run(usa, sa, range(3), seed=3)
-    saved_state, saved_values = usa.state_dict(), sa.values.copy()
+    saved_state, saved_values = saved(usa, sa), sa.values.copy()
     run(usa, sa, range(3, 7), seed=4)
     sb = paramset(seed=9)
     usb = make_updater(method, **extra)
     run(usb, sb, range(2), seed=5)
     sb.values[...] = saved_values
-    usb.load_state_dict(saved_state)
+    usb.state_of(sb).load(saved_state, names(sb))
     run(usb, sb, range(3, 7), seed=4)
     assert np.array_equal(sa.values, sb.values)
 
 
-def test_state_dict_layout() -> None:
-    assert make_updater("sgd").state_dict() == {}
+def test_the_state_lives_with_the_params_and_the_updater_holds_none() -> None:
     u = make_updater("adam")
     ps = paramset()
     ps.grads[...] = 1.0
     u.update_params(0, ps)
-    u.update(1, ps["b"])
-    state = u.state_dict()
+    u.update(1, ps["b"])  # the owner's view of the ParamSet's state
+    assert not any(isinstance(v, (dict, np.ndarray)) for v in vars(u).values())
+    state = saved(u, ps)
     assert sorted(state) == sorted(f"{n}/{r}" for n in ("a", "b", "c", "frozen")
                                    for r in ("m", "v", COUNT))
     assert state["a/m"].shape == (30,) and state["a/m"].dtype == np.float32
     assert state["b/count"].tolist() == [2] and state["a/count"].tolist() == [1]
+    assert np.shares_memory(ps["b"].updater_state["m"], ps.updater_state["m"])
     state["a/m"][...] = 99.0  # a copy
-    assert not np.any(u.state_dict()["a/m"] == 99.0)
-    for method, roles in [("momentum", ["history"]), ("nesterov", ["history"]),
+    assert not np.any(saved(u, ps)["a/m"] == 99.0)
+    for method, roles in [("sgd", []), ("momentum", ["history"]), ("nesterov", ["history"]),
                           ("adagrad", ["history"]), ("rmsprop", ["history"]),
                           ("adadelta", ["history", "update"])]:
         u = make_updater(method)
-        u.update(0, param("p", (3,), 0))
-        assert sorted(u.state_dict()) == [f"p/{r}" for r in roles]
+        p = param("p", (3,), 0)
+        u.update(0, p)
+        assert sorted(saved(u, p)) == sorted(f"p/{r}" for r in [*roles, COUNT])
 
 
-def test_load_state_dict_errors_change_nothing() -> None:
+def test_a_state_that_does_not_fit_is_refused_and_changes_nothing() -> None:
     u = make_updater("adadelta")
     p = param("w", (4,), 0)
     p.grad[...] = 1.0
     u.update(0, p)
-    good = u.state_dict()
+    good = saved(u, p)
     bad: dict[str, np.ndarray] = {
         "w/history": np.zeros(5, np.float32), "w/bogus": np.zeros(4, np.float32),
-        "v/history": np.zeros(4, np.float32), "nameless": np.zeros(1)}
+        "w/update": np.zeros(4, np.float64), "w/count": np.array([-2])}
     with pytest.raises(ParamError) as e:
-        u.load_state_dict(bad)
+        u.state_of(p).load(bad, ["w"])
     assert [pr.message for pr in e.value.problems] == [
-        "state 'w/history' has shape (5,), expected (4,)",
-        "state key 'w/bogus' is not '<param>/<role>' with a role of AdaDelta: "
-        "['history', 'update']",
-        "state key 'nameless' is not '<param>/<role>' with a role of AdaDelta: "
-        "['history', 'update']",
-        "state of 'w' has roles ['history'], expected ['history', 'update']",
-        "state of 'v' has roles ['history'], expected ['history', 'update']",
+        "'w/bogus' is not state of this updater (its keys are '<param>/<role>', roles "
+        "['count', 'history', 'update'])",
+        "'w/count' is -2: an update count is >= 0",
+        "'w/history' is float32 of 5 entries, expected float32 of 4",
+        "'w/update' is float64 of 4 entries, expected float32 of 4",
     ]
-    after = u.state_dict()
+    after = saved(u, p)
     assert after.keys() == good.keys()
     assert all(np.array_equal(after[k], good[k]) for k in good)
+    with pytest.raises(ParamError, match="'w/count' is missing"):
+        u.state_of(p).load({k: v for k, v in good.items() if k != "w/count"}, ["w"])
 
 
 # -- configuration ------------------------------------------------------------------------
@@ -575,7 +586,7 @@ def test_user_updater(sign_sgd: type, x: Any) -> None:
     u.update(0, p)
     assert p.data.tolist() == [0.5, 2.5, 3.0, 3.5]
     assert p.version == 1
-    assert {k: v.tolist() for k, v in u.state_dict().items()} == {
+    assert {k: v.tolist() for k, v in saved(u, p).items()} == {
         "w/seen": [1, 1, 0, 1], "w/count": [1]}
 
 
@@ -603,7 +614,7 @@ def test_user_updater_over_a_paramset(sign_sgd: type[SignSGD]) -> None:
         np.testing.assert_allclose(p.data.ravel(), before[lo:hi] - np.float32(0.1 * p.lr_scale))
     assert len(sign_sgd.seen_gradients) == len(ps.owners)  # the rule runs once per Param
     np.testing.assert_allclose(sign_sgd.seen_gradients[0], 1.0)  # (1 + 1 + 1) / 3 shares
-    state = u.state_dict()
+    state = saved(u, ps)
     assert state["a/count"].tolist() == [1] and state["a/seen"].shape == (30,)
 
 
@@ -613,11 +624,11 @@ def test_user_updater_state_round_trip(sign_sgd: type) -> None:
     run(ua, a, range(2), seed=1)
     ub, b = create_updater(conf), paramset()
     b.values[...] = a.values
-    ub.load_state_dict(ua.state_dict())
+    ub.state_of(b).load(saved(ua, a), names(b))
     run(ua, a, range(2, 4), seed=2)
     run(ub, b, range(2, 4), seed=2)
     assert np.array_equal(a.values, b.values)
-    assert all(np.array_equal(v, ub.state_dict()[k]) for k, v in ua.state_dict().items())
+    assert all(np.array_equal(v, saved(ub, b)[k]) for k, v in saved(ua, a).items())
 
 
 def test_user_updater_errors(sign_sgd: type) -> None:
@@ -648,3 +659,24 @@ def test_an_updater_without_a_rule_says_so() -> None:
 
 def test_every_builtin_is_registered() -> None:
     assert sorted(updaters.names()) == BUILTINS
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_a_refused_nonfinite_gradient_writes_nothing(method: str) -> None:
+    """``refuse_nonfinite``: the kernel reads the gradient first and, when it holds NaN or
+    Inf, leaves values, state and update counts as they were; a finite one is applied as
+    without it."""
+    a, b = paramset(), paramset()
+    ua, ub = make_updater(method, weight_decay=0.01), make_updater(method, weight_decay=0.01)
+    sa, sb = ua.init_state(a.offsets, a.dtype), ub.init_state(b.offsets, b.dtype)
+    rng = np.random.default_rng(7)
+    for step in range(3):
+        g = rng.standard_normal(a.values.size).astype(np.float32)
+        assert ua.apply(step, a.values, g, sa, refuse_nonfinite=True) == 0
+        ub.apply(step, b.values, g, sb)
+    assert np.array_equal(a.values, b.values)
+    before, state = a.values.copy(), {k: v.copy() for k, v in sa.arrays.items()}
+    g[[3, 40]] = [np.nan, -np.inf]
+    assert ua.apply(3, a.values, g, sa, refuse_nonfinite=True) == 2
+    assert np.array_equal(a.values, before)
+    assert all(np.array_equal(sa[k], v) for k, v in state.items())  # counts included

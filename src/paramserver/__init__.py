@@ -12,6 +12,7 @@ import typing as _typing
 __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
+    "Error": "paramserver.config",
     "Parameter": "paramserver.config",
     "field": "paramserver.config",
     "ParamError": "paramserver.config",
@@ -24,6 +25,7 @@ _EXPORTS: dict[str, str] = {
     "ParamSet": "paramserver.params",
     "ParamGenerator": "paramserver.init",
     "create_param_generator": "paramserver.init",
+    "init_params": "paramserver.init",
     "register_param_generator": "paramserver.init",
     "LRMethod": "paramserver.schedules",
     "create_lr_method": "paramserver.schedules",
@@ -34,15 +36,21 @@ _EXPORTS: dict[str, str] = {
     "Cluster": "paramserver.cluster",
     "ClusterError": "paramserver.cluster",
     "save_checkpoint": "paramserver.checkpoint",
+    "CheckpointError": "paramserver.checkpoint",
     "load_checkpoint": "paramserver.checkpoint",
 }
 
 if _typing.TYPE_CHECKING:
-    from .checkpoint import load_checkpoint, save_checkpoint
+    from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
     from .cluster import Cluster, ClusterError
-    from .config import Location, ParamError, Parameter, Registry, field
+    from .config import Error, Location, ParamError, Parameter, Registry, field
     from .config.job import JobConf, load_job, parse_job
-    from .init import ParamGenerator, create_param_generator, register_param_generator
+    from .init import (
+        ParamGenerator,
+        create_param_generator,
+        init_params,
+        register_param_generator,
+    )
     from .params import Param, ParamSet
     from .schedules import LRMethod, create_lr_method, register_lr_method
     from .updaters import Updater, create_updater, register_updater
@@ -66,8 +74,10 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "CheckpointError",
     "Cluster",
     "ClusterError",
+    "Error",
     "JobConf",
     "LRMethod",
     "Location",
@@ -83,6 +93,7 @@ __all__ = [
     "create_param_generator",
     "create_updater",
     "field",
+    "init_params",
     "load_checkpoint",
     "load_job",
     "parse_job",

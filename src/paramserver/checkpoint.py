@@ -170,11 +170,11 @@ def _payload(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     payload: dict[str, np.ndarray] = {}
     for key, value in arrays.items():
         if not isinstance(key, str) or key in _RESERVED:
-            raise ValueError(f"checkpoint array key {key!r} is reserved or not a string")
+            raise CheckpointError(f"checkpoint array key {key!r} is reserved or not a string")
         arr = np.asarray(value)
         if arr.dtype.hasobject or arr.dtype.kind not in "biuf":
-            raise ValueError(f"checkpoint array '{key}' holds {arr.dtype}; only numbers "
-                             "and booleans are saved")
+            raise CheckpointError(f"checkpoint array '{key}' holds {arr.dtype}; only "
+                                  "numbers and booleans are saved")
         if arr.dtype.byteorder == ">":  # stored little-endian: checksums over those bytes
             arr = arr.astype(arr.dtype.newbyteorder("<"))
         payload[key] = np.asarray(arr, order="C")  # keeps 0-d arrays

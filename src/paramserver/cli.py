@@ -62,8 +62,8 @@ def _import_user_module(name: str) -> None:
     the module, the exception, and the place in their code where it was raised."""
     try:
         importlib.import_module(name)
-    except ParamError:
-        raise  # a registration refused (a name taken twice): already a clear message
+    except ParamError as e:  # a declaration or a registration refused: with its place
+        raise ParamError(f"--import {name}: {_exception_line(e)}") from None
     except ModuleNotFoundError as e:
         if e.name and name.startswith(e.name):
             raise ParamError(f"--import {name}: no module named '{e.name}' (is it on "

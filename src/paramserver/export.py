@@ -69,7 +69,7 @@ def param_values(arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any],
     Raises:
         CheckpointError: the checkpoint holds no values, or not those of the table.
     """
-    from .cluster.state import owner_values
+    from .cluster.statedict import owner_values
 
     table = table if table is not None else meta.get(TABLE)
     rows = None if table is None else _rows(table)

@@ -23,7 +23,7 @@ import numpy as np
 from .config import ParamError, Parameter, field
 from .config.components import param_generators
 from .config.job import ParamGenConf, conf_from
-from .params import Param
+from .params import Param, ParamSet
 
 T = TypeVar("T", bound=type)
 
@@ -97,6 +97,30 @@ def create_param_generator(x: ParamGenConf | dict[str, Any] | str) -> ParamGener
     conf = conf_from(ParamGenConf, x, "init")
     generator: ParamGenerator = param_generators.get(conf.component)(conf)
     return generator
+
+
+def init_params(params: ParamSet, seed: int = 0) -> None:
+    """Initialise every owner of a ParamSet with its method; the same seed gives the same
+    values always.
+
+    Each Param draws from its own stream, keyed by ``(seed, name)``, so values do not depend
+    on the order Params are made in, nor on threads, workers or servers. Sharers see their
+    owner's values; every owner's version goes back to 0.
+
+    Args:
+        params: the Params; each owner's ``init { }`` configuration chooses its method.
+        seed: the job's seed, an int in ``[0, 2**64)``.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not (
+            0 <= seed < 1 << 64):
+        raise ParamError(f"seed must be an int in [0, 2**64), not {seed!r}")
+    generators: dict[int, ParamGenerator] = {}
+    for p in params.owners:
+        key = id(p.conf.init)
+        gen = generators.get(key) or create_param_generator(p.conf.init)
+        generators[key] = gen
+        gen.fill(p, stream(seed, p.name))
+        p.version = 0
 
 
 def _fans(param: Param, method: str, *, exactly_2d: bool = False) -> tuple[int, int]:

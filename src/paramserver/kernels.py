@@ -24,17 +24,20 @@ Importing this module is what pays the numba import; compiled kernels are cached
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 import numpy as np
 import numpy.typing as npt
-from numba import prange
+from numba import get_num_threads, prange, set_num_threads
 from numba.extending import register_jitable
 
+from .config import ParamError
 from .numba_cache import njit
 
-__all__ = ["adadelta", "adagrad", "adam", "adamax", "nesterov", "rmsprop", "sgd", "warmup"]
+__all__ = ["adadelta", "adagrad", "adam", "adamax", "nesterov", "rmsprop", "sgd", "threads_for",
+           "warmup"]
 
 CHUNK = 1 << 15
 """Elements per parallel work item. The range is cut into chunks regardless of segment
@@ -144,7 +147,7 @@ def _segment_of(offsets, i):  # type: ignore[no-untyped-def]
 # ---------------------------------------------------------------------------------------------
 # The one driver. ``_fused_kernel(rule, nstate)`` makes a parallel kernel
 #
-#     kernel(w, g, h, u, offsets, seg, hyp, clip) -> bool
+#     kernel(w, g, h, u, offsets, seg, hyp, clip, check) -> int
 #
 # with ``seg[:, s] = (gscale, wd, k0, k1, k2)`` for segment ``s`` and
 # ``hyp = (clip_low, clip_high, p0, ..., p4)``, all of the data type. It first checks that
@@ -156,15 +159,28 @@ def _segment_of(offsets, i):  # type: ignore[no-untyped-def]
 # constants: numba compiles the rule into the loop, the unused state branches vanish, and the
 # cache key (which hashes the closure: a module-level function and an int) is the same in
 # every process. ``error_model="numpy"``: a division by zero gives inf or nan, as in NumPy,
-# instead of raising from inside the loop.
+# instead of raising from inside the loop. With ``check``, a first parallel pass reads the
+# gradient only and returns its number of NaN and Inf, writing nothing, when there are any:
+# the step is refused whole (the second pass follows at once, its threads still awake).
 
 
 def _fused_kernel(rule: Callable[..., Any], nstate: int, name: str) -> Any:
-    def kernel(w, g, h, u, offsets, seg, hyp, clip):  # type: ignore[no-untyped-def]
+    def kernel(w, g, h, u, offsets, seg, hyp, clip, check):  # type: ignore[no-untyped-def]
         for s in range(offsets.shape[0] - 1):
             if offsets[s + 1] < offsets[s]:
                 return -1
         n = w.shape[0]
+        if check:  # a read-only pass first: a gradient with NaN or Inf writes nothing
+            found = 0
+            for c in prange((n + CHUNK - 1) // CHUNK):
+                gc = g[c * CHUNK:min(c * CHUNK + CHUNK, n)]
+                count = 0
+                for i in range(gc.shape[0]):
+                    z = gc[i] - gc[i]
+                    count += z != z
+                found += count
+            if found > 0:
+                return found
         clip_low = hyp[0]
         clip_high = hyp[1]
         p = (hyp[2], hyp[3], hyp[4], hyp[5], hyp[6])
@@ -250,21 +266,22 @@ def _launch(
     p: tuple[float, ...],
     clip_low: float,
     clip_high: float,
+    check: bool = False,
 ) -> int:
     if not isinstance(w, np.ndarray) or w.dtype not in (np.float32, np.float64):
-        raise TypeError(f"w must be a float32 or float64 numpy array, not {_describe(w)}")
+        raise ParamError(f"w must be a float32 or float64 numpy array, not {_describe(w)}")
     dtype = w.dtype
     for role, a in (("w", w), ("g", g), *states.items()):
         if not isinstance(a, np.ndarray) or a.dtype != dtype:
-            raise TypeError(f"{role} must be a {dtype} numpy array like w, not {_describe(a)}")
+            raise ParamError(f"{role} must be a {dtype} numpy array like w, not {_describe(a)}")
         if a.ndim != 1 or a.shape != w.shape or not a.flags.c_contiguous:
-            raise ValueError(
+            raise ParamError(
                 f"{role} must be 1-D, C-contiguous and of w's length {w.shape[0]}, "
                 f"got shape {a.shape} (contiguous: {a.flags.c_contiguous})"
             )
     for role, a in (("w", w), *states.items()):
         if not a.flags.writeable:
-            raise ValueError(f"{role} is read-only; it is updated in place")
+            raise ParamError(f"{role} is read-only; it is updated in place")
     offsets = np.ascontiguousarray(offsets, dtype=np.int64)
     if offsets.ndim != 1 or offsets.shape[0] < 1 or offsets[0] != 0 or offsets[-1] != w.shape[0]:
         _bad_offsets(offsets, w)
@@ -273,8 +290,8 @@ def _launch(
     try:
         for row, value in enumerate((gscale, wd, *k)):
             seg[row] = value
-    except ValueError:
-        raise ValueError(
+    except ValueError:  # numpy's: a row of the wrong length
+        raise ParamError(
             f"per-segment arguments must be scalars or have one entry per segment ({nseg})"
         ) from None
     hyp = np.zeros(2 + _NUM_PARAMS, dtype)
@@ -283,14 +300,34 @@ def _launch(
     gv = g.view()
     gv.flags.writeable = False
     h, u = (*states.values(), w[:0], w[:0])[:2]
-    nonfinite = int(kernel(w, gv, h, u, offsets, seg, hyp, bool(clip_high > clip_low)))
+    with threads_for(w.shape[0]):
+        nonfinite = int(kernel(w, gv, h, u, offsets, seg, hyp, bool(clip_high > clip_low),
+                               bool(check)))
     if nonfinite < 0:
         _bad_offsets(offsets, w)
     return nonfinite
 
 
+@contextlib.contextmanager
+def threads_for(n: int, chunk: int = CHUNK) -> Iterator[None]:
+    """Run the parallel kernels of this block on no more threads than ``n`` values have
+    chunks of ``chunk``. A parallel region waits at its end for every thread it started, and
+    on a busy machine a thread with nothing to do may not be scheduled for milliseconds
+    (measured: 1.4 ms instead of 9 µs for one chunk of 5k values on two loaded cores)."""
+    threads = get_num_threads()
+    chunks = max(1, -(-n // chunk))
+    if chunks >= threads:
+        yield
+        return
+    set_num_threads(chunks)
+    try:
+        yield
+    finally:
+        set_num_threads(threads)
+
+
 def _bad_offsets(offsets: np.ndarray, w: np.ndarray) -> NoReturn:
-    raise ValueError(
+    raise ParamError(
         f"offsets must be non-decreasing from 0 to len(w) = {w.shape[0]}, got {offsets!r}"
     )
 
@@ -321,6 +358,7 @@ def sgd(
     momentum: float = 0.0,
     clip_low: float = 0.0,
     clip_high: float = 0.0,
+    check: bool = False,
 ) -> int:
     """SGD: ``h = momentum*h - lr*g; w = w + h``, or ``w = w - lr*g`` when momentum is 0.
 
@@ -334,6 +372,7 @@ def sgd(
       gscale: gradient scale per segment (``1/number_of_sharers``).
       momentum: in [0, 1].
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
+      check: read the gradient first, and write nothing if it holds NaN or Inf.
     """
     if momentum > 0:
         return _launch(
@@ -348,9 +387,12 @@ def sgd(
             (momentum,),
             clip_low,
             clip_high,
+            check,
         )
     else:
-        return _launch(_sgd_kernel, w, g, {}, offsets, gscale, wd, (lr,), (), clip_low, clip_high)
+        return _launch(
+            _sgd_kernel, w, g, {}, offsets, gscale, wd, (lr,), (), clip_low, clip_high, check
+        )
 
 
 def nesterov(
@@ -365,6 +407,7 @@ def nesterov(
     momentum: float,
     clip_low: float = 0.0,
     clip_high: float = 0.0,
+    check: bool = False,
 ) -> int:
     """Nesterov: ``h0 = h; h = momentum*h + lr*g; w = w - ((1+momentum)*h - momentum*h0)``.
 
@@ -378,6 +421,7 @@ def nesterov(
       gscale: gradient scale per segment (``1/number_of_sharers``).
       momentum: in [0, 1].
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
+      check: read the gradient first, and write nothing if it holds NaN or Inf.
     """
     return _launch(
         _nesterov_kernel,
@@ -391,6 +435,7 @@ def nesterov(
         (momentum, 1.0 + momentum),
         clip_low,
         clip_high,
+        check,
     )
 
 
@@ -406,6 +451,7 @@ def adagrad(
     delta: float = 1e-8,
     clip_low: float = 0.0,
     clip_high: float = 0.0,
+    check: bool = False,
 ) -> int:
     """AdaGrad: ``h = h + g*g; w = w - lr*g/sqrt(h + delta)``.
 
@@ -419,9 +465,21 @@ def adagrad(
       gscale: gradient scale per segment (``1/number_of_sharers``).
       delta: added under the square root; > 0.
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
+      check: read the gradient first, and write nothing if it holds NaN or Inf.
     """
     return _launch(
-        _adagrad_kernel, w, g, {"h": h}, offsets, gscale, wd, (lr,), (delta,), clip_low, clip_high
+        _adagrad_kernel,
+        w,
+        g,
+        {"h": h},
+        offsets,
+        gscale,
+        wd,
+        (lr,),
+        (delta,),
+        clip_low,
+        clip_high,
+        check,
     )
 
 
@@ -438,6 +496,7 @@ def rmsprop(
     delta: float = 1e-8,
     clip_low: float = 0.0,
     clip_high: float = 0.0,
+    check: bool = False,
 ) -> int:
     """RMSProp: ``h = rho*h + (1-rho)*g*g; w = w - lr*g/sqrt(h + delta)``.
 
@@ -452,6 +511,7 @@ def rmsprop(
       rho: decay of the running mean, in [0, 1].
       delta: added under the square root; > 0.
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
+      check: read the gradient first, and write nothing if it holds NaN or Inf.
     """
     return _launch(
         _rmsprop_kernel,
@@ -465,6 +525,7 @@ def rmsprop(
         (rho, 1.0 - rho, delta),
         clip_low,
         clip_high,
+        check,
     )
 
 
@@ -482,6 +543,7 @@ def adadelta(
     delta: float = 1e-8,
     clip_low: float = 0.0,
     clip_high: float = 0.0,
+    check: bool = False,
 ) -> int:
     """AdaDelta: ``h = rho*h + (1-rho)*g*g; t = g*sqrt(u + delta)/sqrt(h + delta);
     u = rho*u + (1-rho)*t*t; w = w - lr*t``.
@@ -498,6 +560,7 @@ def adadelta(
       rho: decay of the running means, in [0, 1].
       delta: added under the square roots; > 0.
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
+      check: read the gradient first, and write nothing if it holds NaN or Inf.
     """
     return _launch(
         _adadelta_kernel,
@@ -511,6 +574,7 @@ def adadelta(
         (rho, 1.0 - rho, delta),
         clip_low,
         clip_high,
+        check,
     )
 
 
@@ -532,6 +596,7 @@ def adam(
     bias_correction: bool = True,
     clip_low: float = 0.0,
     clip_high: float = 0.0,
+    check: bool = False,
 ) -> int:
     """Adam (or AdamW with ``decoupled=True``) with bias correction.
 
@@ -560,6 +625,7 @@ def adam(
       decoupled: AdamW's decoupled weight decay.
       bias_correction: False for SINGA v0.3's kAdam (see above).
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
+      check: read the gradient first, and write nothing if it holds NaN or Inf.
     """
     lr64 = _f64(lr)
     if bias_correction:
@@ -585,6 +651,7 @@ def adam(
         (beta1, 1.0 - beta1, beta2, 1.0 - beta2, delta),
         clip_low,
         clip_high,
+        check,
     )
 
 
@@ -605,6 +672,7 @@ def adamax(
     bias_correction: bool = True,
     clip_low: float = 0.0,
     clip_high: float = 0.0,
+    check: bool = False,
 ) -> int:
     """AdaMax, the infinity-norm variant of Adam (Kingma & Ba 2015, section 7.1).
 
@@ -627,6 +695,7 @@ def adamax(
       delta: keeps the denominator above 0; > 0.
       bias_correction: False for SINGA v0.3's kAdamMax (see above).
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
+      check: read the gradient first, and write nothing if it holds NaN or Inf.
     """
     lr64 = _f64(lr)
     if bias_correction:
@@ -647,13 +716,14 @@ def adamax(
         (beta1, 1.0 - beta1, beta2, inner, outer),
         clip_low,
         clip_high,
+        check,
     )
 
 
 def _step(step: PerSegment) -> np.ndarray:
     t = _f64(step)
     if np.any(t < 1):
-        raise ValueError(f"step must be >= 1 (the number of this update), got {step!r}")
+        raise ParamError(f"step must be >= 1 (the number of this update), got {step!r}")
     return t
 
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from .config import ParamError
 from .config.job import ParamConf
+from .state import UpdaterState
 
 _DTYPES = {np.dtype(np.float32), np.dtype(np.float64)}
 
@@ -58,6 +59,8 @@ class Param:
         self._data = np.zeros(self.shape, self.dtype) if data is None else self._fit(data, "data")
         self._grad = np.zeros(self.shape, self.dtype) if grad is None else self._fit(grad, "grad")
         self._version = 0
+        #: Its updater state (an owner's; made by the updater that first updates it).
+        self.updater_state: UpdaterState | None = None
 
     # ``data`` and ``grad`` are views into the flat buffers that servers, kernels and
     # checkpoints read: ``p.grad = g`` copies g into that memory (replacing the view would
@@ -182,6 +185,8 @@ class ParamSet:
         grads: one flat array with every Param's gradient, owners first.
         offsets: int64 array, ``offsets[i]:offsets[i + 1]`` is owner i's range of ``values``.
         num_shares: int64 array, for owner i the number of Params using its values (>= 1).
+        updater_state: the updater state of the owners (one segment each; each owner's
+            ``updater_state`` views its part), made by the updater that first updates them.
     """
 
     def __init__(self, items: Iterable[ParamSpec | tuple[Any, ...]] | ParamPlan,
@@ -220,6 +225,7 @@ class ParamSet:
         self.owners = [by_name[s.name] for s in owners]
         self._by_name = by_name
         self._index = {p.name: i for i, p in enumerate(self.owners)}
+        self.updater_state: UpdaterState | None = None
         self.num_shares = np.ones(len(owners), np.int64)
         for s in sharers:
             self.num_shares[self._index[owner_of[s.name]]] += 1
@@ -293,6 +299,7 @@ class ParamSet:
                              f"shape {self.values.shape}, not {what}")
         rep = copy.copy(self)  # every attribute as it is; then what the replica has its own
         rep.values = values
+        rep.updater_state = None
         rep.grads = np.zeros_like(self.grads)
         by_name: dict[str, Param] = {}
         for i, p in enumerate(self.owners):
@@ -314,27 +321,6 @@ class ParamSet:
         rep.owners = [by_name[p.name] for p in self.owners]
         rep._by_name = by_name
         return rep
-
-    # -- initialisation ---------------------------------------------------------------------
-
-    def init(self, seed: int = 0) -> None:
-        """Initialise every owner with its method; the same seed gives the same values always.
-
-        Each Param draws from its own stream, keyed by ``(seed, name)``, so values do not
-        depend on the order Params are made in, nor on threads, workers or servers.
-        """
-        from .init import create_param_generator, stream
-
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not (
-                0 <= seed < 1 << 64):
-            raise ParamError(f"seed must be an int in [0, 2**64), not {seed!r}")
-        generators: dict[int, Any] = {}
-        for p in self.owners:
-            key = id(p.conf.init)
-            gen = generators.get(key) or create_param_generator(p.conf.init)
-            generators[key] = gen
-            gen.fill(p, stream(seed, p.name))
-            p.version = 0
 
     def __repr__(self) -> str:
         return (f"ParamSet({len(self.params)} params, {len(self.owners)} owners, "

@@ -49,6 +49,7 @@ import math
 import numpy as np
 from numba import prange
 
+from .config import ParamError
 from .numba_cache import njit
 
 __all__ = [
@@ -512,11 +513,11 @@ def param_key(seed: int, name: str) -> int:
         An int in [0, 2**64).
     """
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise ValueError(f"seed must be an int in [0, 2**64), got {type(seed).__name__}")
+        raise ParamError(f"seed must be an int in [0, 2**64), got {type(seed).__name__}")
     if not 0 <= int(seed) < 1 << 64:
-        raise ValueError(f"seed must be an int in [0, 2**64), got {seed}")
+        raise ParamError(f"seed must be an int in [0, 2**64), got {seed}")
     if not isinstance(name, str):
-        raise ValueError(f"name must be a str, got {type(name).__name__}")
+        raise ParamError(f"name must be a str, got {type(name).__name__}")
     digest = hashlib.blake2b(name.encode("utf-8"), digest_size=8,
                              key=int(seed).to_bytes(8, "little")).digest()
     return int.from_bytes(digest, "little")
@@ -525,22 +526,22 @@ def param_key(seed: int, name: str) -> int:
 def _check(out: np.ndarray, key: int, offset: int) -> tuple[np.ndarray, np.uint64, np.uint64]:
     """Validate a fill's target, key and offset; the flat view and the two key words."""
     if not isinstance(out, np.ndarray):
-        raise ValueError(f"out must be a numpy.ndarray, got {type(out).__name__}")
+        raise ParamError(f"out must be a numpy.ndarray, got {type(out).__name__}")
     if out.dtype not in (np.float32, np.float64):
-        raise ValueError(f"out must have dtype float32 or float64, got {out.dtype}")
+        raise ParamError(f"out must have dtype float32 or float64, got {out.dtype}")
     if not out.flags.c_contiguous:
-        raise ValueError("out must be C-contiguous (element i of the stream is element i of "
+        raise ParamError("out must be C-contiguous (element i of the stream is element i of "
                          "out in C order); fill a contiguous array and copy it in")
     if not out.flags.writeable:
-        raise ValueError("out must be writeable")
+        raise ParamError("out must be writeable")
     if isinstance(key, bool) or not isinstance(key, (int, np.integer)):
-        raise ValueError(f"key must be an int in [0, 2**64), got {type(key).__name__}")
+        raise ParamError(f"key must be an int in [0, 2**64), got {type(key).__name__}")
     if not 0 <= int(key) < 1 << 64:
-        raise ValueError(f"key must be an int in [0, 2**64), got {key}")
+        raise ParamError(f"key must be an int in [0, 2**64), got {key}")
     if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)):
-        raise ValueError(f"offset must be an int, got {type(offset).__name__}")
+        raise ParamError(f"offset must be an int, got {type(offset).__name__}")
     if not 0 <= int(offset) <= (1 << 62) - out.size:
-        raise ValueError(f"offset must be in [0, 2**62 - out.size], got {offset}")
+        raise ParamError(f"offset must be in [0, 2**62 - out.size], got {offset}")
     key = int(key)
     return out.reshape(-1), np.uint64(key & 0xFFFFFFFF), np.uint64(key >> 32)
 
@@ -548,9 +549,9 @@ def _check(out: np.ndarray, key: int, offset: int) -> tuple[np.ndarray, np.uint6
 def _finite(dtype: np.dtype, **values: float) -> None:
     for name, value in values.items():
         if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-            raise ValueError(f"{name} must be a real number, got {type(value).__name__}")
+            raise ParamError(f"{name} must be a real number, got {type(value).__name__}")
         if not math.isfinite(value) or abs(value) > float(np.finfo(dtype).max):
-            raise ValueError(f"{name} must be finite in {dtype}, got {value}")
+            raise ParamError(f"{name} must be finite in {dtype}, got {value}")
 
 
 def fill_uniform(out: np.ndarray, key: int, low: float = -1.0, high: float = 1.0, *,
@@ -574,9 +575,9 @@ def fill_uniform(out: np.ndarray, key: int, low: float = -1.0, high: float = 1.0
     _finite(out.dtype, low=low, high=high)
     lo, hi = float(out.dtype.type(low)), float(out.dtype.type(high))
     if not lo <= hi:
-        raise ValueError(f"low must be <= high, got low={low}, high={high}")
+        raise ParamError(f"low must be <= high, got low={low}, high={high}")
     if not math.isfinite(hi - lo):
-        raise ValueError(f"high - low must be finite in float64, got low={low}, high={high}")
+        raise ParamError(f"high - low must be finite in float64, got low={low}, high={high}")
     top = float(np.nextafter(out.dtype.type(hi), out.dtype.type(-np.inf))) if lo < hi else hi
     prm = np.array([lo, hi - lo, top, top, 0.0, 0.0, 0.0, 0.0])
     _run(flat, int(offset), k0, k1, _UNIFORM, prm)
@@ -602,7 +603,7 @@ def fill_normal(out: np.ndarray, key: int, mean: float = 0.0, std: float = 1.0, 
     flat, k0, k1 = _check(out, key, offset)
     _finite(out.dtype, mean=mean, std=std)
     if std < 0:
-        raise ValueError(f"std must be >= 0, got {std}")
+        raise ParamError(f"std must be >= 0, got {std}")
     prm = np.array([float(mean), float(std), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
     _run(flat, int(offset), k0, k1, _NORMAL, prm)
 
@@ -632,20 +633,20 @@ def fill_truncated_normal(out: np.ndarray, key: int, mean: float = 0.0, std: flo
     flat, k0, k1 = _check(out, key, offset)
     _finite(out.dtype, mean=mean, std=std)
     if std < 0:
-        raise ValueError(f"std must be >= 0, got {std}")
+        raise ParamError(f"std must be >= 0, got {std}")
     for label, bound in (("a", a), ("b", b)):
         if isinstance(bound, bool) or not isinstance(
                 bound, (int, float, np.integer, np.floating)) or math.isnan(bound):
-            raise ValueError(f"{label} must be a real number (or ±inf), got {bound!r}")
+            raise ParamError(f"{label} must be a real number (or ±inf), got {bound!r}")
     a, b = float(a), float(b)
     if not a < b:
-        raise ValueError(f"a must be < b (bounds in units of std), got a={a}, b={b}")
+        raise ParamError(f"a must be < b (bounds in units of std), got a={a}, b={b}")
     mirror = a + b > 0  # work in the lower tail, where Φ keeps its relative accuracy
     lo, hi = (-b, -a) if mirror else (a, b)
     plo = 0.5 * math.erfc(-lo / math.sqrt(2.0))
     pspan = 0.5 * math.erfc(-hi / math.sqrt(2.0)) - plo
     if not pspan > 0.0:
-        raise ValueError(f"the interval [a, b] = [{a}, {b}] lies too far in a tail: it holds "
+        raise ParamError(f"the interval [a, b] = [{a}, {b}] lies too far in a tail: it holds "
                          "no probability representable in float64 (keep it within ~37 std)")
     inverse = pspan < 0.25
     prm = np.array([float(mean), float(std), a, b, float(inverse), plo, pspan, float(mirror)])

@@ -1,10 +1,16 @@
 """Updaters (SPEC §5): one shape for every method, one fused kernel call per range.
 
-An :class:`Updater` turns gradients into new values. Its core is :meth:`Updater.apply`: one
-update of a range of flat buffers holding many Params ("segments"), which is what a server
-calls for its slices. :meth:`Updater.update` (one Param) and :meth:`Updater.update_params`
-(a whole :class:`~paramserver.params.ParamSet` in one call) keep the per-element state
-themselves, by Param name, so that :meth:`state_dict` round-trips it.
+An :class:`Updater` is a rule and a learning-rate schedule: it turns gradients into new
+values and holds no state of its own. The state of a method (``history``, Adam's ``m`` and
+``v``, the update counts) is an :class:`~paramserver.state.UpdaterState` that its holder
+keeps: a server for its range, a torch optimizer for its tensors, and, for the calls on
+Params below, the Params themselves (as SINGA keeps a Param's history with the Param).
+
+Its core is :meth:`Updater.apply`: one update of a range of flat buffers holding many Params
+("segments"), which is what a server calls for its slices. :meth:`Updater.update` (one
+Param) and :meth:`Updater.update_params` (a whole :class:`~paramserver.params.ParamSet` in one
+call) use the state the Param or ParamSet holds (:meth:`Updater.state_of`, made on first
+use); a ParamSet's owners view their parts of its state, so the two calls can be mixed.
 
 Per update, in this order: clip into ``[clip_low, clip_high]`` (when ``clip_high >
 clip_low``), scale by ``grad_scale``, add ``weight_decay × wd_scale × w``, then the method's
@@ -13,7 +19,7 @@ rule with ``lr = learning_rate(step) × lr_scale``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -24,41 +30,46 @@ from .config.job import UpdaterConf, conf_from
 from .config.types import format_number
 from .params import Param, ParamSet
 from .schedules import create_lr_method
+from .state import COUNT, Role, UpdaterState, roles_of
 
 T = TypeVar("T", bound=type)
-State = dict[str, np.ndarray]
-
-#: Per-segment update counts, kept for methods whose rule depends on them (Adam).
-COUNT = "count"
 
 
 class Updater:
     """Base of every update method; see the module docstring.
 
-    Subclasses set ``state_roles`` (names of per-element state arrays, zero at start),
-    ``counted`` (whether per-segment update counts are kept), and either override
-    :meth:`_run` with a fused kernel (built-ins) or :meth:`rule` in NumPy (users' methods).
+    Subclasses set ``state_roles`` (the names, or :class:`~paramserver.state.Role` s, of
+    their state arrays, zero at start; the per-segment update count is kept for every
+    method), and either override :meth:`_run` with a fused kernel (built-ins) or
+    :meth:`rule` in NumPy (users' methods).
     """
 
     Config: ClassVar[type[Parameter] | None] = None
-    state_roles: ClassVar[tuple[str, ...]] = ()
-    counted: ClassVar[bool] = False
+    state_roles: ClassVar[tuple[str | Role, ...]] = ()
 
     def __init__(self, conf: UpdaterConf):
         self.conf = conf
         self.own: Any = conf.own
         self.lr = create_lr_method(conf.learning_rate)
-        self._state: dict[str, State] = {}
-        self._flat: dict[int, tuple[ParamSet, State]] = {}
 
-    # -- the batched core -------------------------------------------------------------------
+    # -- state ------------------------------------------------------------------------------
 
-    def init_state(self, size: int, num_segments: int, dtype: Any) -> State:
-        """Zeroed state for a range of ``size`` elements in ``num_segments`` segments.
+    @property
+    def roles(self) -> tuple[Role, ...]:
+        """The roles of this method's state, the update count first."""
+        return roles_of(self.state_roles)
 
-        Refuses a ``delta`` that is 0 in ``dtype`` (1e-300 in float32): every division it
-        guards would give Inf or NaN.
+    def init_state(self, offsets: np.ndarray | list[int], dtype: Any) -> UpdaterState:
+        """Zeroed state for a range of values cut into segments at ``offsets``.
+
+        Refuses a ``delta`` that is 0 in ``dtype`` (see :meth:`check_dtype`).
         """
+        self.check_dtype(dtype)
+        return UpdaterState(self.roles, offsets, dtype)
+
+    def check_dtype(self, dtype: Any) -> None:
+        """Refuse values of ``dtype`` where ``delta`` is 0 (1e-300 in float32): every
+        division it guards would give Inf or NaN."""
         dt = np.dtype(dtype)
         if dt.kind == "f" and not dt.type(self.conf.delta) > 0:
             raise ParamError(
@@ -66,43 +77,84 @@ class Updater:
                 f"than 0 in {dt.name}, where it rounds to 0 (the smallest is "
                 f"{np.finfo(dt).smallest_subnormal!s})\n"
                 f"delta: {UpdaterConf.fields()['delta'].doc}")
-        state = {role: np.zeros(size, dtype) for role in self.state_roles}
-        if self.counted:
-            state[COUNT] = np.zeros(num_segments, np.int64)
-        return state
 
-    def apply(self, step: int, values: np.ndarray, grads: np.ndarray, state: State,
-              offsets: np.ndarray, lr_scale: np.ndarray | float = 1.0,
-              wd_scale: np.ndarray | float = 1.0,
-              grad_scale: np.ndarray | float = 1.0) -> int:
+    def state_of(self, target: Param | ParamSet) -> UpdaterState:
+        """The state a Param or a ParamSet holds for this method, made (zero) on first use.
+
+        A ParamSet's state covers its owners (one segment each), and each owner views its
+        segment, keeping state it already had.
+        """
+        if isinstance(target, ParamSet):
+            held = target.updater_state
+            if held is None:
+                held = self.init_state(target.offsets, target.dtype)
+                for i, p in enumerate(target.owners):  # keep what an owner built up alone
+                    if p.updater_state is not None:
+                        piece = held.segments(i, i + 1)
+                        for r in held.roles:
+                            if r.name in p.updater_state:
+                                piece[r.name][...] = p.updater_state[r.name]
+            held = held.with_roles(self.roles)
+            if held is not target.updater_state:
+                target.updater_state = held
+                for i, p in enumerate(target.owners):
+                    p.updater_state = held.segments(i, i + 1)
+            return held
+        if target.owner is not None:
+            raise ParamError(f"Param '{target.name}' shares the values of "
+                             f"'{target.owner.name}': update the owner")
+        own = target.updater_state
+        if own is None:
+            own = target.updater_state = self.init_state([0, target.size], target.dtype)
+        elif any(r.name not in own for r in self.roles):
+            own = target.updater_state = own.with_roles(self.roles)
+        return own
+
+    # -- the batched core -------------------------------------------------------------------
+
+    def apply(self, step: int, values: np.ndarray, grads: np.ndarray, state: UpdaterState,
+              lr_scale: np.ndarray | float = 1.0, wd_scale: np.ndarray | float = 1.0,
+              grad_scale: np.ndarray | float = 1.0, *, refuse_nonfinite: bool = False) -> int:
         """One update of a range of flat buffers, in place.
 
         Returns the number of gradient elements that were NaN or Inf, counted in the same
-        pass (the update is applied regardless; the caller decides what that means).
+        pass (the update is applied regardless, unless ``refuse_nonfinite``).
 
         Args:
             step: the training step; the learning rate is ``learning_rate(step)``.
             values: 1-D values, updated in place.
             grads: 1-D gradients of the same length and dtype; only read.
-            state: this range's state (from :meth:`init_state`), updated in place.
-            offsets: int64 segment boundaries, ``offsets[0] == 0``, ``offsets[-1] == len``.
+            state: this range's state (its segments are the range's), updated in place;
+                every segment's update count goes up by one.
             lr_scale, wd_scale, grad_scale: per segment (arrays) or for all (numbers).
+            refuse_nonfinite: read the gradient first (a read-only pass in the same kernel
+                call); if it holds NaN or Inf, write nothing at all (values, state, counts).
         """
-        n = len(offsets) - 1
+        n = state.num_segments
+        if values.shape != (state.size,):
+            raise ParamError(f"values of shape {values.shape} for a state of {state.size} "
+                             "values")
         lr = self.lr(step) * _per_segment(lr_scale, n)
         wd = self.conf.weight_decay * _per_segment(wd_scale, n)
-        if self.counted:
-            state[COUNT] += 1
-        return self._run(values, grads, state, np.asarray(offsets, np.int64), lr, wd,
-                         _per_segment(grad_scale, n))
+        counts = state.counts
+        np.add(counts, 1, out=counts)  # this update's number, as the rule sees it
+        nonfinite = self._run(values, grads, state, lr, wd, _per_segment(grad_scale, n),
+                              refuse_nonfinite)
+        if nonfinite and refuse_nonfinite:
+            np.subtract(counts, 1, out=counts)  # refused: nothing else was written
+        return nonfinite
 
-    def _run(self, w: np.ndarray, g: np.ndarray, state: State, offsets: np.ndarray,
-             lr: np.ndarray, wd: np.ndarray, gscale: np.ndarray) -> int:
+    def _run(self, w: np.ndarray, g: np.ndarray, state: UpdaterState, lr: np.ndarray,
+             wd: np.ndarray, gscale: np.ndarray, check: bool = False) -> int:
         """The update over segments; by default :meth:`rule` on each segment, in NumPy.
-        Returns the number of non-finite gradient elements."""
+        Returns the number of non-finite gradient elements; with ``check``, writes nothing
+        when there are any."""
         c = self.conf
+        offsets = state.offsets
         nonfinite = int(g.size - np.count_nonzero(np.isfinite(g)))
-        for i in range(len(offsets) - 1):
+        if check and nonfinite:
+            return nonfinite
+        for i in range(state.num_segments):
             lo, hi = int(offsets[i]), int(offsets[i + 1])
             gi = g[lo:hi].astype(w.dtype, copy=True)
             if c.clip_high > c.clip_low:
@@ -110,14 +162,16 @@ class Updater:
             gi *= w.dtype.type(gscale[i])
             if wd[i] > 0:
                 gi += w.dtype.type(wd[i]) * w[lo:hi]
-            seg = {k: (v[lo:hi] if k != COUNT else v[i:i + 1]) for k, v in state.items()}
-            self.rule(w[lo:hi], gi, seg, float(lr[i]))
+            self.rule(w[lo:hi], gi, state.segment(i), float(lr[i]))
         return nonfinite
 
-    def rule(self, w: np.ndarray, g: np.ndarray, state: State, lr: float) -> None:
+    def rule(self, w: np.ndarray, g: np.ndarray, state: dict[str, np.ndarray],
+             lr: float) -> None:
         """A user method's rule on one segment: update ``w`` and ``state`` in place.
 
-        ``g`` is already clipped, scaled and weight-decayed (a private copy).
+        ``g`` is already clipped, scaled and weight-decayed (a private copy); ``state``
+        holds the segment's arrays by role, ``state["count"]`` its update count (this
+        update included).
         """
         raise NotImplementedError(f"{type(self).__name__} must define rule() or _run()")
 
@@ -128,15 +182,9 @@ class Updater:
 
         Returns the number of NaN or Inf elements the gradient held (0 when it was finite).
         """
-        if param.owner is not None:
-            raise ParamError(f"Param '{param.name}' shares the values of "
-                             f"'{param.owner.name}': update the owner")
-        state = self._state.get(param.name)
-        if state is None:
-            state = self._state[param.name] = self.init_state(param.size, 1, param.dtype)
+        state = self.state_of(param)
         nonfinite = self.apply(step, param.data.reshape(-1), param.grad.reshape(-1), state,
-                               np.array([0, param.size], np.int64), param.lr_scale,
-                               param.wd_scale, grad_scale)
+                               param.lr_scale, param.wd_scale, grad_scale)
         param.version += 1
         return nonfinite
 
@@ -148,66 +196,13 @@ class Updater:
         ``grad_scale`` defaults to ``1 / num_shares`` per owner: the mean of the gradients
         of the Params sharing it, once :meth:`ParamSet.sum_shared_grads` has summed them.
         """
-        entry = self._flat.get(id(params))
-        if entry is None or entry[0] is not params:
-            entry = (params, self._bind(params))
-            self._flat[id(params)] = entry
+        state = self.state_of(params)
         scale = 1.0 / params.num_shares if grad_scale is None else grad_scale
-        nonfinite = self.apply(step, params.values, params.owner_grads(), entry[1],
-                               params.offsets, params.lr_scales, params.wd_scales, scale)
+        nonfinite = self.apply(step, params.values, params.owner_grads(), state,
+                               params.lr_scales, params.wd_scales, scale)
         for p in params.owners:
             p.version += 1
         return nonfinite
-
-    def _bind(self, params: ParamSet) -> State:
-        """Flat state for a ParamSet, with each owner's part registered under its name."""
-        flat = self.init_state(params.values.size, len(params.owners), params.dtype)
-        for i, p in enumerate(params.owners):
-            lo, hi = int(params.offsets[i]), int(params.offsets[i + 1])
-            old = self._state.get(p.name)
-            view = {k: (v[lo:hi] if k != COUNT else v[i:i + 1]) for k, v in flat.items()}
-            if old is not None:  # keep state already built up (or loaded) for this name
-                for k in view:
-                    view[k][...] = old[k].reshape(view[k].shape)
-            self._state[p.name] = view
-        return flat
-
-    # -- state ------------------------------------------------------------------------------
-
-    def state_dict(self) -> dict[str, np.ndarray]:
-        """Every state array and counter, as ``{"<param>/<role>": array}`` (copies)."""
-        return {f"{name}/{role}": arr.copy()
-                for name, state in self._state.items() for role, arr in state.items()}
-
-    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
-        """Restore :meth:`state_dict`'s output; checked whole before anything changes."""
-        roles = set(self.state_roles) | ({COUNT} if self.counted else set())
-        parsed: dict[str, State] = {}
-        problems = []
-        for key, arr in state.items():
-            name, _, role = key.rpartition("/")
-            if not name or role not in roles:
-                problems.append(f"state key '{key}' is not '<param>/<role>' with a role of "
-                                f"{type(self).__name__}: {sorted(roles)}")
-                continue
-            current = self._state.get(name, {}).get(role)
-            if current is not None and current.shape != np.shape(arr):
-                problems.append(f"state '{key}' has shape {np.shape(arr)}, "
-                                f"expected {current.shape}")
-            parsed.setdefault(name, {})[role] = np.array(arr)
-        for name, st in parsed.items():
-            if set(st) != roles:
-                problems.append(f"state of '{name}' has roles {sorted(st)}, "
-                                f"expected {sorted(roles)}")
-        if problems:
-            raise ParamError(problems)
-        for name, st in parsed.items():
-            held = self._state.get(name)
-            if held is not None:
-                for role, arr in st.items():
-                    held[role][...] = arr
-            else:
-                self._state[name] = st
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.conf!r})"
@@ -241,17 +236,20 @@ class _Fused(Updater):
         """The method's hyper-parameters, as the kernel takes them."""
         return {}
 
-    def _run(self, w: np.ndarray, g: np.ndarray, state: State, offsets: np.ndarray,
-             lr: np.ndarray, wd: np.ndarray, gscale: np.ndarray) -> int:
+    #: Whether the kernel takes the update counts (as ``step``).
+    counted: ClassVar[bool] = False
+
+    def _run(self, w: np.ndarray, g: np.ndarray, state: UpdaterState, lr: np.ndarray,
+             wd: np.ndarray, gscale: np.ndarray, check: bool = False) -> int:
         from . import kernels
 
-        arrays = [state[r] for r in self.state_roles]
+        arrays = [state[r.name] for r in self.roles[1:]]
         kw = self.extra()
         if self.counted:
-            kw["step"] = state[COUNT].astype(np.float64)
+            kw["step"] = state.counts.astype(np.float64)
         nonfinite: int = getattr(kernels, self.kernel)(
-            w, g, *arrays, offsets, lr, wd, gscale, clip_low=self.conf.clip_low,
-            clip_high=self.conf.clip_high, **kw)
+            w, g, *arrays, state.offsets, lr, wd, gscale, clip_low=self.conf.clip_low,
+            clip_high=self.conf.clip_high, check=check, **kw)
         return nonfinite
 
 
@@ -265,13 +263,14 @@ class SGD(_Fused):
     def state_roles(self) -> tuple[str, ...]:  # type: ignore[override]
         return ("history",) if self.conf.momentum > 0 else ()
 
-    def _run(self, w: np.ndarray, g: np.ndarray, state: State, offsets: np.ndarray,
-             lr: np.ndarray, wd: np.ndarray, gscale: np.ndarray) -> int:
+    def _run(self, w: np.ndarray, g: np.ndarray, state: UpdaterState, lr: np.ndarray,
+             wd: np.ndarray, gscale: np.ndarray, check: bool = False) -> int:
         from . import kernels
 
-        h = state.get("history", np.empty(0, w.dtype))
-        return kernels.sgd(w, g, h, offsets, lr, wd, gscale, momentum=self.conf.momentum,
-                           clip_low=self.conf.clip_low, clip_high=self.conf.clip_high)
+        h = state["history"] if "history" in state and self.conf.momentum > 0 else w[:0]
+        return kernels.sgd(w, g, h, state.offsets, lr, wd, gscale,
+                           momentum=self.conf.momentum, clip_low=self.conf.clip_low,
+                           clip_high=self.conf.clip_high, check=check)
 
 
 @register_updater("kNesterov", aliases=("nesterov",))

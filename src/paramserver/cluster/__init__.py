@@ -1,10 +1,12 @@
-"""Parameter servers and workers (SPEC §7), embedded in one process by default.
+"""Parameter servers and workers (SPEC §7), embedded in one process by default, on Ray
+across processes and machines.
 
 - :func:`compute_slices`, :func:`partition_slices`: SINGA's slicing of Params over servers;
 - :class:`Cluster`: servers and workers built from a job; :meth:`Cluster.run` trains;
 - :class:`Server`, :class:`Worker`: the two ends of the message vocabulary in
   :mod:`paramserver.cluster.messages`, joined by a transport
   (:class:`~paramserver.cluster.transport.LocalTransport` in one process);
+- :mod:`paramserver.cluster.driver`: the life of a step and of a run, for every backend;
 - :func:`server_loads`: what each server carries, for ``paramserver check``;
 - :class:`ClusterError`: runtime failures (timeouts, dead workers, non-finite gradients).
 
@@ -13,14 +15,16 @@ See ``docs/cluster.md``.
 
 from __future__ import annotations
 
-from .errors import ClusterError
+from .errors import ClusterError, ServerLost
+from .gradfn import GradFn, OnStep, RemoteGradFn
 from .layout import ServerLayout, ServerLoad, plan_servers, server_loads
-from .runtime import Cluster, GradFn, OnStep
+from .runtime import Cluster
 from .server import Server
 from .slicing import compute_slices, partition_slices
-from .transport import LocalTransport, Pending, Transport
+from .transport import Handler, LocalTransport, Pending, Transport
 from .worker import Worker
 
-__all__ = ["Cluster", "ClusterError", "GradFn", "LocalTransport", "OnStep", "Pending",
-           "Server", "ServerLayout", "ServerLoad", "Transport", "Worker", "compute_slices",
-           "partition_slices", "plan_servers", "server_loads"]
+__all__ = ["Cluster", "ClusterError", "GradFn", "Handler", "LocalTransport", "OnStep",
+           "Pending", "RemoteGradFn", "Server", "ServerLayout", "ServerLoad", "ServerLost",
+           "Transport", "Worker", "compute_slices", "partition_slices", "plan_servers",
+           "server_loads"]

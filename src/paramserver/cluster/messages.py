@@ -1,17 +1,24 @@
-"""The message vocabulary between worker stubs and servers (SPEC §7).
+"""The message vocabulary of the cluster (SPEC §7).
 
 Every exchange is a request and one reply. The messages are plain frozen data (integers,
-flags and numpy arrays), so a transport only has to move them: the local transport hands
-them over as they are (arrays are views of the sender's memory: nothing is copied), a
-transport between processes serialises the arrays.
+flags, strings, numpy arrays and dicts of arrays), so a transport only has to move them: the
+local transport hands them over as they are (arrays are views of the sender's memory:
+nothing is copied), a transport between processes serialises them field by field
+(:mod:`paramserver.cluster.ray_wire`: a new message is a new dataclass here, nothing else).
 
 Requests, worker → server (→ the reply):
-    :class:`Put`     start serving these values from this step → :class:`PutReply`
-    :class:`Get`     the values, once a version / staleness clock is reached → :class:`GetReply`
-    :class:`Update`  one worker's gradients of one step → :class:`UpdateReply`, once applied
-    :class:`Leave`   a worker is gone from a step on → :class:`Ack`
+    :class:`Get`      the values, once a version / staleness clock is reached → :class:`Values`
+    :class:`Update`   one worker's gradients of one step → :class:`Values`, once applied
+    :class:`Leave`    a worker is gone from a step on → :class:`Ack`
 Request, server → master server (server groups):
-    :class:`Sync`    the change since the last sync → :class:`SyncReply`
+    :class:`Sync`     the change since the last sync → :class:`Values` (the master's)
+Requests, the run's driver → server (the life of the servers, the same on every backend):
+    :class:`Put`      serve these values (or the values held) from this step → :class:`Ack`
+    :class:`Flush`    sync with the master now (end of a run) → :class:`Ack`
+    :class:`GetState` values, versions, updater state → :class:`State`
+    :class:`SetState` check, and unless told not to load, such a state → :class:`Problems`
+    :class:`Save`     write this server's checkpoint of a step → :class:`Ack`
+    :class:`Restore`  serve from this server's checkpoint of a step → :class:`Ack`
 Any request may instead be answered with :class:`ErrorReply`.
 """
 
@@ -25,21 +32,7 @@ import numpy as np
 Address = tuple[int, int]
 
 
-@dataclass(frozen=True, eq=False)
-class Put:
-    """Start (or restart) serving from these values.
-
-    Attributes:
-        values: the server's range of values. The server keeps the array as it is: inside
-            one process it is the worker group's own memory, which the server then updates.
-        num_shares: per segment, the number of Params sharing it (SPEC §3).
-        step: the training step the run starts at; every worker group's clock starts there.
-    """
-
-    values: np.ndarray
-    num_shares: np.ndarray
-    step: int
-
+# -- worker → server ---------------------------------------------------------------------------
 
 @dataclass(frozen=True, eq=False)
 class Get:
@@ -61,15 +54,12 @@ class Update:
         grads: the gradients (the sum of every share already), or ``None`` for a push that
             was dropped (a non-finite gradient under ``nonfinite: skip``): the server counts
             the worker in for the step without its gradients.
-        flush: sync with the master server group after this update, whatever ``sync_freq``
-            says (sent with the last step of a run).
     """
 
     group: int
     worker: int
     step: int
     grads: np.ndarray | None
-    flush: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -81,6 +71,8 @@ class Leave:
     step: int
 
 
+# -- server → master ---------------------------------------------------------------------------
+
 @dataclass(frozen=True, eq=False)
 class Sync:
     """A non-master server's change since its last sync (SINGA's server-group sync)."""
@@ -89,39 +81,94 @@ class Sync:
     delta: np.ndarray
 
 
-Request = Put | Get | Update | Leave | Sync
+# -- driver → server ---------------------------------------------------------------------------
+
+@dataclass(frozen=True, eq=False)
+class Put:
+    """Serve from ``step`` on: every worker group's clock starts there, every worker is live.
+
+    Attributes:
+        values: the server's range of values, kept as they are (inside one process the
+            server then updates that very memory); ``None``: the values it holds.
+        num_shares: per segment, the number of Params sharing it (SPEC §3).
+        step: the training step the run starts at.
+    """
+
+    values: np.ndarray | None
+    num_shares: np.ndarray
+    step: int
 
 
 @dataclass(frozen=True, eq=False)
-class PutReply:
-    versions: np.ndarray
+class Flush:
+    """A server of a group > 0 sends its change since its last sync to the master and takes
+    the master's values (at the end of a run; a master server answers at once)."""
+
+    step: int
 
 
 @dataclass(frozen=True, eq=False)
-class GetReply:
-    """The values (a view of the server's memory inside one process) and slice versions."""
-
-    values: np.ndarray
-    versions: np.ndarray
+class GetState:
+    """Ask for the server's values, slice versions and updater state."""
 
 
 @dataclass(frozen=True, eq=False)
-class UpdateReply:
-    """The values after the step's update and the slice versions.
+class SetState:
+    """Check ``arrays`` (keys as :class:`State` gives them) and, unless ``check_only``,
+    load them when they fit; ``prefix`` is how the problems name the keys."""
 
-    ``applied`` is False when every gradient of the step was dropped (nothing changed).
+    arrays: dict[str, np.ndarray]
+    check_only: bool = False
+    prefix: str = ""
+
+
+@dataclass(frozen=True, eq=False)
+class Save:
+    """Write the server's checkpoint of ``step`` (values, updater state, versions) into its
+    folder, atomically, keeping the newest few."""
+
+    step: int
+
+
+@dataclass(frozen=True, eq=False)
+class Restore:
+    """Take the values, updater state and versions of the server's checkpoint of ``step``
+    and serve from that step (after a restart, or to roll back with a restarted one)."""
+
+    step: int
+
+
+Request = Get | Update | Leave | Sync | Put | Flush | GetState | SetState | Save | Restore
+
+
+# -- replies -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True, eq=False)
+class Values:
+    """The values and the slice versions (the values a view of the server's memory inside
+    one process; of the master's for a :class:`Sync`).
+
+    ``applied`` (for an :class:`Update`) is False when every gradient of the step was
+    dropped (nothing changed).
     """
 
     values: np.ndarray
     versions: np.ndarray
-    applied: bool
+    applied: bool = True
 
 
 @dataclass(frozen=True, eq=False)
-class SyncReply:
-    """The master's values after adding the delta (a copy: the master goes on changing)."""
+class State:
+    """A server's state as flat arrays: ``values``, ``versions``, ``state/<param>/<role>``."""
 
-    values: np.ndarray
+    arrays: dict[str, np.ndarray]
+
+
+@dataclass(frozen=True, eq=False)
+class Problems:
+    """What is wrong with a state given to :class:`SetState` (nothing: it fits)."""
+
+    problems: list[str]
 
 
 @dataclass(frozen=True, eq=False)
@@ -131,12 +178,20 @@ class Ack:
 
 @dataclass(frozen=True, eq=False)
 class ErrorReply:
-    """The request failed, or the run was stopped; ``message`` says why."""
+    """The request failed, or the run was stopped; ``message`` says why. ``lost``: the server
+    was lost (its process died) while the request waited."""
 
     message: str
+    lost: bool = False
 
 
-Reply = PutReply | GetReply | UpdateReply | SyncReply | Ack | ErrorReply
+Reply = Values | State | Problems | Ack | ErrorReply
 
-__all__ = ["Ack", "Address", "ErrorReply", "Get", "GetReply", "Leave", "Put", "PutReply",
-           "Reply", "Request", "Sync", "SyncReply", "Update", "UpdateReply"]
+#: Every message kind, by name (what a transport between processes sends).
+KINDS: dict[str, type] = {cls.__name__: cls for cls in (
+    Get, Update, Leave, Sync, Put, Flush, GetState, SetState, Save, Restore,
+    Values, State, Problems, Ack, ErrorReply)}
+
+__all__ = ["KINDS", "Ack", "Address", "ErrorReply", "Flush", "Get", "GetState", "Leave",
+           "Problems", "Put", "Reply", "Request", "Restore", "Save", "SetState", "State",
+           "Sync", "Update", "Values"]

@@ -1,10 +1,13 @@
 """The passes over memory the cluster adds to the updater's kernel.
 
 - :func:`all_finite`: whether a gradient holds no NaN or Inf — one parallel, read-only pass
-  that compares exponent bits as integers (exact, and vectorised without fast-math);
+  that counts the values whose exponent bits are all set, as integers (exact, and
+  vectorised without fast-math: 1 ms for 16M float32 values where a running maximum of the
+  bits took 1 to 6 ms on two busy cores);
 - :func:`nonfinite_counts`: the slow, exact account for the error message, per range;
 - :func:`sum_into`: ``out = a + b``, elementwise, in parallel (the fixed-order sum of
-  several workers' gradients is a chain of these);
+  several workers' gradients is a chain of these), counting the non-finite sums in the same
+  pass (so a sum's check for NaN, Inf and overflow costs nothing);
 - :func:`kernel_guard`: numba's ``workqueue`` threading layer aborts the process when two
   threads launch parallel kernels at once; under it every kernel launch of the cluster is
   serialised (``omp`` and ``tbb`` are thread-safe and run unguarded).
@@ -41,32 +44,38 @@ def _build() -> dict[str, Any]:
         from ..numba_cache import njit
 
         @njit(parallel=True, nogil=True, cache=True)
-        def count_nonfinite_chunks(bits, mask):  # type: ignore[no-untyped-def]
+        def count_nonfinite(bits, mask):  # type: ignore[no-untyped-def]
             n = bits.shape[0]
             bad = 0
             for c in prange((n + _CHUNK - 1) // _CHUNK):
                 lo = c * _CHUNK
                 s = bits[lo:min(lo + _CHUNK, n)]
-                m = mask ^ mask  # zero, of the bits' type
+                k = 0
                 for i in range(s.shape[0]):
-                    m = max(m, s[i] & mask)  # all exponent bits set: Inf or NaN
-                if m == mask:
-                    bad += 1
+                    k += (s[i] & mask) == mask  # all exponent bits set: Inf or NaN
+                bad += k
             return bad
 
         @njit(parallel=True, nogil=True, cache=True)
         def add(out, a, b):  # type: ignore[no-untyped-def]
             n = out.shape[0]
+            bad = 0
             for c in prange((n + _CHUNK - 1) // _CHUNK):
                 lo = c * _CHUNK
                 hi = min(lo + _CHUNK, n)
                 o = out[lo:hi]
                 x = a[lo:hi]
                 y = b[lo:hi]
+                count = 0
                 for i in range(hi - lo):
-                    o[i] = x[i] + y[i]
+                    s = x[i] + y[i]
+                    o[i] = s
+                    d = s - s  # 0, or NaN for an Inf or NaN sum
+                    count += d != d
+                bad += count
+            return bad
 
-        _kernels.update(count=count_nonfinite_chunks, add=add)
+        _kernels.update(count=count_nonfinite, add=add)
         return _kernels
 
 
@@ -90,10 +99,12 @@ def all_finite(x: np.ndarray) -> bool:
     """Whether a 1-D float32/float64 array holds no NaN and no Inf."""
     if x.size < _SMALL:
         return bool(np.isfinite(x).all())
+    from ..kernels import threads_for
+
     uint, mask = _EXPONENT[x.dtype]
     bits = np.ascontiguousarray(x).view(uint)
     count = _build()["count"]
-    with kernel_guard():
+    with kernel_guard(), threads_for(x.size, _CHUNK):
         return int(count(bits, uint(mask))) == 0
 
 
@@ -102,14 +113,18 @@ def nonfinite_counts(x: np.ndarray) -> tuple[int, int]:
     return int(np.count_nonzero(np.isnan(x))), int(np.count_nonzero(np.isinf(x)))
 
 
-def sum_into(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
-    """``out[i] = a[i] + b[i]`` in the arrays' precision; ``out`` may be ``a``."""
+def sum_into(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> int:
+    """``out[i] = a[i] + b[i]`` in the arrays' precision; ``out`` may be ``a``. Returns the
+    number of sums that are NaN or Inf (an input was, or the sum overflowed)."""
     if out.size < _SMALL:
-        np.add(a, b, out=out)
-        return
+        with np.errstate(over="ignore", invalid="ignore"):  # counted, and said, by the caller
+            np.add(a, b, out=out)
+        return int(out.size - np.count_nonzero(np.isfinite(out)))
+    from ..kernels import threads_for
+
     add = _build()["add"]
-    with kernel_guard():
-        add(out, a, b)
+    with kernel_guard(), threads_for(out.size, _CHUNK):
+        return int(add(out, a, b))
 
 
 __all__ = ["all_finite", "kernel_guard", "nonfinite_counts", "sum_into"]

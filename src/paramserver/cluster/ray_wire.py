@@ -1,25 +1,29 @@
-"""What the Ray backend sends to its actors, as plain data (no pickled objects of ours).
+"""What the Ray backend sends to its actors and between them, as plain data (no pickled
+objects of ours).
 
 An actor of the Ray backend is built from numbers, strings, lists, dicts and numpy arrays
 only: configurations travel as their declarations' JSON (``to_json`` / ``parse``), server
 ranges as :func:`layout_to_data`, Params as :func:`params_to_data`, and a gradient function
-that the actor should build itself as a :class:`RemoteGradFn` (a factory's import path and
-its JSON arguments). Modules that registered a user's components are imported by name in
-every actor (:func:`user_modules`, :func:`import_modules`), so ``user_type`` works there too.
+that the actor should build itself as a
+:class:`~paramserver.cluster.gradfn.RemoteGradFn`'s data. Modules that registered a user's
+components are imported by name in every actor (:func:`user_modules`,
+:func:`import_modules`), so ``user_type`` works there too.
 
-Replies of servers travel as tuples (:func:`encode_reply`, :func:`decode_reply`); large
-value arrays in them as one object-store reference shared by every reply of one state.
+Every message of :mod:`paramserver.cluster.messages` travels as the tuple
+``(kind, field, ...)`` (:func:`encode`, :func:`decode`), one generic rule for the whole
+vocabulary; large arrays in a server's reply as one object-store reference shared by every
+reply of one state.
 
 This module does not import Ray.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -28,32 +32,14 @@ from ..config import ParamError
 from ..config.components import layers, lr_methods, param_generators, updaters
 from ..config.registry import Registry
 from ..params import ParamSet
-from .errors import ClusterError
 from .layout import ServerLayout
-from .messages import (
-    Ack,
-    Address,
-    ErrorReply,
-    GetReply,
-    PutReply,
-    Reply,
-    SyncReply,
-    UpdateReply,
-)
+from .messages import KINDS, Reply, Request
 
 #: Arrays at least this large travel as object-store references (Ray inlines smaller ones).
 LARGE = 100 * 1024
 
 _LAYOUT_ARRAYS = ("slice_ids", "slice_offsets", "slice_owners", "offsets", "owners",
                   "lr_scale", "wd_scale")
-
-
-class ServerLost(ClusterError):
-    """A server actor died while a request to it waited (Ray restarts it)."""
-
-    def __init__(self, message: str, address: Address):
-        super().__init__(message)
-        self.address = address
 
 
 # -- server ranges and Params -----------------------------------------------------------------
@@ -124,75 +110,27 @@ def import_modules(names: Sequence[str], sys_path: Sequence[str] = ()) -> None:
         importlib.import_module(name)
 
 
-@dataclass(frozen=True)
-class RemoteGradFn:
-    """A gradient function that each worker actor builds for itself, described as data.
+# -- messages ----------------------------------------------------------------------------------
 
-    ``factory`` is ``"module:function"``; in the actor, ``function(**args)`` returns the
-    ``grad_fn(worker, step)`` of that worker. ``args`` must be JSON-able. The function is
-    built once per actor and arguments, and reused by later runs.
-    """
-
-    factory: str
-    args: Mapping[str, Any] = field(default_factory=dict)
-
-    def to_data(self) -> tuple[str, str]:
-        try:
-            return self.factory, json.dumps(dict(self.args), sort_keys=True)
-        except TypeError as e:
-            raise ParamError(f"RemoteGradFn({self.factory!r}): its arguments must be JSON "
-                             f"data: {e}") from None
+def encode(message: Request | Reply, share: Callable[[np.ndarray], Any] | None = None
+           ) -> tuple[Any, ...]:
+    """A message as ``(kind, field, ...)``; with ``share``, its arrays as what ``share``
+    makes of them (a copy taken now, or an object-store reference shared by the replies of
+    one state)."""
+    fields = [getattr(message, f.name) for f in dataclasses.fields(message)]  # type: ignore[arg-type]
+    if share is not None:
+        fields = [share(v) if isinstance(v, np.ndarray) else v for v in fields]
+    return (type(message).__name__, *fields)
 
 
-def build_grad_fn(data: tuple[str, str]) -> Callable[..., Any]:
-    """The gradient function a :class:`RemoteGradFn`'s data describes (in an actor)."""
-    factory, args = data
-    module, _, name = factory.partition(":")
-    fn: Any = importlib.import_module(module)
-    for part in name.split("."):
-        fn = getattr(fn, part)
-    made: Callable[..., Any] = fn(**json.loads(args))
-    return made
+def decode(data: Sequence[Any], resolve: Callable[[Any], Any] | None = None) -> Any:
+    """The message of :func:`encode`'s tuple; ``resolve`` fetches a shared reference."""
+    cls = KINDS.get(str(data[0]))
+    if cls is None:
+        raise ParamError(f"unknown message {data[0]!r}")
+    fields = data[1:] if resolve is None else [resolve(v) for v in data[1:]]
+    return cls(*fields)
 
 
-# -- replies -----------------------------------------------------------------------------------
-
-def encode_reply(reply: Reply, share: Callable[[np.ndarray], Any]) -> tuple[Any, ...]:
-    """A server's reply as a tuple; ``share(values)`` gives what carries the values (a copy
-    taken now, or an object-store reference shared by the replies of one state)."""
-    if isinstance(reply, UpdateReply):
-        return ("update", share(reply.values), reply.versions.copy(), reply.applied)
-    if isinstance(reply, GetReply):
-        return ("get", share(reply.values), reply.versions.copy())
-    if isinstance(reply, PutReply):
-        return ("put", reply.versions.copy())
-    if isinstance(reply, SyncReply):
-        return ("sync", reply.values)
-    if isinstance(reply, Ack):
-        return ("ack",)
-    if isinstance(reply, ErrorReply):
-        return ("error", reply.message)
-    raise TypeError(f"unknown reply {type(reply).__name__}")
-
-
-def decode_reply(data: tuple[Any, ...], fetch: Callable[[Any], np.ndarray]) -> Reply:
-    """The reply of :func:`encode_reply`'s tuple; ``fetch`` resolves a shared reference."""
-    kind = data[0]
-    if kind == "update":
-        return UpdateReply(fetch(data[1]), data[2], bool(data[3]))
-    if kind == "get":
-        return GetReply(fetch(data[1]), data[2])
-    if kind == "put":
-        return PutReply(data[1])
-    if kind == "sync":
-        return SyncReply(data[1])
-    if kind == "ack":
-        return Ack()
-    if kind == "error":
-        return ErrorReply(str(data[1]))
-    raise TypeError(f"unknown reply {kind!r}")
-
-
-__all__ = ["LARGE", "RemoteGradFn", "ServerLost", "build_grad_fn", "decode_reply", "encode_reply",
-           "import_modules", "layout_from_data", "layout_to_data", "main_components",
-           "params_from_data", "params_to_data", "user_modules"]
+__all__ = ["LARGE", "decode", "encode", "import_modules", "layout_from_data", "layout_to_data",
+           "main_components", "params_from_data", "params_to_data", "user_modules"]

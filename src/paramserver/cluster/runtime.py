@@ -1,4 +1,4 @@
-"""The embedded cluster: servers and workers in this process, workers as threads (SPEC §7).
+"""The cluster (SPEC §7): servers and workers built from a job, and the runs that train.
 
 :class:`Cluster` builds the slices, the servers of every server group and the workers of
 every worker group from a :class:`~paramserver.config.job.ClusterConf`, a
@@ -11,21 +11,16 @@ every worker group from a :class:`~paramserver.config.job.ClusterConf`, a
         return {"loss": loss}
     metrics = cluster.run(grad_fn, steps=100)       # metrics[i][rank]
 
-Server group 0 holds the ParamSet's own values (``params.values`` is the model, updated in
-place); every further server group holds a copy. Workers talk to servers only through the
-messages of :mod:`~paramserver.cluster.messages` over a :class:`LocalTransport`.
-
-With ``cluster.backend: "ray"``, ``Cluster(...)`` makes a
-:class:`~paramserver.cluster.ray_backend.RayCluster` instead: the same servers and workers
-as Ray actors, with the same ``run``, ``state_dict`` and ``load_state_dict``.
+Where the servers and workers live is the backend, chosen by ``cluster.backend``: ``local``
+(embedded: :mod:`~paramserver.cluster.local`, threads of this process) or ``ray``
+(:mod:`~paramserver.cluster.ray_backend`, Ray actors). A run is the same on both: the
+:class:`~paramserver.cluster.driver.Driver` gives the servers their values, starts the
+workers and gathers their outcomes.
 """
 
 from __future__ import annotations
 
-import queue
-import threading
-import time
-import warnings
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -35,23 +30,11 @@ from ..config import ParamError
 from ..config.job import ClusterConf, JobConf, UpdaterConf
 from ..params import ParamSet
 from ..updaters import Updater, create_updater
-from .errors import ClusterError
+from .driver import Backend, Driver, checkpoint_folder
+from .gradfn import GradFn, OnStep, RemoteGradFn
 from .layout import ServerLayout, plan_servers
+from .local import LocalBackend
 from .messages import Address
-from .server import Server
-from .state import join_state, owner_versions, split_state
-from .transport import LocalTransport, Transport
-from .worker import Worker
-
-#: ``grad_fn(worker, step)``: fill ``worker.params``' gradients, return metrics (or None).
-GradFn = Callable[[Worker, int], "Mapping[str, Any] | None"]
-#: ``on_step(step, metrics)``: called in the caller's thread, in step order, once every
-#: live worker has finished the step; ``metrics`` by rank (None for a worker gone).
-OnStep = Callable[[int, "list[Mapping[str, Any] | None]"], None]
-
-
-class _GradFnFailed(Exception):
-    """The user's gradient function raised (its exception is the cause)."""
 
 
 def _cluster_conf(job: JobConf | ClusterConf | Mapping[str, Any]) -> ClusterConf:
@@ -83,83 +66,139 @@ def _check_conf(conf: ClusterConf) -> None:
                          "a worker group would hold values nobody trains")
 
 
+def _make_ray(conf: ClusterConf, params: ParamSet, layouts: list[ServerLayout],
+              updater: Updater, checkpoint_dir: Any, restarts: int,
+              options: dict[str, Any]) -> Backend:
+    from .ray_backend import RayBackend  # imports Ray: only when chosen
+
+    return RayBackend(conf, params, layouts, updater, checkpoint_dir, actor_restarts=restarts,
+                      **options)
+
+
 class Cluster:
-    """Parameter servers and workers, embedded; see the module docstring. With
-    ``backend: "ray"`` in the cluster configuration, ``Cluster(...)`` returns a
-    :class:`~paramserver.cluster.ray_backend.RayCluster` (which takes further keyword
-    arguments: placement, actor options, checkpoints).
+    """Parameter servers and workers; see the module docstring.
 
     Args:
         job: a job (its ``cluster`` and, unless ``updater`` is given, its ``updater``), a
             cluster configuration, or a dict of one.
-        params: the Params; server group 0 holds (and updates) ``params.values`` itself.
+        params: the Params; server group 0 holds (and updates) ``params.values`` itself
+            embedded, and copies its values back into them after each run on Ray.
         updater: the update method, or its configuration; by default the job's.
-        transport: makes the transport from the servers (default :class:`LocalTransport`);
-            the seam for other backends, and for tests.
+        max_restarts: how many times a lost server is brought back within one part of a
+            run (default: 3 on Ray, 0 embedded, where a server is lost only with the
+            process). With restarts, the servers keep checkpoints of their own.
+        checkpoint_dir: the folder of those checkpoints (default: a temporary folder,
+            removed by :meth:`close`); on several machines, one every node can reach.
+        checkpoint_freq: steps between those checkpoints within a run (default: the job's
+            ``checkpoint_freq``; 0: at the start and the end of every run only).
+        transport: (embedded) makes the transport from the servers; the seam for tests.
+        **options: the backend's own options (Ray: ``placement``, ``server_options``,
+            ``worker_options``, ``modules``; see :mod:`~paramserver.cluster.ray_backend`).
 
     Attributes:
         conf: the cluster configuration.
         params, updater: as given.
         layouts: the range of each server of a group (the same in every server group).
-        servers: ``{(server group, index): Server}``.
-        workers: every worker, by rank.
+        backend: where the servers and workers are.
+        servers: ``{(server group, index): server}`` (embedded: :class:`Server` objects;
+            Ray: actor handles, for servers with something to hold).
+        workers: every worker, by rank (embedded: :class:`Worker` objects).
         step: the next step :meth:`run` starts at.
     """
 
-    def __new__(cls, job: JobConf | ClusterConf | Mapping[str, Any] | None = None, *args: Any,
-                **kwargs: Any) -> Cluster:
-        if cls is Cluster and job is not None and _cluster_conf(job).backend == "ray":
-            from .ray_backend import RayCluster
-
-            return super().__new__(RayCluster)
-        return super().__new__(cls)
-
     def __init__(self, job: JobConf | ClusterConf | Mapping[str, Any], params: ParamSet,
                  updater: Updater | UpdaterConf | Mapping[str, Any] | str | None = None, *,
-                 transport: Callable[[Mapping[Address, Server]], Transport] | None = None):
+                 max_restarts: int | None = None,
+                 checkpoint_dir: str | os.PathLike[str] | None = None,
+                 checkpoint_freq: int | None = None,
+                 transport: Callable[[Mapping[Address, Any]], Any] | None = None,
+                 **options: Any):
         conf = _cluster_conf(job)
         updater = _updater_of(job, updater)
-        if conf.backend != "local":  # Cluster(...) itself makes a RayCluster for 'ray'
-            raise ParamError(f"{type(self).__name__} runs servers and workers in this process;"
-                             f" cluster.backend '{conf.backend}' is made by Cluster(...)")
         _check_conf(conf)
         self.conf = conf
         self.params = params
         self.updater = updater
         self.layouts: list[ServerLayout] = plan_servers(params, conf.nservers_per_group)
-        self._values = [params.values] + [params.values.copy()
-                                          for _ in range(1, conf.nserver_groups)]
-        self.servers: dict[Address, Server] = {
-            (s, L.index): Server(L, updater, conf, s)
-            for s in range(conf.nserver_groups) for L in self.layouts}
-        self.transport: Transport = (transport or LocalTransport)(self.servers)
-        for server in self.servers.values():
-            server.connect(self.transport.send)
-        self.workers = [
-            Worker(g, i, params.replica(self._values[g % conf.nserver_groups]), self.layouts,
-                   self.transport, conf)
-            for g in range(conf.nworker_groups) for i in range(conf.nworkers_per_group)]
-        self.step = 0
-        self._replicas_ready = conf.nserver_groups == 1
-        self._threads: list[threading.Thread] = []
-        self._failure: tuple[str, BaseException] | None = None
-        self._failure_lock = threading.Lock()
-        self._put(0)
+        if checkpoint_freq is None:
+            checkpoint_freq = job.checkpoint_freq if isinstance(job, JobConf) else 0
+        if isinstance(max_restarts, bool) or (max_restarts is not None and (
+                not isinstance(max_restarts, int) or max_restarts < 0)):
+            raise ParamError(f"max_restarts must be an integer >= 0, not {max_restarts!r}")
+        restarts = (max_restarts if max_restarts is not None
+                    else 3 if conf.backend == "ray" else LocalBackend.default_restarts)
+        folder, temp = checkpoint_folder(
+            None if checkpoint_dir is None else os.fspath(checkpoint_dir), restarts > 0)
+        backend: Backend
+        try:
+            if conf.backend == "ray":
+                if transport is not None:
+                    raise ParamError("the Ray backend has its own transport; 'transport' is "
+                                     "for the embedded cluster")
+                backend = _make_ray(conf, params, self.layouts, updater, folder, restarts,
+                                    options)
+            else:
+                if options:
+                    raise ParamError(f"unknown options for the embedded cluster: "
+                                     f"{sorted(options)} (they are the Ray backend's)")
+                backend = LocalBackend(conf, params, self.layouts, updater, folder, transport)
+        except BaseException:
+            if temp and folder is not None:
+                import shutil
 
-    # -- running ----------------------------------------------------------------------------
+                shutil.rmtree(folder, ignore_errors=True)
+            raise
+        self.backend = backend
+        self._driver = Driver(conf, params, self.layouts, backend, max_restarts=restarts,
+                              checkpoint_dir=folder, temp_dir=temp,
+                              checkpoint_freq=checkpoint_freq)
+        try:
+            self._driver._put_values(0)  # so that the state of a new cluster can be read
+        except BaseException:
+            self.close()
+            raise
+
+    # -- what it is made of -----------------------------------------------------------------
+
+    @property
+    def servers(self) -> Mapping[Address, Any]:
+        return self.backend.servers
+
+    @property
+    def workers(self) -> list[Any]:
+        return list(self.backend.workers)
+
+    @property
+    def local_workers(self) -> list[Any]:
+        """The :class:`Worker` objects that live in this process (all embedded, none on
+        Ray), e.g. to prepare something for each before a run."""
+        return list(self.backend.local_workers)
+
+    @property
+    def transport(self) -> Any:
+        return self.backend.transport
+
+    @property
+    def step(self) -> int:
+        return self._driver.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self._driver.step = int(value)
+
+    @property
+    def checkpoint_dir(self) -> Any:
+        """The folder of the servers' own checkpoints (None: they keep none)."""
+        return self._driver.checkpoint_dir
 
     @property
     def skipped_pushes(self) -> int:
         """Pushes dropped for non-finite gradients (``nonfinite: skip``), all workers."""
-        return sum(w.skipped for w in self.workers)
+        return sum(self._driver.skipped.values())
 
-    def _put(self, step: int) -> None:
-        """The first worker group of each server group gives its servers their values."""
-        per_group = self.conf.nworkers_per_group
-        for s in range(self.conf.nserver_groups):
-            self.workers[s * per_group].put(step)
+    # -- running ----------------------------------------------------------------------------
 
-    def run(self, grad_fn: GradFn, steps: int, start_step: int | None = None,
+    def run(self, grad_fn: GradFn | RemoteGradFn, steps: int, start_step: int | None = None,
             on_step: OnStep | None = None) -> list[list[Mapping[str, Any] | None]]:
         """Run ``steps`` training steps on every worker, from ``start_step`` (default: where
         the last run stopped).
@@ -167,7 +206,9 @@ class Cluster:
         Args:
             grad_fn: ``grad_fn(worker, step)`` fills every gradient of ``worker.params``
                 (gradients are not zeroed between steps) and returns a dict of metrics or
-                None. It runs in the worker's thread, concurrently with other workers.
+                None. It runs where the worker is (a thread here; a Ray actor, which gets it
+                pickled), concurrently with other workers; or a :class:`RemoteGradFn` that
+                every worker builds for itself.
             steps: number of steps.
             start_step: the first step (the learning rate is a function of the step).
             on_step: ``on_step(step, metrics_by_rank)``, in the caller's thread, in step
@@ -181,185 +222,48 @@ class Cluster:
                 ``on_worker_failure: stop``, every worker failed, a wait timed out, or a
                 gradient was non-finite under ``nonfinite: error``.
         """
-        if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 0:
-            raise ParamError(f"steps must be an integer >= 0, not {steps!r}")
-        busy = [t.name for t in self._threads if t.is_alive()]
-        if busy:
-            raise ClusterError(f"a worker of the previous run is still busy ({busy[0]}, in "
-                               "its gradient function); cannot start another run")
-        start = self.step if start_step is None else int(start_step)
-        stop = start + int(steps)
-        self._failure = None
-        if not self._replicas_ready:  # the values as the first run finds them, everywhere
-            for values in self._values[1:]:
-                np.copyto(values, self.params.values)
-            self._replicas_ready = True
-        self._put(start)
-        if steps == 0:
-            self.step = start
-            return []
-        events: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
-        self._threads = [threading.Thread(
-            target=self._work, args=(w, grad_fn, start, stop, events), daemon=True,
-            name=f"paramserver-worker-{w.group}.{w.index}") for w in self.workers]
-        for t in self._threads:
-            t.start()
-        try:
-            results = self._gather(events, start, stop, on_step)
-        except BaseException as e:  # on_step raised, or KeyboardInterrupt
-            self._fail(f"the run was stopped in the caller: {type(e).__name__}: {e}", e)
-            self._join(time.monotonic() + self.conf.timeout)
-            raise
-        self._join(time.monotonic() + self.conf.timeout)
-        self._set_param_versions()
-        if self._failure is not None:
-            message, cause = self._failure
-            if isinstance(cause, ClusterError) and str(cause) == message:
-                raise cause
-            raise ClusterError(message) from cause
-        self.step = stop
-        return results
+        return self._driver.run(grad_fn, steps, start_step, on_step)
 
-    def _work(self, worker: Worker, grad_fn: GradFn, start: int, stop: int,
-              events: queue.SimpleQueue[tuple[Any, ...]]) -> None:
-        step = start
-        c = self.conf
-        served_together = len(range(worker.server_group, c.nworker_groups, c.nserver_groups))
-        staleness = c.staleness if served_together > 1 else None
-        try:
-            worker.pull(step)  # the put is done: for these threads, only a formality
-            for step in range(start, stop):
-                if staleness is not None and step - staleness > start:
-                    worker.pull(step, clock=step - staleness)
-                worker.step = step
-                try:
-                    metrics = grad_fn(worker, step)
-                except Exception as e:
-                    raise _GradFnFailed() from e
-                worker.collect(worker.push(step, flush=step == stop - 1), step)
-                events.put(("step", worker.rank, step, metrics))
-        except _GradFnFailed as failed:
-            cause = failed.__cause__
-            assert cause is not None
-            message = (f"{worker.name} (rank {worker.rank}) failed at step {step}: "
-                       f"{type(cause).__name__}: {cause}")
-            if self.conf.on_worker_failure == "continue":
-                warnings.warn(f"{message}; the run goes on without it "
-                              "(cluster.on_worker_failure is 'continue')", RuntimeWarning,
-                              stacklevel=1)
-                try:
-                    worker.leave(step)
-                    events.put(("left", worker.rank, step, message, cause))
-                except BaseException as e:
-                    self._fail(str(e), e)
-            else:
-                self._fail(message, cause)
-        except BaseException as e:
-            self._fail(str(e) if isinstance(e, ClusterError) else
-                       f"{worker.name} (rank {worker.rank}) failed at step {step}: "
-                       f"{type(e).__name__}: {e}", e)
-        finally:
-            events.put(("end", worker.rank))
-
-    def _fail(self, message: str, cause: BaseException) -> None:
-        """Stop the run; the first failure is the one reported."""
-        with self._failure_lock:
-            if self._failure is not None:
-                return
-            self._failure = (message, cause)
-        self.transport.abort(f"the run was stopped: {message}")
-
-    def _gather(self, events: queue.SimpleQueue[tuple[Any, ...]], start: int, stop: int,
-                on_step: OnStep | None) -> list[list[Mapping[str, Any] | None]]:
-        n = len(self.workers)
-        results: list[list[Mapping[str, Any] | None]] = [[None] * n for _ in range(start, stop)]
-        counts = [0] * (stop - start)
-        left_at: dict[int, int] = {}
-        left: list[tuple[str, BaseException]] = []
-        ended, reported = 0, start
-
-        def complete(step: int) -> bool:
-            live = sum(1 for r in range(n) if left_at.get(r, stop) > step)
-            return counts[step - start] >= live
-
-        # Workers' own waits time out after `timeout`; this one catches what they cannot:
-        # every worker stuck in its gradient function.
-        limit = 2 * self.conf.timeout
-        last = time.monotonic()
-        running = set(range(n))
-        while ended < n:
-            try:
-                event = events.get(timeout=min(1.0, limit / 4))
-            except queue.Empty:
-                if not any(t.is_alive() for t in self._threads):
-                    break  # every thread is gone (they always send "end"; a safeguard)
-                if time.monotonic() - last > limit:
-                    busy = ", ".join(f"{w.name} (rank {w.rank}) at step {w.step}"
-                                     for w in self.workers if w.rank in running)
-                    self._fail(f"the run waited {limit:g} s (twice cluster.timeout) without "
-                               f"a step finishing; still running: {busy}",
-                               ClusterError("no progress"))
-                    return results
-                continue
-            last = time.monotonic()
-            kind = event[0]
-            if kind == "step":
-                _, rank, step, metrics = event
-                results[step - start][rank] = metrics
-                counts[step - start] += 1
-            elif kind == "left":
-                _, rank, step, message, cause = event
-                left_at[rank] = step
-                left.append((message, cause))
-            elif kind == "end":
-                ended += 1
-                running.discard(event[1])
-            if self._failure is not None:
-                return results
-            while reported < stop and complete(reported):
-                if on_step is not None:
-                    on_step(reported, results[reported - start])
-                reported += 1
-        if len(left) == n:
-            message, cause = left[0]
-            self._fail(f"every worker failed; the first: {message}", cause)
-        return results
-
-    def _join(self, deadline: float) -> None:
-        for t in self._threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-
-    def _set_param_versions(self) -> None:
-        """Each owner Param's version: the smallest of its slices' in server group 0."""
-        per_owner = owner_versions(self.layouts, lambda L: self.servers[(0, L.index)].versions)
-        for owner, version in per_owner.items():
-            self.params.owners[owner].version = version
+    def kill_server(self, address: Address) -> None:
+        """Lose server ``address`` as a crash of its process would (Ray: its actor is killed
+        and restarted; embedded: it is replaced by a fresh one). For tests of fault
+        tolerance: with ``max_restarts``, the run goes back to the servers' checkpoints."""
+        self.backend.kill_server(tuple(address))  # type: ignore[arg-type]
 
     # -- checkpoints ------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Everything a resume needs, as flat arrays (no pickle): see
-        :mod:`paramserver.cluster.state`."""
-        return join_state(self.step, self.layouts,
-                          {a: server.state_dict() for a, server in self.servers.items()})
+        :mod:`paramserver.cluster.statedict`."""
+        return self._driver.state_dict()
 
     def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
-        """Restore :meth:`state_dict`'s output; checked whole before anything changes."""
-        problems, parts = split_state(state, self.layouts, self.servers)
-        for (g, s), server in self.servers.items():
-            problems += server.check_state(parts[(g, s)], f"server/{g}/{s}/")
-        if problems:
-            raise ParamError(problems)
-        for address, server in self.servers.items():
-            server.load_state_dict(parts[address])
-        self.step = int(state["step"])
-        self._replicas_ready = True
-        self._set_param_versions()
+        """Restore :meth:`state_dict`'s output; checked whole (by every server) before
+        anything changes; ``params.values`` then hold the loaded values."""
+        self._driver.load_state_dict(state)
+
+    # -- the end ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop the backend (Ray: its actors, and Ray if this cluster started it); remove a
+        temporary checkpoint folder. Idempotent."""
+        driver = getattr(self, "_driver", None)
+        if driver is not None:
+            driver.close()
+        else:
+            self.backend.close()
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def __repr__(self) -> str:
         c = self.conf
         return (f"Cluster({c.nworker_groups}×{c.nworkers_per_group} workers, "
-                f"{c.nserver_groups}×{c.nservers_per_group} servers, step {self.step})")
+                f"{c.nserver_groups}×{c.nservers_per_group} servers, {c.backend}, "
+                f"step {self.step})")
 
 
-__all__ = ["Cluster", "GradFn", "OnStep"]
+__all__ = ["Cluster", "GradFn", "OnStep", "RemoteGradFn"]

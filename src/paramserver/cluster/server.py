@@ -17,9 +17,19 @@ Consistency:
 - *bounded staleness*: the server keeps every worker group's clock (steps completed);
   a :class:`Get` with ``clock = c`` is answered once every live group it serves is at ``c``.
 - *server groups*: a server of a group other than 0 sends, every ``sync_freq`` of its
-  updates (and on a flushing update), its change since the last sync to the same server of
-  group 0 (the master), which adds it and answers with its values; the server then takes
-  those values (SINGA's scheme, with the server locked meanwhile so no update is lost).
+  updates (and when the driver flushes it at the end of a run), its change since the last
+  sync to the same server of group 0 (the master), which adds it and answers with its
+  values; the server then takes those values (SINGA's scheme, with the server locked
+  meanwhile so no update is lost).
+- *non-finite gradients*: under ``nonfinite: error`` a step whose gradient (or the sum of its
+  workers' gradients) holds a NaN or an Inf is refused before anything is written: the
+  values and the updater state stay as they were, and every waiter of the step hears why.
+  The check is fused into the fixed-order sum (several workers: free), or is a read-only pass
+  over the one gradient inside the update's own kernel call.
+
+Checkpoints of its own (for a backend whose servers can be lost and restarted):
+:class:`Save` writes its values, updater state and versions to ``folder`` (atomically, no
+pickle), :class:`Restore` serves from such a file.
 """
 
 from __future__ import annotations
@@ -27,10 +37,18 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..checkpoint import (
+    CheckpointError,
+    checkpoint_name,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+)
 from ..config import ParamError
 from ..config.job import ClusterConf
 from ..updaters import Updater
@@ -40,23 +58,32 @@ from .messages import (
     Ack,
     Address,
     ErrorReply,
+    Flush,
     Get,
-    GetReply,
+    GetState,
     Leave,
+    Problems,
     Put,
-    PutReply,
     Reply,
     Request,
+    Restore,
+    Save,
+    SetState,
+    State,
     Sync,
-    SyncReply,
     Update,
-    UpdateReply,
+    Values,
 )
 from .numerics import kernel_guard, nonfinite_counts, sum_into
-from .transport import Pending
+from .transport import Pending, ReplyFn
 
-ReplyFn = Callable[[Reply], None]
 Send = Callable[[Address, Request, str], Pending]
+
+SERVER_FORMAT = "paramserver-server-checkpoint/1"
+#: Checkpoints kept per server (the newest ones).
+KEEP = 2
+#: Requests a stopped (aborted) server still answers: the driver's.
+_CONTROL = (Put, GetState, SetState, Save, Restore)
 
 
 @dataclass
@@ -66,7 +93,12 @@ class _Round:
     step: int
     grads: dict[int, np.ndarray | None] = field(default_factory=dict)
     replies: list[ReplyFn] = field(default_factory=list)
-    flush: bool = False
+
+
+def server_name(index: int, group: int, nserver_groups: int) -> str:
+    """How messages name a server: "server 1", or "server 1 of server group 2"."""
+    return (f"server {index}" if nserver_groups == 1
+            else f"server {index} of server group {group}")
 
 
 class Server:
@@ -75,25 +107,30 @@ class Server:
     Args:
         layout: the range it holds (the same for this index in every server group).
         updater: the update method; its state for the range lives here.
-        conf: the cluster configuration (groups, ``sync_freq``, ``timeout``).
+        conf: the cluster configuration (groups, ``sync_freq``, ``timeout``, ``nonfinite``).
         group: the server group this server belongs to (0: the master group).
+        folder: where :class:`Save` writes its checkpoints (None: it writes none).
+
+    Attributes:
+        values: its range of the values (None until the first put).
+        state: the updater's state for the range (:class:`~paramserver.state.UpdaterState`).
+        versions: per slice, the number of updates applied to it.
     """
 
     def __init__(self, layout: ServerLayout, updater: Updater, conf: ClusterConf,
-                 group: int = 0):
+                 group: int = 0, folder: str | Path | None = None):
         self.layout = layout
         self.updater = updater
         self.conf = conf
         self.group = group
-        self.name = (f"server {layout.index}" if conf.nserver_groups == 1
-                     else f"server {layout.index} of server group {group}")
+        self.folder = Path(folder) if folder is not None else None
+        self.name = server_name(layout.index, group, conf.nserver_groups)
         #: The worker groups this server's group serves.
         self.worker_groups = [g for g in range(conf.nworker_groups)
                               if g % conf.nserver_groups == group]
         self.values: np.ndarray | None = None
         self.num_shares = np.ones(layout.num_segments, np.int64)
-        self.state = updater.init_state(layout.size, layout.num_segments, layout.dtype)
-        #: Per slice, the number of updates applied to it.
+        self.state = updater.init_state(layout.offsets, layout.dtype)
         self.versions = np.zeros(layout.num_slices, np.int64)
         self._lock = threading.Lock()
         self._live = self._everyone()
@@ -123,13 +160,16 @@ class Server:
         """Handle one request; ``reply`` is called once, now or when the work is done."""
         out: list[tuple[ReplyFn, Reply]]
         with self._lock:
-            if self._aborted is not None and not isinstance(request, Put):
+            if self._aborted is not None and not isinstance(request, _CONTROL):
                 out = [(reply, ErrorReply(self._aborted))]
             else:
                 try:
                     out = self._dispatch(request, reply)
-                except Exception as e:  # the sender hears of it; the server stays usable
+                except (ClusterError, ParamError) as e:  # the sender hears of it
                     out = [(reply, ErrorReply(f"{self.name}: {e}"))]
+                except Exception as e:
+                    out = [(reply, ErrorReply(f"{self.name}: {type(request).__name__} "
+                                              f"failed: {type(e).__name__}: {e}"))]
         for fn, answer in out:  # outside the lock: a reply may run the caller's code
             fn(answer)
 
@@ -139,23 +179,42 @@ class Server:
         if isinstance(request, Get):
             self._gets.append((request, reply))
             return self._ready_gets()
-        if isinstance(request, Put):
-            return self._put(request, reply)
         if isinstance(request, Leave):
             return self._leave(request, reply)
         if isinstance(request, Sync):
             return [(reply, self._sync_in(request))]
-        raise TypeError(f"unknown request {type(request).__name__}")
+        if isinstance(request, Put):
+            return self._put(request, reply)
+        if isinstance(request, Flush):
+            if not self.is_master and self._send is not None and self.values is not None:
+                self._sync_out(request.step)
+            return [(reply, Ack())]
+        if isinstance(request, GetState):
+            return [(reply, State(self._state_arrays()))]
+        if isinstance(request, SetState):
+            return [(reply, self._set_state(request))]
+        if isinstance(request, Save):
+            self._save(request.step)
+            return [(reply, Ack())]
+        if isinstance(request, Restore):
+            return self._restore(request.step, reply)
+        raise ClusterError(f"unknown request {type(request).__name__}")
 
     def _put(self, msg: Put, reply: ReplyFn) -> list[tuple[ReplyFn, Reply]]:
         size, nseg = self.layout.size, self.layout.num_segments
-        values, shares = msg.values, np.asarray(msg.num_shares, np.int64)
+        shares = np.asarray(msg.num_shares, np.int64)
+        values = msg.values if msg.values is not None else self.values
+        if values is None:
+            raise ClusterError("a put without values, and none held (a restarted server "
+                               "needs its checkpoint restored)")
         if values.shape != (size,) or values.dtype != self.layout.dtype:
-            raise ValueError(f"put of {values.dtype} values of shape {values.shape}, expected "
-                             f"{self.layout.dtype} of shape ({size},)")
+            raise ClusterError(f"put of {values.dtype} values of shape {values.shape}, "
+                               f"expected {self.layout.dtype} of shape ({size},)")
         if shares.shape != (nseg,) or np.any(shares < 1):
-            raise ValueError(f"put with num_shares {shares}, expected {nseg} counts >= 1")
+            raise ClusterError(f"put with num_shares {shares}, expected {nseg} counts >= 1")
         failed = self._drop_waiters("the server was restarted by a put")
+        if not values.flags.writeable:  # it arrived from another process: ours to update
+            values = values.copy()
         self.values, self.num_shares = values, shares
         self._aborted = None
         self._live = self._everyone()
@@ -163,7 +222,7 @@ class Server:
         if not self.is_master:
             self._last_sync = values.copy()
             self._since_sync = 0
-        return [*failed, (reply, PutReply(self.versions.copy())), *self._ready_gets()]
+        return [*failed, (reply, Ack()), *self._ready_gets()]
 
     def _check_worker(self, group: int, worker: int) -> None:
         if group not in self._live:
@@ -175,12 +234,12 @@ class Server:
     def _update(self, msg: Update, reply: ReplyFn) -> list[tuple[ReplyFn, Reply]]:
         self._check_worker(msg.group, msg.worker)
         if self.values is None:
-            raise ClusterError("no values yet: the first worker group has not put them")
+            raise ClusterError("no values yet: the driver has not put them")
         if msg.grads is not None and (msg.grads.shape != self.values.shape
                                       or msg.grads.dtype != self.values.dtype):
-            raise ValueError(f"gradients of shape {msg.grads.shape} and dtype "
-                             f"{msg.grads.dtype}, expected {self.values.shape} "
-                             f"{self.values.dtype}")
+            raise ClusterError(f"gradients of shape {msg.grads.shape} and dtype "
+                               f"{msg.grads.dtype}, expected {self.values.shape} "
+                               f"{self.values.dtype}")
         rnd = self._rounds.setdefault(msg.group, _Round(msg.step))
         if rnd.step != msg.step or msg.worker in rnd.grads:
             what = ("a second update" if rnd.step == msg.step
@@ -189,7 +248,6 @@ class Server:
                                f"group {msg.group}")
         rnd.grads[msg.worker] = msg.grads
         rnd.replies.append(reply)
-        rnd.flush |= msg.flush
         return self._complete(msg.group) if rnd.grads.keys() >= self._live[msg.group] else []
 
     def _complete(self, group: int) -> list[tuple[ReplyFn, Reply]]:
@@ -198,8 +256,8 @@ class Server:
         try:
             applied = self._apply(rnd, group)
             self._clock[group] = rnd.step + 1
-            if self._send is not None and not self.is_master and self._since_sync > 0 and (
-                    self._since_sync >= self.conf.sync_freq or rnd.flush):
+            if (self._send is not None and not self.is_master
+                    and self._since_sync >= self.conf.sync_freq):
                 self._sync_out(rnd.step)
         except Exception as e:  # every waiter of the step must hear of it
             error = ErrorReply(f"{self.name}: {e}" if isinstance(e, ClusterError) else
@@ -207,27 +265,40 @@ class Server:
                                f"failed: {type(e).__name__}: {e}")
             return [(fn, error) for fn in rnd.replies]
         assert self.values is not None
-        answer = UpdateReply(self.values, self.versions.copy(), applied)
+        answer = Values(self.values, self.versions.copy(), applied)
         return [*((fn, answer) for fn in rnd.replies), *self._ready_gets()]
+
+    def _total(self, grads: list[np.ndarray]) -> tuple[np.ndarray, bool]:
+        """The fixed-order sum ``((g0 + g1) + g2) + ...`` and whether it is finite (counted
+        in the sum's own pass; one gradient alone is the total, checked by the update)."""
+        if len(grads) == 1:
+            return grads[0], True
+        assert self.values is not None
+        if self._acc is None:
+            self._acc = np.empty_like(self.values)
+        total = self._acc
+        bad = sum_into(total, grads[0], grads[1])
+        for g in grads[2:]:
+            bad = sum_into(total, total, g)
+        return total, bad == 0
 
     def _apply(self, rnd: _Round, group: int) -> bool:
         grads = [g for w in sorted(rnd.grads) if (g := rnd.grads[w]) is not None]
         if not grads or self.values is None or self.layout.size == 0:
             return False
-        total = grads[0]
-        if len(grads) > 1:  # fixed order: ((g0 + g1) + g2) + ...
-            if self._acc is None:
-                self._acc = np.empty_like(self.values)
-            total = self._acc
-            sum_into(total, grads[0], grads[1])
-            for g in grads[2:]:
-                sum_into(total, total, g)
+        total, finite = self._total(grads)
+        if not finite:  # refused before anything is written
+            raise ClusterError(self._nonfinite_message(rnd, total, group))
         L = self.layout
         scale = 1.0 / (self.num_shares * len(grads))
+        # One gradient under 'error' is read first in the update's own kernel call, which
+        # writes nothing when it holds NaN or Inf (under 'skip' its worker checked it).
+        refuse = len(grads) == 1 and self.conf.nonfinite == "error"
         with kernel_guard():
             nonfinite = self.updater.apply(rnd.step, self.values, total, self.state,
-                                           L.offsets, L.lr_scale, L.wd_scale, scale)
-        if nonfinite:
+                                           L.lr_scale, L.wd_scale, scale,
+                                           refuse_nonfinite=refuse)
+        if nonfinite and refuse:
             raise ClusterError(self._nonfinite_message(rnd, total, group))
         self.versions += 1
         self._since_sync += 1
@@ -243,12 +314,17 @@ class Server:
                 counts = ", ".join(f"{n} {kind}" for n, kind in ((nan, "NaN"), (inf, "Inf"))
                                    if n)
                 params.append(f"'{name}' ({counts})")
-        workers = [w for w in sorted(rnd.grads) if (g := rnd.grads[w]) is not None
-                   and sum(nonfinite_counts(g)) > 0]
-        return (f"non-finite gradient at step {rnd.step} from workers {workers} of group "
-                f"{group}: Params {', '.join(params)}; this step's update is not usable "
-                "and the run stops (checkpoints written before it are intact; "
-                "cluster.nonfinite 'skip' drops such pushes instead)")
+        senders = [w for w in sorted(rnd.grads) if rnd.grads[w] is not None]
+        workers = [w for w in senders if sum(nonfinite_counts(rnd.grads[w])) > 0]  # type: ignore[arg-type]
+        what = (f"non-finite gradient at step {rnd.step} from workers {workers} of group "
+                f"{group}: Params {', '.join(params)}" if workers else
+                f"the sum of the finite gradients of workers {senders} of group {group} at "
+                f"step {rnd.step} overflowed (float {np.finfo(total.dtype).bits}-bit): "
+                f"Params {', '.join(params)}")
+        return (f"{what}; this step's update is refused and the run stops (the values and "
+                "the updater state are as they were before the step; "
+                + ("cluster.nonfinite 'skip' drops such pushes instead)" if workers else
+                   "lower the learning rate or scale the loss)"))
 
     def _leave(self, msg: Leave, reply: ReplyFn) -> list[tuple[ReplyFn, Reply]]:
         self._check_worker(msg.group, msg.worker)
@@ -282,7 +358,7 @@ class Server:
             return []
         self._gets = [(g, fn) for g, fn in self._gets if not self._ready(g)]
         assert self.values is not None
-        answer = GetReply(self.values, self.versions.copy())
+        answer = Values(self.values, self.versions.copy())
         return [(fn, answer) for _, fn in ready]
 
     # -- server groups ----------------------------------------------------------------------
@@ -297,7 +373,7 @@ class Server:
                              f"the reply of server {self.layout.index} of server group 0 "
                              "to a sync")
         reply = pending.wait(self.conf.timeout, f"{self.name} at step {step}")
-        assert isinstance(reply, SyncReply)
+        assert isinstance(reply, Values)
         # The server is locked since the delta was taken: no update of its own came in
         # between, so SINGA's ``values += master - last_sync`` is exactly the master's.
         np.copyto(self.values, reply.values)
@@ -310,15 +386,15 @@ class Server:
         if self.values is None:
             raise ClusterError("a sync request came before the values were put")
         if msg.delta.shape != self.values.shape or msg.delta.dtype != self.values.dtype:
-            raise ValueError(f"sync delta of shape {msg.delta.shape}, expected "
-                             f"{self.values.shape}")
+            raise ClusterError(f"sync delta of shape {msg.delta.shape}, expected "
+                               f"{self.values.shape}")
         np.add(self.values, msg.delta, out=self.values)
-        return SyncReply(self.values.copy())
+        return Values(self.values.copy(), self.versions.copy())
 
     # -- stopping and diagnosis -------------------------------------------------------------
 
-    def _drop_waiters(self, reason: str) -> list[tuple[ReplyFn, Reply]]:
-        error = ErrorReply(reason)
+    def _drop_waiters(self, reason: str, lost: bool = False) -> list[tuple[ReplyFn, Reply]]:
+        error = ErrorReply(reason, lost)
         out: list[tuple[ReplyFn, Reply]] = [
             (fn, error) for rnd in self._rounds.values() for fn in rnd.replies]
         out += [(fn, error) for _, fn in self._gets]
@@ -326,11 +402,12 @@ class Server:
         self._gets = []
         return out
 
-    def abort(self, reason: str) -> None:
-        """Answer every waiting and later request with ``reason``, until the next put."""
+    def abort(self, reason: str, lost: bool = False) -> None:
+        """Answer every waiting and later request with ``reason``, until the next put
+        (``lost``: as a server that was lost)."""
         with self._lock:
             self._aborted = reason
-            out = self._drop_waiters(reason)
+            out = self._drop_waiters(reason, lost)
         for fn, answer in out:
             fn(answer)
 
@@ -361,51 +438,101 @@ class Server:
         """The number of updates applied (the smallest slice version)."""
         return int(self.versions.min()) if len(self.versions) else 0
 
-    # -- checkpoints ------------------------------------------------------------------------
+    # -- state and checkpoints --------------------------------------------------------------
+
+    def _state_arrays(self) -> dict[str, np.ndarray]:
+        out = {"versions": self.versions.copy(),
+               **{f"state/{k}": v for k, v in self.state.export(self.layout.names).items()}}
+        if self.values is not None:
+            out["values"] = self.values.copy()
+        return out
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        """Values, slice versions and updater state, as copies of flat arrays."""
+        """Values, slice versions and updater state (``state/<param>/<role>``), as copies."""
         with self._lock:
-            out = {"versions": self.versions.copy(),
-                   **{f"state/{k}": v.copy() for k, v in self.state.items()}}
-            if self.values is not None:
-                out["values"] = self.values.copy()
-            return out
+            return self._state_arrays()
 
     def check_state(self, state: dict[str, np.ndarray], prefix: str = "") -> list[str]:
-        """The problems :meth:`load_state_dict` would refuse ``state`` for."""
-        want: dict[str, tuple[tuple[int, ...], Any]] = {
-            "versions": (self.versions.shape, np.int64),
-            **{f"state/{k}": (v.shape, v.dtype) for k, v in self.state.items()}}
+        """The problems :meth:`load_state_dict` would refuse ``state`` for (keys shown with
+        ``prefix``)."""
+        want: dict[str, tuple[tuple[int, ...], Any]] = {"versions": (self.versions.shape,
+                                                                     np.int64)}
         if self.values is not None:
             want["values"] = (self.values.shape, self.values.dtype)
         problems = [f"'{prefix}{k}' is missing" for k in want if k not in state]
         problems += [f"'{prefix}{k}' is not state of {self.name}" for k in state
-                     if k not in want]
+                     if k not in want and not k.startswith("state/")]
         for k, (shape, dtype) in want.items():
             if k in state:
                 arr = np.asarray(state[k])
                 if arr.shape != shape or arr.dtype != np.dtype(dtype):
                     problems.append(f"'{prefix}{k}' is {arr.dtype} of shape {arr.shape}, "
                                     f"expected {np.dtype(dtype)} of shape {shape}")
-        return problems
+                elif k == "versions" and arr.size and int(arr.min()) < 0:
+                    problems.append(f"'{prefix}{k}' holds {int(arr.min())}: a version "
+                                    "(updates applied) is >= 0")
+        updater = {f"{prefix}{k}": v for k, v in state.items() if k.startswith("state/")}
+        return problems + self.state.problems(updater, self.layout.names, f"{prefix}state/")
+
+    def _set_state(self, msg: SetState) -> Problems:
+        problems = self.check_state(msg.arrays, msg.prefix)
+        if not problems and not msg.check_only:
+            self._load(msg.arrays)
+        return Problems(problems)
+
+    def _load(self, state: dict[str, np.ndarray]) -> None:
+        np.copyto(self.versions, state["versions"])
+        self.state.load({k: v for k, v in state.items() if k.startswith("state/")},
+                        self.layout.names, "state/")
+        if self.values is not None:
+            np.copyto(self.values, state["values"])
+            if self._last_sync is not None:
+                np.copyto(self._last_sync, state["values"])
 
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
         """Restore :meth:`state_dict`'s output (checked whole before anything changes)."""
-        problems = self.check_state(state)
-        if problems:
-            raise ParamError(problems)
         with self._lock:
-            np.copyto(self.versions, state["versions"])
-            for k, v in self.state.items():
-                np.copyto(v, state[f"state/{k}"])
-            if self.values is not None:
-                np.copyto(self.values, state["values"])
-                if self._last_sync is not None:
-                    np.copyto(self._last_sync, state["values"])
+            problems = self.check_state(state)
+            if problems:
+                raise ParamError(problems)
+            self._load(state)
+
+    def _checkpoint_path(self, step: int) -> Path:
+        if self.folder is None:
+            raise ClusterError("it has no checkpoint folder")
+        return self.folder / checkpoint_name(int(step))
+
+    def _save(self, step: int) -> None:
+        meta = {"format": SERVER_FORMAT, "address": [self.group, self.layout.index],
+                "step": int(step), "start": self.layout.start, "stop": self.layout.stop,
+                "num_shares": self.num_shares.tolist()}
+        save_checkpoint(self._checkpoint_path(step), self._state_arrays(), meta)
+        assert self.folder is not None
+        for _, old in list_checkpoints(self.folder)[:-KEEP]:
+            old.unlink(missing_ok=True)
+
+    def _restore(self, step: int, reply: ReplyFn) -> list[tuple[ReplyFn, Reply]]:
+        path = self._checkpoint_path(step)
+        arrays, meta = load_checkpoint(path)
+        L = self.layout
+        if (meta.get("format") != SERVER_FORMAT
+                or meta.get("address") != [self.group, L.index]
+                or (meta.get("start"), meta.get("stop")) != (L.start, L.stop)):
+            raise CheckpointError(f"{path}: not a checkpoint of {self.name}")
+        values = np.array(arrays["values"], copy=True)
+        if self.values is not None:  # keep serving the memory workers may view
+            np.copyto(self.values, values)
+            values = self.values
+        out = self._put(Put(values, np.asarray(meta["num_shares"], np.int64), int(step)),
+                        reply)
+        problems = self.check_state(arrays)
+        if problems:
+            raise CheckpointError([f"{path}: {p}" for p in problems])
+        self._load(arrays)
+        return out
 
     def __repr__(self) -> str:
         return f"Server({self.name}, {self.layout!r}, version={self.version})"
 
 
-__all__ = ["Server"]
+__all__ = ["KEEP", "SERVER_FORMAT", "Server", "server_name"]

@@ -3,30 +3,45 @@
 Server and worker stub code never call each other; they exchange the messages of
 :mod:`paramserver.cluster.messages` through a :class:`Transport`:
 
-- ``send(to, request)`` delivers a request to a server and returns a :class:`Pending`, the
-  promise of its one reply;
-- a server answers by calling the ``reply`` callback it was handed with the request, at
-  once or later, from whatever thread completes the work;
+- ``send(to, request, what)`` delivers a request to a server and returns a
+  :class:`Pending`, the promise of its one reply;
+- a server is a :class:`Handler`: it answers by calling the ``reply`` callback it was handed
+  with the request, at once or later, from whatever thread completes the work;
 - ``Pending.wait(timeout)`` is the only place anyone waits for a reply, and it raises a
   :class:`ClusterError` that says what was waited for, for how long, and what the server is
-  still waiting for itself.
+  still waiting for itself (a :class:`ServerLost` when the server's process died).
 
-:class:`LocalTransport` is the embedded one: it calls the server's handler in the sender's
-thread and passes the messages as they are, so arrays travel as views and nothing is
-copied. A transport between processes (Ray) only has to move the same messages.
+:class:`LocalTransport` is the embedded one: it calls the handler in the sender's thread and
+passes the messages as they are, so arrays travel as views and nothing is copied. A
+transport between processes (Ray) only has to move the same messages.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from .errors import ClusterError
+from .errors import ClusterError, ServerLost
 from .messages import Address, ErrorReply, Reply, Request
 
-if TYPE_CHECKING:
-    from .server import Server
+ReplyFn = Callable[[Reply], None]
+
+
+class Handler(Protocol):
+    """What serves requests: :class:`~paramserver.cluster.server.Server` is one."""
+
+    def handle(self, request: Request, reply: ReplyFn) -> None:
+        """Handle one request; ``reply`` is called once, now or when the work is done."""
+        ...
+
+    def abort(self, reason: str) -> None:
+        """Answer every waiting and later request with ``reason``, until the next put."""
+        ...
+
+    def waiting_for(self) -> str:
+        """What the handler is waiting for, in words (for timeout messages)."""
+        ...
 
 
 class Pending:
@@ -36,12 +51,15 @@ class Pending:
         what: what the waiter waits for, as a phrase that completes "… waited N s at step S
             for …" (e.g. "server 0's reply to its update").
         describe: says what the server itself is waiting for, for timeout messages.
+        address: the server's address (named by a :class:`ServerLost`).
     """
 
-    __slots__ = ("_describe", "_event", "_reply", "what")
+    __slots__ = ("_describe", "_event", "_reply", "address", "what")
 
-    def __init__(self, what: str, describe: Callable[[], str] | None = None):
+    def __init__(self, what: str, describe: Callable[[], str] | None = None,
+                 address: Address = (0, 0)):
         self.what = what
+        self.address = address
         self._describe = describe
         self._event = threading.Event()
         self._reply: Reply | None = None
@@ -56,6 +74,24 @@ class Pending:
     def done(self) -> bool:
         return self._event.is_set()
 
+    def _timeout(self, timeout: float, who: str) -> ClusterError:
+        detail = ""
+        if self._describe is not None:
+            try:
+                detail = self._describe()
+            except Exception as e:  # a diagnosis must not hide the timeout
+                detail = f"(could not ask: {e})"
+        return ClusterError(f"{who or 'the caller'} waited {timeout:g} s for {self.what}"
+                            + (f"; {detail}" if detail else ""))
+
+    def _result(self, reply: Reply | None) -> Reply:
+        if isinstance(reply, ErrorReply):
+            if reply.lost:
+                raise ServerLost(reply.message, self.address)
+            raise ClusterError(reply.message)
+        assert reply is not None
+        return reply
+
     def wait(self, timeout: float, who: str = "") -> Reply:
         """The reply; raises :class:`ClusterError` on timeout or on an :class:`ErrorReply`.
 
@@ -65,20 +101,8 @@ class Pending:
                 messages; the phrase is "<who> waited <timeout> s for <what>".
         """
         if not self._event.wait(timeout):
-            detail = ""
-            if self._describe is not None:
-                try:
-                    detail = self._describe()
-                except Exception as e:  # a diagnosis must not hide the timeout
-                    detail = f"(could not ask: {e})"
-            who = who or "the caller"
-            raise ClusterError(f"{who} waited {timeout:g} s for {self.what}"
-                               + (f"; {detail}" if detail else ""))
-        reply = self._reply
-        if isinstance(reply, ErrorReply):
-            raise ClusterError(reply.message)
-        assert reply is not None
-        return reply
+            raise self._timeout(timeout, who)
+        return self._result(self._reply)
 
 
 class Transport(Protocol):
@@ -94,14 +118,14 @@ class Transport(Protocol):
 
 
 class LocalTransport:
-    """Servers in this process: the handler runs in the sender's thread; nothing is copied."""
+    """Handlers in this process: each runs in the sender's thread; nothing is copied."""
 
-    def __init__(self, servers: Mapping[Address, Server]):
+    def __init__(self, servers: Mapping[Address, Handler]):
         self.servers = dict(servers)
 
     def send(self, to: Address, request: Request, what: str) -> Pending:
         server = self.servers[to]
-        pending = Pending(what, server.waiting_for)
+        pending = Pending(what, server.waiting_for, to)
         server.handle(request, pending.resolve)
         return pending
 
@@ -110,4 +134,4 @@ class LocalTransport:
             server.abort(reason)
 
 
-__all__ = ["LocalTransport", "Pending", "Transport"]
+__all__ = ["Handler", "LocalTransport", "Pending", "ReplyFn", "Transport"]

@@ -5,9 +5,10 @@ values of its server group (inside one process, the very memory the servers upda
 gradients of its own. Per step it
 
 1. sums the gradients of the Params that share one owner (stub aggregation, SPEC §7),
-2. under ``cluster.nonfinite: skip``, checks them for NaN and Inf and drops such a push
-   with a warning (under ``error``, the default, the servers' kernels count them in their
-   own pass and stop the run with an error naming the Params),
+2. under ``cluster.nonfinite: skip``, checks them for NaN and Inf and drops such a push,
+   noting why in :attr:`Worker.notes` (the driver warns with it; under ``error``, the
+   default, the servers check the gradients before they update, and stop the run with an
+   error naming the Params),
 3. sends each server with a part of the values an :class:`Update` holding a view of its
    range of the gradients (nothing is copied), and
 4. collects the replies: a reply's values are copied into the replica only when they are
@@ -19,7 +20,6 @@ cluster's timeout, and its message names this worker, the step and what it waite
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -27,8 +27,9 @@ import numpy as np
 from ..config.job import ClusterConf
 from ..params import ParamSet
 from .layout import ServerLayout
-from .messages import Get, GetReply, Leave, Put, PutReply, Update, UpdateReply
+from .messages import Get, Leave, Update, Values
 from .numerics import all_finite, nonfinite_counts
+from .server import server_name
 from .transport import Pending, Transport
 
 
@@ -49,6 +50,8 @@ class Worker:
             it reads); each Param of ``params`` records its own.
         step: the step it is working on.
         skipped: pushes it dropped for non-finite gradients.
+        notes: warnings of its steps, for the driver to raise in the caller's thread (a
+            worker's thread or process is not where the user looks).
     """
 
     def __init__(self, group: int, index: int, params: ParamSet,
@@ -62,6 +65,7 @@ class Worker:
         self.version = 0
         self.step = 0
         self.skipped = 0
+        self.notes: list[str] = []
         self.name = f"worker {index} of group {group}"
         self._transport = transport
         # Servers with nothing to hold take no part.
@@ -83,25 +87,12 @@ class Worker:
         return self.server_group, layout.index
 
     def _server_name(self, layout: ServerLayout) -> str:
-        return (f"server {layout.index}" if self.conf.nserver_groups == 1
-                else f"server {layout.index} of server group {self.server_group}")
+        return server_name(layout.index, self.server_group, self.conf.nserver_groups)
 
     def _who(self, step: int) -> str:
         return f"{self.name} at step {step}"
 
     # -- the messages -----------------------------------------------------------------------
-
-    def put(self, step: int) -> None:
-        """Give the servers their initial values (the first worker group of a server group)."""
-        pendings = [self._transport.send(
-            self._address(L), Put(v, shares, step),
-            f"{self._server_name(L)}'s reply to its put")
-            for L, v, shares in zip(self._layouts, self._values, self._shares, strict=True)]
-        for i, pending in enumerate(pendings):
-            reply = pending.wait(self.conf.timeout, self._who(step))
-            assert isinstance(reply, PutReply)
-            self._record(i, reply.versions)
-        self._update_versions()
 
     def pull(self, step: int, version: int = 0, clock: int | None = None) -> None:
         """Get the values once every server is at ``version`` and, with ``clock``, once
@@ -117,11 +108,11 @@ class Worker:
             for L in self._layouts]
         for i, pending in enumerate(pendings):
             reply = pending.wait(self.conf.timeout, self._who(step))
-            assert isinstance(reply, GetReply)
+            assert isinstance(reply, Values)
             self._adopt(i, reply.values, reply.versions)
         self._update_versions()
 
-    def push(self, step: int, flush: bool = False) -> list[Pending]:
+    def push(self, step: int) -> list[Pending]:
         """Send this step's gradients to every server; returns what :meth:`collect` waits on."""
         self.step = step
         if self._has_sharers:
@@ -130,14 +121,13 @@ class Worker:
         # Under 'error' the servers' kernels count NaN and Inf in their own pass (free);
         # 'skip' must know before anything is written, so it pays a pass here.
         if self.conf.nonfinite == "skip" and not all_finite(self.params.owner_grads()):
-            message = (f"non-finite gradient at step {step} from {self.name} (rank "
-                       f"{self.rank}): {self._nonfinite_params()}")
-            warnings.warn(f"{message}; the push is dropped (cluster.nonfinite is 'skip')",
-                          RuntimeWarning, stacklevel=2)
+            self.notes.append(f"non-finite gradient at step {step} from {self.name} (rank "
+                              f"{self.rank}): {self._nonfinite_params()}; the push is "
+                              "dropped (cluster.nonfinite is 'skip')")
             self.skipped += 1
             grads = [None] * len(grads)
         return [self._transport.send(
-            self._address(L), Update(self.group, self.index, step, g, flush),
+            self._address(L), Update(self.group, self.index, step, g),
             f"{self._server_name(L)}'s reply to its update")
             for L, g in zip(self._layouts, grads, strict=True)]
 
@@ -145,7 +135,7 @@ class Worker:
         """Wait for the replies to :meth:`push`: the values after the step's update."""
         for i, pending in enumerate(pendings):
             reply = pending.wait(self.conf.timeout, self._who(step))
-            assert isinstance(reply, UpdateReply)
+            assert isinstance(reply, Values)
             self._adopt(i, reply.values, reply.versions)
         self._update_versions()
 

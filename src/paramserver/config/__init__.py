@@ -1,8 +1,8 @@
 """Declarative configuration (after dmlc-core's Parameter) and job files."""
 
-from .errors import Location, ParamError, Problem
+from .errors import Error, Location, ParamError, Problem
 from .parameter import Field, Parameter, field
 from .registry import Registry, normalise
 
-__all__ = ["Field", "Location", "ParamError", "Parameter", "Problem", "Registry", "field",
+__all__ = ["Error", "Field", "Location", "ParamError", "Parameter", "Problem", "Registry", "field",
            "normalise"]

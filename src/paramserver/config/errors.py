@@ -37,7 +37,17 @@ class Problem:
         return f"{self.where}: {self.message}" if self.where else self.message
 
 
-class ParamError(ValueError):
+class Error(Exception):
+    """The base of every error paramserver raises: ``except paramserver.Error`` catches them.
+
+    Its kinds: :class:`ParamError` (a configuration or an argument is wrong; also a
+    ``ValueError``), ``paramserver.ClusterError`` (training on the cluster failed; also a
+    ``RuntimeError``) and ``paramserver.checkpoint.CheckpointError`` (a checkpoint cannot be
+    read or does not fit; a ``ParamError``).
+    """
+
+
+class ParamError(Error, ValueError):
     """Every configuration problem paramserver reports; carries all problems found at once.
 
     ``str(error)`` is the problems, one after another, each starting on a new line with

@@ -27,6 +27,7 @@ from .types import (
     FieldType,
     Invalid,
     ListType,
+    Nested,
     NestedType,
     OptionalType,
     format_number,
@@ -145,7 +146,7 @@ def field(default: Any = _MISSING, *, doc: str = "", lower: float | None = None,
         The field declaration, assigned to an annotated class attribute.
     """
     if isinstance(enum, str):
-        raise TypeError("enum= takes a tuple of names, not one string")
+        raise ParamError("enum= takes a tuple of names, not one string")
     return Field(default, factory, doc, lower, upper, lower_exclusive,
                  tuple(enum) if isinstance(enum, (list, tuple)) else enum, tuple(aliases),
                  finite, not_nan)
@@ -156,7 +157,7 @@ def _suggest(key: str, names: Iterable[str]) -> str:
     return f"\nDid you mean '{close[0]}'?" if close else ""
 
 
-class Parameter:
+class Parameter(Nested):
     """Base class of every declared configuration; see the module docstring."""
 
     __fields__: ClassVar[dict[str, Field]] = {}
@@ -171,11 +172,11 @@ class Parameter:
         try:
             hints = typing.get_type_hints(cls, None, localns)
         except NameError as e:
-            raise TypeError(f"{cls.__name__}: cannot resolve a field type: {e}") from None
+            raise ParamError(f"{cls.__name__}: cannot resolve a field type: {e}") from None
         own = inspect.get_annotations(cls)
         for name, value in vars(cls).items():
             if isinstance(value, Field) and name not in own:
-                raise TypeError(f"{cls.__name__}.{name}: a field needs a type annotation "
+                raise ParamError(f"{cls.__name__}.{name}: a field needs a type annotation "
                                 f"({name}: int = field(...))")
         problems = []
         for name in own:
@@ -183,7 +184,7 @@ class Parameter:
                 continue
             hidden = next((b for b in cls.__mro__[1:] if name in vars(b)), None)
             if hidden is not None:  # a field named update or check would break the class
-                raise TypeError(f"{cls.__name__}.{name}: a field may not hide "
+                raise ParamError(f"{cls.__name__}.{name}: a field may not hide "
                                 f"{hidden.__name__}.{name}")
             value = cls.__dict__.get(name, _MISSING)
             f = value if isinstance(value, Field) else field(value)
@@ -207,7 +208,7 @@ class Parameter:
         for f in fields.values():
             for k in (f.name, *f.aliases):
                 if keys.get(k, f.name) != f.name:
-                    raise TypeError(f"{cls.__name__}: key {k!r} names two fields")
+                    raise ParamError(f"{cls.__name__}: key {k!r} names two fields")
                 keys[k] = f.name
         cls.__keys__ = keys
 

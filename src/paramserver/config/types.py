@@ -15,6 +15,7 @@ import types
 import typing
 from typing import Any
 
+from .errors import Error, ParamError
 from .tree import Block, ListValue, Scalar, Value
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -29,7 +30,7 @@ _SPECIAL_FLOAT_RE = re.compile(r"([+-]?)(?:(inf(?:inity)?)|nan(?:\([0-9A-Za-z_]*
 _NONZERO_RE = re.compile(r"[1-9]")
 
 
-class Invalid(Exception):
+class Invalid(Error):
     """A value that does not fit its type; the caller turns it into the dmlc message."""
 
     def __init__(self, shown: str, message: str | None = None, *, out_of_range: bool = False):
@@ -380,23 +381,26 @@ class NestedType(FieldType):
         return "{...}"
 
 
+class Nested:
+    """The base of configurations a field may nest (``Parameter``): known here by this mark,
+    so that this module need not import the one that imports it."""
+
+
 def type_for(annotation: Any, choices: tuple[str, ...] | None) -> FieldType:
     """The field type for an annotation such as ``int``, ``tuple[int, ...]`` or ``X | None``."""
-    from .parameter import Parameter
-
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
     if origin in (typing.Union, types.UnionType):
         rest = [a for a in args if a is not type(None)]
         if len(rest) == 1 and len(args) == 2:
             return OptionalType(type_for(rest[0], choices))
-        raise TypeError(f"unsupported union type {annotation!r}: only X | None")
+        raise ParamError(f"unsupported union type {annotation!r}: only X | None")
     if origin is tuple:
         if len(args) == 2 and args[1] is Ellipsis:
             return TupleType(type_for(args[0], None))
         if args and all(a == args[0] for a in args):
             return TupleType(type_for(args[0], None))
-        raise TypeError(f"unsupported tuple type {annotation!r}: use tuple[T, ...]")
+        raise ParamError(f"unsupported tuple type {annotation!r}: use tuple[T, ...]")
     if origin is list:
         return ListType(type_for(args[0], choices))
     if annotation is bool:
@@ -409,6 +413,6 @@ def type_for(annotation: Any, choices: tuple[str, ...] | None) -> FieldType:
         return StrType(choices)
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
         return EnumType(annotation)
-    if isinstance(annotation, type) and issubclass(annotation, Parameter):
+    if isinstance(annotation, type) and issubclass(annotation, Nested):
         return NestedType(annotation)
-    raise TypeError(f"unsupported field type {annotation!r}")
+    raise ParamError(f"unsupported field type {annotation!r}")

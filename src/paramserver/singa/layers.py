@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..config import Parameter
+from ..config import ParamError, Parameter
 from ..config.components import layers
 from ..config.singa_enums import LAYER_TYPE, LAYER_TYPE_V010
 from ..train.layers import Layer
@@ -149,7 +149,7 @@ def _register_unbuilt() -> None:
                  "__module__": __name__, "__qualname__": f"{name[1:]}Layer"}
         layers.add(name, type(f"{name[1:]}Layer", (UnbuiltLayer,), attrs))
     if problems:
-        raise TypeError("; ".join(problems))
+        raise ParamError("; ".join(problems))
 
 
 _register_unbuilt()

@@ -166,10 +166,9 @@ class TorchCluster:
         self.num_workers = conf.nworker_groups * conf.nworkers_per_group
         self._replica = replica
         self._replicas: dict[int, tuple[torch.nn.Module, TorchParams]] = {}
-        for w in self.cluster.workers:  # made here, in order, for workers in this process
-            if isinstance(getattr(w, "params", None), ParamSet):
-                m = replica() if replica is not None else copy.deepcopy(module)
-                self._replicas[w.rank] = (m, TorchParams.on(w.params, m))
+        for w in self.cluster.local_workers:  # made here, in order, for those in this process
+            m = replica() if replica is not None else copy.deepcopy(module)
+            self._replicas[w.rank] = (m, TorchParams.on(w.params, m))
 
     @property
     def updater(self) -> Updater:

@@ -30,7 +30,8 @@ import torch
 
 from ..config import ParamError
 from ..config.job import UpdaterConf
-from ..updaters import COUNT, State, Updater, create_updater
+from ..state import COUNT, UpdaterState
+from ..updaters import Updater, create_updater
 from ._bind import TorchParams, binding_of
 from ._rules import ParamRule, RulesLike, parse_rules, resolve
 
@@ -55,15 +56,21 @@ _PASSIVE = ("initial_lr", "param_names", "foreach", "fused", "differentiable", "
 
 @dataclass
 class _Run:
-    """One :meth:`Updater.apply` call: owners ``a:b``, elements ``lo:hi``."""
+    """One :meth:`Updater.apply` call: owners ``a:b``, elements ``lo:hi``, their state."""
 
     updater: Updater
     a: int
     b: int
     lo: int
     hi: int
-    offsets: np.ndarray
-    state: State
+    state: UpdaterState
+
+
+def _step_count(x: Any, where: str) -> int:
+    """A saved step (or version): an integer >= 0, or a ParamError saying what it is."""
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)) or x < 0:
+        raise ParamError(f"{where} is {x!r}: it must be an integer >= 0")
+    return int(x)
 
 
 class Optimizer(torch.optim.Optimizer):
@@ -175,32 +182,32 @@ class Optimizer(torch.optim.Optimizer):
         if isinstance(params, torch.Tensor):
             params = [params]
         elif isinstance(params, set):
-            raise TypeError("optimizer parameters need to be organized in ordered collections, "
+            raise ParamError("optimizer parameters need to be organized in ordered collections, "
                             "not a set")
         params = list(params)
         named = [p for p in params if isinstance(p, tuple)]
         if named and len(named) != len(params):
-            raise ValueError("all optimizer params should be with/without names. Some param "
+            raise ParamError("all optimizer params should be with/without names. Some param "
                              "names are missing")
         if named:
             group["param_names"] = [str(n) for n, _ in named]
             params = [t for _, t in named]
         for t in params:
             if not isinstance(t, torch.Tensor):
-                raise TypeError("optimizer can only optimize Tensors, but one of the params "
+                raise ParamError("optimizer can only optimize Tensors, but one of the params "
                                 f"is {type(t).__name__}")
             if not (t.is_leaf or t.retains_grad):
-                raise ValueError("can't optimize a non-leaf Tensor")
+                raise ParamError("can't optimize a non-leaf Tensor")
         group["params"] = params
         for key, default in self.defaults.items():
             group.setdefault(key, default)
         if len({id(t) for t in params}) != len(params):
-            raise ValueError("a parameter group holds one parameter twice")
+            raise ParamError("a parameter group holds one parameter twice")
         seen = {id(t) for g in self.param_groups for t in g["params"]}
         if any(id(t) in seen for t in params):
-            raise ValueError("some parameters appear in more than one parameter group")
+            raise ParamError("some parameters appear in more than one parameter group")
         if any(("param_names" in g) != ("param_names" in group) for g in self.param_groups):
-            raise ValueError("all optimizer param groups should be with/without names")
+            raise ParamError("all optimizer param groups should be with/without names")
         self.param_groups.append(group)
 
     def _layout(self, strict: bool) -> None:
@@ -219,7 +226,7 @@ class Optimizer(torch.optim.Optimizer):
                         f"group{gi}.param{j}"
                 named.append((name, t))
         tensors = [t for _, t in named]
-        old_state: dict[int, dict[str, np.ndarray]] = {}
+        old_state: dict[int, UpdaterState] = {}
         if self._ready:
             old_state = self._export_state()
             self._take_lr_writes(len(self._reported))
@@ -245,7 +252,7 @@ class Optimizer(torch.optim.Optimizer):
         self._base_wd_scale = pset.wd_scales
         self._grad_scale = 1.0 / pset.num_shares
         self._updaters: dict[tuple[Any, ...], Updater] = {}
-        self._flat: State = {COUNT: np.zeros(len(pset.owners), np.int64)}
+        self._state = UpdaterState((), pset.offsets, pset.dtype)
         self._plan_key: tuple[Any, ...] | None = None
         self._reported = [0.0] * len(self.param_groups)
         for gi, group in enumerate(self.param_groups):
@@ -330,10 +337,11 @@ class Optimizer(torch.optim.Optimizer):
             return
         pset = self.params.pset
         updaters = [self._updater_for(settings[g]) for g in self._owner_group]
-        for u in updaters:
-            for role in u.state_roles:
-                if role not in self._flat:
-                    self._flat[role] = np.zeros(pset.values.size, pset.dtype)
+        # One state for every group: the roles of every updater in use (zero where a
+        # group's method does not use one).
+        for u in dict.fromkeys(updaters):
+            u.check_dtype(pset.dtype)
+            self._state = self._state.with_roles(u.roles)
         runs: list[_Run] = []
         offsets = pset.offsets
         i, n = 0, len(pset.owners)
@@ -344,26 +352,30 @@ class Optimizer(torch.optim.Optimizer):
             j = i + 1
             while j < n and not skip[j] and updaters[j] is updaters[i]:
                 j += 1
-            lo, hi = int(offsets[i]), int(offsets[j])
-            u = updaters[i]
-            state = {r: self._flat[r][lo:hi] for r in u.state_roles}
-            if u.counted:
-                state[COUNT] = self._flat[COUNT][i:j]
-            runs.append(_Run(u, i, j, lo, hi, offsets[i:j + 1] - lo, state))
+            runs.append(_Run(updaters[i], i, j, int(offsets[i]), int(offsets[j]),
+                             self._state.segments(i, j)))
             i = j
         self._runs = runs
-        self._owner_updaters = updaters
         self._plan_key = key
         # torch.optim's per-parameter state, as views (for inspection; state_dict copies).
         self.state.clear()
-        for k, _p in enumerate(pset.owners):
-            t = self._owner_tensors[k]
-            lo, hi = int(offsets[k]), int(offsets[k + 1])
-            entry = {r: torch.from_numpy(self._flat[r][lo:hi]).view(t.shape)
-                     for r in updaters[k].state_roles}
-            if updaters[k].counted:
-                entry[COUNT] = torch.from_numpy(self._flat[COUNT][k:k + 1])
-            self.state[t] = entry
+        for k in range(n):
+            self.state[self._owner_tensors[k]] = self._tensors(k, copy=False)
+
+    def _tensors(self, k: int, copy: bool) -> dict[str, torch.Tensor]:
+        """Owner ``k``'s state as tensors: per-element roles shaped like the parameter, the
+        update count a number."""
+        t = self._owner_tensors[k]
+        out = {}
+        for role, arr in self._state.segment(k).items():
+            a = arr.copy() if copy else arr
+            if role == COUNT:
+                out[role] = torch.tensor(int(a[0])) if copy else torch.from_numpy(a)
+            elif self._state.role(role).per == "element":
+                out[role] = torch.from_numpy(a).view(t.shape)
+            else:
+                out[role] = torch.from_numpy(a)
+        return out
 
     # -- the torch.optim interface ----------------------------------------------------------
 
@@ -387,8 +399,8 @@ class Optimizer(torch.optim.Optimizer):
             for run in self._runs:
                 a, b = run.a, run.b
                 run.updater.apply(self.step_count, pset.values[run.lo:run.hi],
-                                  grads[run.lo:run.hi], run.state, run.offsets,
-                                  lr_scale[a:b], wd[a:b], self._grad_scale[a:b])
+                                  grads[run.lo:run.hi], run.state, lr_scale[a:b], wd[a:b],
+                                  self._grad_scale[a:b])
         finally:
             tp.restore_grads()
         for k, p in enumerate(pset.owners):
@@ -425,55 +437,41 @@ class Optimizer(torch.optim.Optimizer):
                 k += 1
         return out
 
-    def _export_state(self) -> dict[int, dict[str, np.ndarray]]:
+    def _export_state(self) -> dict[int, UpdaterState]:
         """Each owner's state (copies), by tensor id."""
-        pset = self.params.pset
-        out = {}
-        for k, _p in enumerate(pset.owners):
-            lo, hi = int(pset.offsets[k]), int(pset.offsets[k + 1])
-            u = self._owner_updaters[k]
-            st = {r: self._flat[r][lo:hi].copy() for r in u.state_roles}
-            if u.counted:
-                st[COUNT] = self._flat[COUNT][k:k + 1].copy()
-            out[id(self._owner_tensors[k])] = st
-        return out
+        return {id(t): self._state.segments(k, k + 1).copy()
+                for k, t in enumerate(self._owner_tensors)}
 
-    def _import_state(self, state: dict[int, dict[str, np.ndarray]]) -> None:
-        pset = self.params.pset
+    def _import_state(self, state: dict[int, UpdaterState]) -> None:
+        """Take back what :meth:`_export_state` gave, for the tensors still here."""
         for k, t in enumerate(self._owner_tensors):
-            st = state.get(id(t))
-            if st is None:
+            old = state.get(id(t))
+            if old is None:
                 continue
-            lo, hi = int(pset.offsets[k]), int(pset.offsets[k + 1])
-            for r, arr in st.items():
-                if r == COUNT:
-                    self._flat[COUNT][k] = int(arr.reshape(-1)[0])
-                elif r in self._flat and arr.size == hi - lo:
-                    self._flat[r][lo:hi] = arr.reshape(-1)
+            mine = self._state.segments(k, k + 1)
+            for role in old.names:
+                if role in mine and old[role].size == mine[role].size:
+                    mine[role][...] = old[role]
+
+    @property
+    def _names(self) -> list[str]:
+        return [p.name for p in self.params.pset.owners]
 
     def state_dict(self) -> dict[str, Any]:
         """torch's layout, paramserver's content; copies, loadable with ``weights_only``.
 
         ``state`` maps each owner's torch index to its updater state (``history``,
-        ``update``, ``m``, ``v`` as tensors shaped like the parameter; ``count`` for Adam);
-        ``param_groups`` are the groups with parameter indices; ``paramserver`` holds the
-        step count, the updater's configuration and the parameter names.
+        ``update``, ``m``, ``v`` as tensors shaped like the parameter, and ``count``, its
+        number of updates); ``param_groups`` are the groups with parameter indices;
+        ``paramserver`` holds the step count, the updater's configuration and the
+        parameter names.
         """
         # A scheduler's (or the user's) write to group["lr"] since the last step is taken
         # in now, so that the saved lr_scale is the one the next step would use.
         self._take_lr_writes(len(self.param_groups))
-        pset = self.params.pset
         index = {id(t): k for k, _, t in self._indexed()}
-        state: dict[int, dict[str, torch.Tensor]] = {}
-        for k, _p in enumerate(pset.owners):
-            t = self._owner_tensors[k]
-            lo, hi = int(pset.offsets[k]), int(pset.offsets[k + 1])
-            u = self._owner_updaters[k]
-            entry = {r: torch.from_numpy(self._flat[r][lo:hi].copy()).view(t.shape)
-                     for r in u.state_roles}
-            if u.counted:
-                entry[COUNT] = torch.tensor(int(self._flat[COUNT][k]))
-            state[index[id(t)]] = entry
+        state = {index[id(t)]: self._tensors(k, copy=True)
+                 for k, t in enumerate(self._owner_tensors)}
         groups = []
         for group in self.param_groups:
             g = {k: v for k, v in group.items() if k != "params"}
@@ -501,9 +499,14 @@ class Optimizer(torch.optim.Optimizer):
         if saved_type is not None and saved_type != self.conf.type:
             problems.append(f"the state is of updater {saved_type}, this optimizer's is "
                             f"{self.conf.type}")
-        pset = self.params.pset
+        try:
+            step = _step_count(meta.get("step"), "the saved step")
+        except ParamError as e:
+            problems += [p.message for p in e.problems]
+            step = 0
         owner_of = {id(t): k for k, t in enumerate(self._owner_tensors)}
-        parsed: dict[int, dict[str, np.ndarray]] = {}
+        names = self._names
+        arrays: dict[str, np.ndarray] = {}
         for idx, entry in state_dict["state"].items():
             idx = int(idx)
             if idx >= len(indexed):
@@ -514,41 +517,31 @@ class Optimizer(torch.optim.Optimizer):
             if k is None:
                 problems.append(f"state of '{name}': it shares another's values, has none")
                 continue
-            u = self._owner_updaters[k]
-            roles = set(u.state_roles) | ({COUNT} if u.counted else set())
-            if set(entry) != roles:
-                problems.append(f"state of '{name}' has {sorted(entry)}, expected "
-                                f"{sorted(roles)}")
-                continue
-            st = {}
             for r, v in entry.items():
                 arr = v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v)
-                if r != COUNT and arr.size != pset.owners[k].size:
-                    problems.append(f"state '{r}' of '{name}' has {arr.size} elements, "
-                                    f"expected {pset.owners[k].size}")
-                st[r] = arr
-            parsed[id(t)] = st
+                arrays[f"{names[k]}/{r}"] = arr.reshape(-1)
+        # The state this optimizer will hold once the saved groups' settings are taken.
+        roles = {r for g in saved_groups if all(k in g for k in self.setting_keys)
+                 for r in self._updater_for(self._settings(g)).roles}
+        target = self._state.with_roles(roles)
+        problems += target.problems(arrays, names)
         if problems:
             raise ParamError(problems)
         for group, saved in zip(self.param_groups, saved_groups, strict=True):
             for k2, v in saved.items():
                 if k2 not in ("params", "param_names"):
                     group[k2] = v
-        self.step_count = int(meta["step"])
+        self.step_count = step
         # A group's lr and lr_scale agree in what state_dict writes; where they do not (a
         # state saved with an lr written after its last step by an older version), the lr
         # the user saw is the one to train at.
         rate = self.updater.lr(self.step_count)
         self._reported = [rate * float(g["lr_scale"]) for g in self.param_groups]
         self._take_lr_writes(len(self.param_groups))
+        self._state = target
         self._plan_key = None
-        self._plan([False] * len(pset.owners))
-        for k in range(len(pset.owners)):
-            lo, hi = int(pset.offsets[k]), int(pset.offsets[k + 1])
-            for r in self._owner_updaters[k].state_roles:
-                self._flat[r][lo:hi] = 0
-            self._flat[COUNT][k] = 0
-        self._import_state(parsed)
+        self._plan([False] * len(self.params.pset.owners))
+        self._state.load(arrays, names)
 
     # -- paramserver checkpoints ------------------------------------------------------------
 
@@ -604,13 +597,24 @@ class Optimizer(torch.optim.Optimizer):
                     problems.append(f"'{key}' is not a state of these parameters")
                     continue
                 state.setdefault(index[name], {})[role] = torch.from_numpy(arr)
+        versions = meta.get("versions", {})
+        for p in pset.owners:
+            try:
+                _step_count(versions.get(p.name, 0), f"the version of '{p.name}'")
+            except ParamError as e:
+                problems.append(str(e))
         if problems:
             raise CheckpointError([f"{path}: {m}" for m in problems])
-        self.load_state_dict({"state": state, "param_groups": meta["param_groups"],
-                              "paramserver": meta})
+        try:
+            self.load_state_dict({"state": state, "param_groups": meta["param_groups"],
+                                  "paramserver": meta})
+        except CheckpointError:
+            raise
+        except ParamError as e:
+            raise CheckpointError([f"{path}: {p.message}" for p in e.problems]) from None
         for p in pset.owners:
             p.data[...] = arrays[f"param/{p.name}"]
-            p.version = int(meta.get("versions", {}).get(p.name, 0))
+            p.version = int(versions.get(p.name, 0))
 
     def __repr__(self) -> str:
         return f"paramserver.torch.Optimizer({self.updater!r}, {self.params!r})"

@@ -22,6 +22,7 @@ from ..config import Location, ParamError, Parameter, Problem
 from ..config.job import JobConf, NetConf, read_job_text, unbuilt_error
 from ..config.textformat import parse_text, paused_gc
 from ..config.tree import Block, Entry, Scalar
+from ..init import init_params
 from ..params import ParamSet, plan_params
 from .net import Net
 
@@ -69,7 +70,7 @@ class JobFile:
         with self.placing():
             plan = plan_params(net.param_specs())
             if plan.nbytes(net.dtype) <= CHECK_MEMORY:
-                ParamSet(plan, net.dtype).init(self.job.seed)
+                init_params(ParamSet(plan, net.dtype), self.job.seed)
 
     @contextmanager
     def placing(self) -> Iterator[None]:

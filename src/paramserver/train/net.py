@@ -46,6 +46,7 @@ from ..config import ParamError
 from ..config.components import layers as layer_registry
 from ..config.job import LayerConf, NetConf, conf_from, unbuilt_error
 from ..config.singa_enums import PHASE
+from ..init import init_params
 from ..params import Param, ParamSet, ParamSpec
 from .data import Batch, Dataset, derive_rng
 from .layers.base import Layer, phase_name, require_torch
@@ -427,7 +428,7 @@ class Net:
         """A new ParamSet for :meth:`param_specs`, initialised from the seed, and bound."""
         pset = ParamSet(self.param_specs(), self.dtype)
         if init:
-            pset.init(self.seed)
+            init_params(pset, self.seed)
         self.bind(pset)
         return pset
 

@@ -24,12 +24,15 @@ whole batch, from every worker's loss — the same value: the partitioned job co
 the unpartitioned one does (:mod:`tests.test_partition` checks it to float tolerance).
 
 The workers exchange the parts through a :class:`GroupExchange`, in memory: feature
-partitioning runs on the embedded cluster (a Ray job may partition on the batch only).
+partitioning runs on the embedded cluster (a Ray job may partition on the batch only; a
+Ray worker's first exchange fails after ``cluster.timeout``, naming the workers it waited
+for).
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -69,12 +72,30 @@ class GroupExchange:
                 missing = [r for r, x in enumerate(slot) if x is None]
                 raise ParamError(f"worker {rank} of the group waited {self.timeout:g} s "
                                  f"(cluster.timeout) for the parts of {what} from workers "
-                                 f"{missing}")
+                                 f"{missing}: partition_dim 1 needs the workers of a group "
+                                 "in one process (the embedded cluster)")
             out = list(slot)
             self._taken[seq] = self._taken.get(seq, 0) + 1
             if self._taken[seq] == self.size:
                 del self._slots[seq], self._taken[seq]
             return out
+
+
+#: The exchanges of the groups whose workers run in this process, while their nets live.
+_exchanges: weakref.WeakValueDictionary[str, GroupExchange] = weakref.WeakValueDictionary()
+_exchanges_lock = threading.Lock()
+
+
+def group_exchange(key: str, size: int, timeout: float) -> GroupExchange:
+    """The exchange of the group ``key`` (a run and a worker group) in this process, made by
+    its first worker. The workers of a group must share the process (the embedded
+    cluster); a worker alone in its process (a Ray actor) waits for the others in vain, and
+    its first exchange fails after ``timeout`` naming them."""
+    with _exchanges_lock:
+        found = _exchanges.get(key)
+        if found is None or found.size != size:
+            found = _exchanges[key] = GroupExchange(size, timeout)
+        return found
 
 
 class Comm:
@@ -239,4 +260,5 @@ def param_parts(layer: Layer, full: Sequence[Any], index: int, size: int) -> lis
 
 
 __all__ = ["PER_FEATURE", "SPLIT_PARAMS", "Comm", "Gather", "GroupExchange", "Narrow",
-           "check_feature_partition", "effective_dim", "param_parts", "part_conf"]
+           "check_feature_partition", "effective_dim", "group_exchange", "param_parts",
+           "part_conf"]

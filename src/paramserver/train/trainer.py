@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -40,18 +41,19 @@ from ..checkpoint import (
     read_checkpoints,
     save_checkpoint,
 )
-from ..cluster import Cluster, Worker
+from ..cluster import Cluster, RemoteGradFn, Worker
 from ..config import ParamError
 from ..config.job import JobConf, unbuilt_error
 from ..export import TABLE, param_table
 from ..faults import marker
+from ..init import init_params
 from ..params import ParamSet, physical_memory, plan_params
 from ..singa import checkpoints as singa_checkpoints
 from . import algorithms
 from .layers.base import require_torch
 from .metrics import MetricsLog, Row
 from .net import Net
-from .partition import Comm, GroupExchange, effective_dim
+from .partition import Comm, group_exchange
 from .progress import Progress, Rate
 from .tensorboard import FOLDER as TENSORBOARD_FOLDER
 from .tensorboard import TensorBoardLog
@@ -96,18 +98,18 @@ class Trainer:
         stream: where progress goes (default stderr). Messages (test results, checkpoints)
             go to the ``paramserver`` logger.
         base_dir: folder that relative data paths are read from (the job file's folder).
-        cluster_options: with ``cluster.backend: ray``, keyword arguments of
-            :class:`~paramserver.cluster.ray_backend.RayCluster` (``placement``,
-            ``server_options``, ``worker_options``, ...).
+        cluster_options: keyword arguments of :class:`~paramserver.cluster.Cluster`
+            (``max_restarts``; on Ray ``placement``, ``server_options``,
+            ``worker_options``, ...).
         tensorboard: write TensorBoard event files into ``<workspace>/tensorboard``.
 
-    With ``cluster.backend: ray`` the workers are Ray actors that build their own Nets
-    from the job's configuration (sent as JSON, with the names of the modules that
-    registered user components); :attr:`nets` is then empty, and the servers' checkpoints
-    are in ``<workspace>/checkpoints/servers``. :meth:`close` stops the actors.
+    Every worker builds its own kTrain Net from the job's configuration (sent as JSON, with
+    the names of the modules that registered user components), in its thread or its Ray
+    actor; the servers' own checkpoints (kept where servers can be lost and restarted: on
+    Ray) are in ``<workspace>/checkpoints/servers``. :meth:`close` stops the actors.
 
     Attributes:
-        nets: each embedded worker's kTrain net.
+        nets: empty (every worker builds its own net).
         eval_net: the kTest and kVal nets (those the job runs), or None.
         params: the job's Params, initialised (and loaded from ``checkpoint_path``).
     """
@@ -125,33 +127,30 @@ class Trainer:
         self.show = progress
         self.stream = stream
         self.eval_phases = job.eval_phases()
-        c = job.cluster
-        self._step_fn: Any = self._grad_fn
         self._base_versions: dict[str, int] = {}
+        # Every worker builds its own Net from the job (here in a thread, or in a Ray
+        # actor): the cluster's backend decides where workers run, nothing here.
+        self.nets: list[Net] = []
+        c = job.cluster
         try:
-            if c.backend == "ray":
-                self._init_ray(base_dir, cluster_options or {})
-            else:
-                per_group = c.nworkers_per_group
-                exchanges = [GroupExchange(per_group, c.timeout)
-                             for _ in range(c.nworker_groups)]
-                self.nets = [Net(job.neuralnet, seed=job.seed, base_dir=base_dir,
-                                 phases=("kTrain",), device=worker_device(job, rank),
-                                 comm=Comm(rank % per_group, per_group,
-                                           exchanges[rank // per_group]))
-                             for rank in range(c.nworker_groups * per_group)]
-                if job.train_steps > job.step:
-                    self.nets[0].check_trainable(job.train_one_batch.alg)
-                self.params = self._make_params(self.nets[0])
-                self.cluster = Cluster(job, self.params)
-                for worker, net in zip(self.cluster.workers, self.nets):
-                    net.bind(worker.params)
+            net = Net(job.neuralnet, seed=job.seed, base_dir=base_dir, phases=("kTrain",))
+            if job.train_steps > job.step:
+                net.check_trainable(job.train_one_batch.alg)
+            self.params = self._make_params(net)
+            folder = self.workspace / "checkpoints" / "servers"
+            self.cluster = Cluster(job, self.params,
+                                   **{"checkpoint_dir": folder, **dict(cluster_options or {})})
         except MemoryError:  # the Params fit, but not with a gradient per worker (or state)
             plan = plan_params(Net(job.neuralnet, seed=job.seed, base_dir=base_dir,
                                    phases=("kTrain",)).param_specs())
             raise ParamError(plan.too_big(np.float32, physical_memory()) + (
                 f"; every worker ({c.nworker_groups * c.nworkers_per_group}) holds its own "
                 "gradients, and the updater its state")) from None
+        # The workers of a group that share this process exchange the parts of layers
+        # partitioned on the features through this run's exchanges (partition.py).
+        self._step_fn = RemoteGradFn(f"{__name__}:net_grad_fn", {
+            "job": job.to_json(), "base_dir": os.path.abspath(base_dir or os.getcwd()),
+            "run": uuid.uuid4().hex})
         self.eval_net: Net | None = None
         if self.eval_phases:
             self.eval_net = Net(job.neuralnet, seed=job.seed, base_dir=base_dir,
@@ -164,30 +163,11 @@ class Trainer:
         self._window: list[list[float]] = []  # train metrics since the last display row
         self.disp_freq = job.disp_freq or default_disp_freq(job.train_steps)
 
-    def _init_ray(self, base_dir: str | os.PathLike[str] | None,
-                  options: Mapping[str, Any]) -> None:
-        from ..cluster.ray_backend import RayCluster
-        from ..cluster.ray_wire import RemoteGradFn
-
-        job = self.job
-        if job.cluster.nworkers_per_group > 1 and any(
-                effective_dim(x, int(job.neuralnet.partition_dim)) == 1
-                for x in job.neuralnet.phase_layers("kTrain")):
-            raise ParamError("partition_dim 1 (layers partitioned on the features among the "
-                             "workers of a group) runs on the embedded cluster (backend "
-                             "local): its workers exchange the parts in memory")
-        self.nets = []  # each worker actor builds its own
-        self.params = self._make_params(Net(job.neuralnet, seed=job.seed, base_dir=base_dir,
-                                            phases=("kTrain",)))
-        folder = self.workspace / "checkpoints" / "servers"
-        self.cluster = RayCluster(job, self.params,
-                                  **{"checkpoint_dir": folder, **dict(options)})
-        self._step_fn = RemoteGradFn(f"{__name__}:net_grad_fn", {
-            "job": job.to_json(), "base_dir": os.path.abspath(base_dir or os.getcwd())})
-
     def _make_params(self, net: Net) -> ParamSet:
         """The job's Params: initialised from the seed, then (``checkpoint_path``) loaded
-        from SINGA checkpoints; records the versions SINGA checkpoints count from."""
+        from SINGA checkpoints; records the versions SINGA checkpoints count from. The
+        Params that the job's algorithm does not train (kCD: those below the RBM) are
+        frozen: ``lr_scale`` and ``wd_scale`` 0 for the run."""
         job = self.job
         frozen = algorithms.frozen_params(net, job.train_one_batch)
         specs = []
@@ -198,7 +178,7 @@ class Trainer:
                 spec = type(spec)(spec.name, spec.shape, conf, spec.place)
             specs.append(spec)
         params = ParamSet(specs)
-        params.init(self.job.seed)
+        init_params(params, self.job.seed)
         loaded = singa_checkpoints.load_checkpoints(params, job.checkpoint_path)
         self._base_versions = {
             p.name: (loaded[p.name] if p.name in loaded and not job.reset_param_version
@@ -224,11 +204,6 @@ class Trainer:
         close = getattr(self.cluster, "close", None)
         if close is not None:
             close()
-
-    # -- one step on one worker -------------------------------------------------------------
-
-    def _grad_fn(self, worker: Worker, step: int) -> Mapping[str, Any]:
-        return _train_step(self.nets[worker.rank], self.job, worker, step)
 
     # -- the run ----------------------------------------------------------------------------
 
@@ -553,17 +528,27 @@ def worker_device(job: JobConf, rank: int) -> str | None:
     return None
 
 
-def net_grad_fn(job: str, base_dir: str | None = None) -> Callable[[Worker, int], Any]:
-    """The gradient function of a Ray worker actor: its own Net, built from the job's JSON
-    (:class:`~paramserver.cluster.ray_wire.RemoteGradFn` data) and bound to the worker's
-    replica on the first step."""
+def net_grad_fn(job: str, base_dir: str | None = None, run: str = ""
+                ) -> Callable[[Worker, int], Any]:
+    """The gradient function of a worker (in its thread, or its Ray actor): its own Net,
+    built from the job's JSON (:class:`~paramserver.cluster.gradfn.RemoteGradFn` data) on
+    the first step — on the worker's device (the job's ``gpu``), joined to the other
+    workers of its group for layers partitioned on the features (the exchange of run
+    ``run`` in this process) — and bound to the worker's replica."""
     conf = JobConf.parse(json.loads(job))
-    require_torch().set_num_threads(int(conf.num_openblas_threads))  # the actor's own process
-    net = Net(conf.neuralnet, seed=conf.seed, base_dir=base_dir, phases=("kTrain",),
-              device=worker_device(conf, 0))
+    require_torch().set_num_threads(int(conf.num_openblas_threads))  # an actor's process
+    made: list[Net] = []
     bound: list[ParamSet] = []
 
     def grad_fn(worker: Worker, step: int) -> Mapping[str, Any]:
+        if not made:
+            size = conf.cluster.nworkers_per_group
+            comm = Comm(worker.index, size, group_exchange(
+                f"{run}/{worker.group}", size, conf.cluster.timeout))
+            made.append(Net(conf.neuralnet, seed=conf.seed, base_dir=base_dir,
+                            phases=("kTrain",), device=worker_device(conf, worker.rank),
+                            comm=comm))
+        net = made[0]
         if not bound or bound[0] is not worker.params:
             net.bind(worker.params)
             bound[:] = [worker.params]

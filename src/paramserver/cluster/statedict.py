@@ -2,7 +2,8 @@
 
 Keys: ``step``; ``layout`` (each server's ``[start, stop)``, so that a state is only loaded
 into the same server ranges); and for every server ``server/<group>/<index>/<name>``, where
-``<name>`` is ``values``, ``versions`` or ``state/<role>``. Plain arrays only: no pickle.
+``<name>`` is ``values``, ``versions`` or ``state/<param>/<role>`` (the updater state's one
+key scheme, :mod:`paramserver.state`). Plain arrays only: no pickle.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from ..config import ParamError
 from .layout import ServerLayout
 from .messages import Address
 
@@ -37,6 +39,8 @@ def split_state(state: Mapping[str, np.ndarray], layouts: Sequence[ServerLayout]
                 ) -> tuple[list[str], dict[Address, dict[str, np.ndarray]]]:
     """Every server's part of a flat state, and the problems that forbid loading it."""
     problems = [f"'{key}' is missing" for key in _TOP if key not in state]
+    if "step" in state:
+        problems += step_problems(state["step"])
     if "layout" in state and not np.array_equal(np.asarray(state["layout"]),
                                                 layout_array(layouts)):
         problems.append("the state was saved with other server ranges (another model or "
@@ -52,6 +56,14 @@ def split_state(state: Mapping[str, np.ndarray], layouts: Sequence[ServerLayout]
             continue
         parts[address][name] = np.asarray(value)
     return problems, parts
+
+
+def step_problems(step: object) -> list[str]:
+    """Why a saved step cannot be the step to go on from (an integer >= 0)."""
+    arr = np.asarray(step)
+    if arr.ndim != 0 or arr.dtype.kind not in "iu" or int(arr) < 0:
+        return [f"'step' is {arr.tolist()!r} ({arr.dtype}): it must be an integer >= 0"]
+    return []
 
 
 def owner_versions(layouts: Sequence[ServerLayout],
@@ -70,13 +82,13 @@ def owner_values(state: Mapping[str, np.ndarray]) -> np.ndarray:
     server's ``values`` of server group 0, placed at its ``layout`` range.
 
     Raises:
-        ValueError: naming what is missing or does not fit.
+        ParamError: naming what is missing or does not fit (a ValueError).
     """
     if "layout" not in state:
-        raise ValueError("'layout' is missing")
+        raise ParamError("'layout' is missing")
     layout = np.asarray(state["layout"])
     if layout.ndim != 2 or layout.shape[1:] != (2,) or layout.dtype.kind not in "iu":
-        raise ValueError(f"'layout' is {layout.dtype} of shape {layout.shape}, expected "
+        raise ParamError(f"'layout' is {layout.dtype} of shape {layout.shape}, expected "
                          "integers of shape (servers, 2)")
     total = int(layout[:, 1].max()) if len(layout) else 0
     parts = []
@@ -86,7 +98,7 @@ def owner_values(state: Mapping[str, np.ndarray]) -> np.ndarray:
         key = f"server/0/{index}/values"
         values = state.get(key)
         if values is None or np.ndim(values) != 1 or len(values) != stop - start:
-            raise ValueError(f"'{key}' is missing or does not hold the {stop - start} "
+            raise ParamError(f"'{key}' is missing or does not hold the {stop - start} "
                              f"values of [{start}, {stop})")
         parts.append((start, stop, np.asarray(values)))
     if not parts:
@@ -95,12 +107,13 @@ def owner_values(state: Mapping[str, np.ndarray]) -> np.ndarray:
     covered = 0
     for start, stop, values in sorted(parts, key=lambda p: p[0]):
         if start != covered:
-            raise ValueError(f"the servers' ranges leave a gap or overlap at {covered}")
+            raise ParamError(f"the servers' ranges leave a gap or overlap at {covered}")
         out[start:stop] = values
         covered = stop
     if covered != total:
-        raise ValueError(f"the servers' ranges end at {covered}, not at {total}")
+        raise ParamError(f"the servers' ranges end at {covered}, not at {total}")
     return out
 
 
-__all__ = ["join_state", "layout_array", "owner_values", "owner_versions", "split_state"]
+__all__ = ["join_state", "layout_array", "owner_values", "owner_versions", "split_state",
+           "step_problems"]
