@@ -601,9 +601,9 @@ class Net:
 
 class Weights:
     """The torch tensors of a ParamSet's Params, by name: on the CPU they view the flat
-    values and gradients (:class:`paramserver.torch.TorchParams`); on a GPU they are device
-    copies, refreshed from the values before a forward pass, their gradients copied back
-    after a backward pass."""
+    values and gradients (:mod:`paramserver.tensors`, as the torch adaptor's do); on a GPU
+    they are device copies, refreshed from the values before a forward pass, their
+    gradients copied back after a backward pass."""
 
     def __init__(self, pset: ParamSet | None, device: Any):
         self.device = device
@@ -612,13 +612,9 @@ class Weights:
         if pset is None or not len(pset):
             return
         torch = require_torch()
-        from ..torch import TorchParams
+        from ..tensors import param_tensors
 
-        dtype = torch.from_numpy(pset.values[:0]).dtype
-        named = [(n, torch.nn.Parameter(torch.empty(pset[n].shape, dtype=dtype)))
-                 for n in pset.names]
-        bound = TorchParams.on(pset, named)
-        self.host = dict(bound)
+        self.host = dict(param_tensors(pset))
         if device is not None and torch.device(device).type != "cpu":
             for n, t in self.host.items():
                 d = torch.nn.Parameter(t.detach().to(device))
