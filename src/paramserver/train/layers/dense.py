@@ -64,30 +64,34 @@ class InnerProductLayer(Layer):
 
     def compute(self, x: Any) -> Any:
         torch = require_torch()
-        x = x.reshape(x.shape[0], -1)
+        if x.dim() != 2:
+            x = x.reshape(x.shape[0], -1)
         w = self.weights[0]
-        wt = w if self.own.transpose else w.t()
-        if self.own.bias_term:
-            return torch.addmm(self.weights[1], x, wt)
-        return x @ wt
+        b = self.weights[1] if self.own.bias_term else None
+        if self.own.transpose:
+            return torch.addmm(b, x, w) if b is not None else x @ w
+        return torch.nn.functional.linear(x, w, b)
 
     def forward(self, phase: str, rng: np.random.Generator | None) -> None:
         self.data = self.compute(self.srcs[0].data)
 
     def backward(self) -> None:
         g = self.grad
-        x = self.flat_input()
+        x = self.srcs[0].data
+        if x.dim() != 2:
+            x = x.reshape(x.shape[0], -1)
         w = self.weights[0]
+        gt = g.t()
         if self.own.transpose:
             w.grad.addmm_(x.t(), g)
         else:
-            w.grad.addmm_(g.t(), x)
+            w.grad.addmm_(gt, x)
         if self.own.bias_term:  # Σ over the batch, added in one fused call
             ones = self._ones
             if ones is None or ones.shape[0] != g.shape[0] or ones.dtype != g.dtype \
                     or ones.device != g.device:
                 ones = self._ones = g.new_ones(g.shape[0])
-            self.weights[1].grad.addmv_(g.t(), ones)
+            self.weights[1].grad.addmv_(gt, ones)
         if self.wants_grad(0):
             self.give_grad(0, g @ (w.t() if self.own.transpose else w))
 

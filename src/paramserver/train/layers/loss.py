@@ -79,12 +79,14 @@ class SoftmaxLossLayer(LossLayer):
             _check_labels(self, y, n, classes)
         logp = torch.log_softmax(z, 1)
         self.data = logp.exp()
-        picked = logp.gather(1, y[:, None])
-        self.loss = picked.sum().mul_(-float(self.own.scale) / max(n, 1))
+        scale = float(self.own.scale)
+        loss = torch.nn.functional.nll_loss(logp, y)  # the mean of -log p[label]
+        self.loss = loss if scale == 1.0 else loss.mul_(scale)
         if self.own.topk == 1:  # right when no class scores higher (logp keeps z's order)
-            hits = (picked >= logp.amax(1, keepdim=True)).sum()
+            hits = (logp.gather(1, y[:, None]) >= logp.amax(1, keepdim=True)).sum(
+                dtype=z.dtype)
         else:
-            hits = topk_hits(z, y, int(self.own.topk)).sum()
+            hits = topk_hits(z, y, int(self.own.topk)).sum(dtype=z.dtype)
         self._n = n
         self.hits = hits
 
@@ -106,8 +108,7 @@ class SoftmaxLossLayer(LossLayer):
         return float(self.hits) / self._n if self._n else float("nan")
 
     def metrics(self) -> dict[str, float]:
-        loss, hits = require_torch().stack([self.loss, self.hits.to(self.loss.dtype)]
-                                           ).tolist()
+        loss, hits = require_torch().stack([self.loss, self.hits]).tolist()
         return {"loss": loss, "accuracy": hits / self._n if self._n else float("nan")}
 
 
