@@ -443,7 +443,7 @@ def test_the_dmlc_path_still_refuses_hex() -> None:
 @pytest.mark.parametrize(("text", "where", "message"), [
     ("train_steps: 08", "g.conf:2:14", "invalid number '08': a leading 0 makes an integer octal"),
     ("train_steps: 0x1.5", "g.conf:2:1", "expect int but value='0x1.5'"),
-    ("train_steps: t", "g.conf:2:1", "expect int but value='True'"),
+    ("train_steps: t", "g.conf:2:1", "expect int but value='t'"),
     ("name: 0x10", "g.conf:2:1", "expect string but value='0x10'"),
     ("updater { type: 99 }", "g.conf:2:11", "Invalid Input: '99', no updater has this number; "
                                              "the numbers are: 1 = kSGD, 2 = kAdaGrad"),
