@@ -21,11 +21,15 @@ from paramserver import ParamError
 from paramserver.checkpoint import checkpoint_name, load_checkpoint
 from paramserver.cluster import Cluster, plan_servers
 from paramserver.cluster.gradfn import RemoteGradFn, build_grad_fn
+from paramserver.cluster.messages import Get, Put, State, Update, Values
 from paramserver.cluster.ray_wire import (
+    LARGE,
     layout_from_data,
     layout_to_data,
+    pack,
     params_from_data,
     params_to_data,
+    unpack,
 )
 from paramserver.config.job import ClusterConf, parse_job
 from paramserver.params import ParamSet
@@ -88,6 +92,29 @@ def test_layouts_and_params_travel_as_plain_data() -> None:
     data["num_shares"] = [1, 1, 1]
     with pytest.raises(ParamError, match="do not have the layout of the driver's"):
         params_from_data(data)
+
+
+def test_small_messages_travel_as_one_bytes_object() -> None:
+    g = np.arange(7, dtype=np.float32)[::2]  # not contiguous: packed all the same
+    for msg in (Update(1, 2, np.int64(3), g), Update(0, 0, 5, None), Get(0, 1, 2, clock=4),
+                Values(np.zeros(0, np.float64), np.array([3, 4]), np.bool_(False)),
+                Put(None, np.ones((2, 3), np.int64), 9)):
+        data = pack(msg)
+        assert isinstance(data, bytes)
+        back = unpack(data)
+        assert type(back) is type(msg)
+        for f in msg.__dataclass_fields__:
+            a, b = getattr(msg, f), getattr(back, f)
+            if isinstance(a, np.ndarray):
+                assert b.dtype == a.dtype and b.shape == a.shape and np.array_equal(a, b)
+                assert not b.flags.writeable  # a view of the bytes: read-only
+            else:
+                assert a == b and type(b) in (type(a), int, bool)
+    # Dicts of arrays and large arrays go the other way (tuples; the object store).
+    assert pack(State({"values": g})) is None
+    assert pack(Update(0, 0, 0, np.zeros(LARGE // 4, np.float32))) is None
+    with pytest.raises(ParamError, match="unknown message"):
+        unpack(pack(Get(0, 0, 0)).replace(b'"Get"', b'"Gex"'))  # type: ignore[union-attr]
 
 
 def test_a_remote_grad_fn_is_an_import_path_and_json() -> None:

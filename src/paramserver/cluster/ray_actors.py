@@ -44,7 +44,9 @@ from .ray_wire import (
     encode,
     import_modules,
     layout_from_data,
+    pack,
     params_from_data,
+    unpack,
 )
 from .server import Server
 from .worker import Worker
@@ -66,7 +68,7 @@ class _Slot:
 
     def __init__(self) -> None:
         self.event = threading.Event()
-        self.data: tuple[Any, ...] = ("ErrorReply", "no reply", False)
+        self.data: bytes | tuple[Any, ...] = ("ErrorReply", "no reply", False)
 
 
 class ServerActor:
@@ -126,16 +128,19 @@ class ServerActor:
             finally:
                 self._memo = {}
 
-    def call(self, *data: Any) -> tuple[Any, ...]:
-        """One request, as :func:`~paramserver.cluster.ray_wire.encode` made it; its reply,
-        encoded the same way."""
-        request = decode(data)
+    def call(self, *data: Any) -> bytes | tuple[Any, ...]:
+        """One request, as :func:`~paramserver.cluster.ray_wire.pack` (one ``bytes``) or
+        :func:`~paramserver.cluster.ray_wire.encode` made it; its reply, packed when it is
+        small, else encoded."""
+        request = unpack(data[0]) if len(data) == 1 and isinstance(data[0], bytes) else (
+            decode(data))
         slot = _Slot()
 
         def reply(answer: Reply) -> None:
             # Encoded at once, in the handler's call: before any other request changes
             # the values.
-            slot.data = encode(answer, self._share)
+            packed = pack(answer)
+            slot.data = packed if packed is not None else encode(answer, self._share)
             slot.event.set()
 
         self._call(lambda: self.server.handle(request, reply))

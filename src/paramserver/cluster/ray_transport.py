@@ -2,10 +2,13 @@
 
 :class:`RayTransport` is the :class:`~paramserver.cluster.transport.Transport` of the Ray
 backend: a request becomes one call of the server actor's ``call`` method with the message
-as a tuple of plain fields (:func:`~paramserver.cluster.ray_wire.encode`), so that Ray moves
-its arrays through its object store and the server reads them where they lie (read-only,
-no copy). A reply's large arrays come back as one object-store reference per server state
-(shared by every worker answered from it); :meth:`RayPending.wait` fetches them.
+as one ``bytes`` argument when it is small (:func:`~paramserver.cluster.ray_wire.pack`: one
+serialisation per message), else as a tuple of plain fields
+(:func:`~paramserver.cluster.ray_wire.encode`), so that Ray moves its large arrays through
+its object store and the server reads them where they lie (read-only, no copy). Replies
+travel the same way; a reply's large arrays come back as one object-store reference per
+server state (shared by every worker answered from it); :meth:`RayPending.wait` fetches
+them.
 
 Servers with nothing to hold have no actor: their (empty) requests are answered here, by
 a local :class:`~paramserver.cluster.server.Server`.
@@ -25,7 +28,7 @@ from ray.exceptions import GetTimeoutError, ObjectLostError, RayActorError
 
 from .errors import ClusterError, ServerLost
 from .messages import Address, Reply, Request
-from .ray_wire import decode, encode
+from .ray_wire import decode, encode, pack, unpack
 from .transport import Handler, LocalTransport, Pending
 
 
@@ -62,7 +65,7 @@ class RayPending(Pending):
                     return ray.get(x, timeout=max(0.0, deadline - time.monotonic()))
                 return x
 
-            reply: Reply = decode(data, resolve)
+            reply: Reply = unpack(data) if isinstance(data, bytes) else decode(data, resolve)
         except GetTimeoutError:
             raise ClusterError(f"{who} waited {timeout:g} s for {self.what}; "
                                f"{self._diagnose()}") from None
@@ -93,7 +96,8 @@ class RayTransport:
             if to in self.idle.servers:
                 return self.idle.send(to, request, what)
             raise ClusterError(f"no server at {to}")
-        ref = h.call.remote(*encode(request))
+        packed = pack(request)
+        ref = h.call.remote(packed) if packed is not None else h.call.remote(*encode(request))
         return RayPending(ref, what, to, self.names.get(to, f"server {to[1]}"), h)
 
     def abort(self, reason: str) -> None:

@@ -9,10 +9,13 @@ that the actor should build itself as a
 components are imported by name in every actor (:func:`user_modules`,
 :func:`import_modules`), so ``user_type`` works there too.
 
-Every message of :mod:`paramserver.cluster.messages` travels as the tuple
-``(kind, field, ...)`` (:func:`encode`, :func:`decode`), one generic rule for the whole
-vocabulary; large arrays in a server's reply as one object-store reference shared by every
-reply of one state.
+Every message of :mod:`paramserver.cluster.messages` travels, by one generic rule for the
+whole vocabulary, either as one ``bytes`` object (:func:`pack`, :func:`unpack`: a JSON
+header of its kind and plain fields, then its arrays' raw memory) when it is small and holds
+no dict, or as the tuple ``(kind, field, ...)`` (:func:`encode`, :func:`decode`), its large
+arrays in a server's reply as one object-store reference shared by every reply of one state.
+One ``bytes`` argument is the cheapest thing Ray moves: a message of a step (an update and
+its reply) costs one serialisation, not one per field.
 
 This module does not import Ray.
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import struct
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -123,6 +127,64 @@ def encode(message: Request | Reply, share: Callable[[np.ndarray], Any] | None =
     return (type(message).__name__, *fields)
 
 
+_HEAD = struct.Struct("<I")
+
+
+def pack(message: Request | Reply) -> bytes | None:
+    """A message as one ``bytes`` object: the length of a JSON header (its kind, its plain
+    fields, each array's dtype and shape), the header, then each array's memory at an offset
+    aligned to 8 bytes. ``None`` when it does not fit: a dict field, an array of objects, or
+    arrays of :data:`LARGE` bytes or more (those go through the object store)."""
+    fields: list[Any] = []
+    arrays: list[tuple[int, np.ndarray]] = []
+    nbytes = 0
+    for i, f in enumerate(dataclasses.fields(message)):  # type: ignore[arg-type]
+        v = getattr(message, f.name)
+        if isinstance(v, np.ndarray):
+            if v.dtype.hasobject:
+                return None
+            arrays.append((i, np.ascontiguousarray(v)))
+            nbytes += v.nbytes
+            v = None
+        elif isinstance(v, (bool, np.bool_)):
+            v = bool(v)
+        elif isinstance(v, (int, np.integer)):
+            v = int(v)
+        elif isinstance(v, (float, np.floating)):
+            v = float(v)
+        elif v is not None and not isinstance(v, str):
+            return None
+        fields.append(v)
+    if nbytes >= LARGE:
+        return None
+    head = json.dumps([type(message).__name__, fields,
+                       [[i, a.dtype.str, list(a.shape)] for i, a in arrays]]).encode()
+    parts: list[Any] = [_HEAD.pack(len(head)), head]
+    at = _HEAD.size + len(head)
+    for _, a in arrays:
+        pad = -at % 8
+        parts += [b"\0" * pad, memoryview(a).cast("B")]
+        at += pad + a.nbytes
+    return b"".join(parts)
+
+
+def unpack(data: bytes) -> Any:
+    """The message of :func:`pack`'s bytes; its arrays are read-only views of them."""
+    (n,) = _HEAD.unpack_from(data)
+    kind, fields, arrays = json.loads(data[_HEAD.size:_HEAD.size + n])
+    cls = KINDS.get(str(kind))
+    if cls is None:
+        raise ParamError(f"unknown message {kind!r}")
+    at = _HEAD.size + n
+    for i, dtype, shape in arrays:
+        dt = np.dtype(dtype)
+        at += -at % 8
+        count = int(np.prod(shape, dtype=np.int64))
+        fields[i] = np.frombuffer(data, dt, count, at).reshape(shape)
+        at += count * dt.itemsize
+    return cls(*fields)
+
+
 def decode(data: Sequence[Any], resolve: Callable[[Any], Any] | None = None) -> Any:
     """The message of :func:`encode`'s tuple; ``resolve`` fetches a shared reference."""
     cls = KINDS.get(str(data[0]))
@@ -133,4 +195,5 @@ def decode(data: Sequence[Any], resolve: Callable[[Any], Any] | None = None) -> 
 
 
 __all__ = ["LARGE", "decode", "encode", "import_modules", "layout_from_data", "layout_to_data",
-           "main_components", "params_from_data", "params_to_data", "user_modules"]
+           "main_components", "pack", "params_from_data", "params_to_data", "unpack",
+           "user_modules"]
