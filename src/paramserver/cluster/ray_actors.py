@@ -11,16 +11,23 @@ answers it, and the replies made from one state of the server share one object-s
 of the values.
 
 :class:`WorkerActor` holds one :class:`~paramserver.cluster.worker.Worker` stub with its own
-ParamSet replica, and runs a part of a run in one call: :func:`~.driver.work`, as a Ray
-streaming generator that yields each step's outcome to the driver as it comes (no call per
-step). Its warnings travel with the outcomes.
+ParamSet replica, and runs a part of a run in one call: :func:`~.driver.work` on a thread of
+its own, and a Ray streaming generator that yields the steps' outcomes to the driver in
+batches (no call per step): an outcome waits at most :attr:`WorkerActor.linger` for the
+ones after it, a failure goes at once. A yield costs the worker and the driver about as
+much as a step's whole exchange with a server, so a fast run sends one per several steps;
+and since nothing waits longer than ``linger``, a worker blocked in its step (waiting for
+another worker, or for something the driver does after a step) has sent every step before.
+Its warnings travel with the outcomes.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import queue
 import threading
+import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -32,7 +39,7 @@ import ray
 
 from ..config.job import ClusterConf
 from ..updaters import create_updater
-from .driver import work
+from .driver import DONE, Outcome, work
 from .gradfn import GradFnCache
 from .messages import Address, Reply
 from .numerics import _SMALL as SMALL
@@ -204,16 +211,56 @@ class WorkerActor:
     def ping(self) -> int:
         return os.getpid()
 
-    def steps(self, first: int, last: int, fn: Any) -> Iterator[tuple[Any, ...]]:
-        """Steps ``[first, last)``: each step's outcome as data, as it comes."""
+    #: The longest an outcome waits for the next ones before it is sent (seconds).
+    linger = 0.02
+
+    def steps(self, first: int, last: int, fn: Any) -> Iterator[list[tuple[Any, ...]]]:
+        """Steps ``[first, last)``: their outcomes as data, in batches (see the module
+        docstring). A ``BaseException`` that is not an ``Exception`` (``SystemExit``) in the
+        steps ends this call with it, as it would in the actor's own thread."""
         grad_fn = self._fns.get(fn)
+        out: queue.SimpleQueue[Outcome | BaseException | None] = queue.SimpleQueue()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            for outcome in work(self.worker, grad_fn, first, last):
-                outcome.notes += [(w.category.__name__, str(w.message)) for w in caught]
-                caught.clear()
-                outcome.cause = _picklable(outcome.cause)
-                yield outcome.to_data()
+
+            def run() -> None:
+                try:
+                    for outcome in work(self.worker, grad_fn, first, last):
+                        outcome.notes += [(w.category.__name__, str(w.message))
+                                          for w in caught]
+                        caught.clear()
+                        outcome.cause = _picklable(outcome.cause)
+                        out.put(outcome)
+                except BaseException as e:  # SystemExit and the like: raised below
+                    out.put(e)
+                finally:
+                    out.put(None)
+
+            threading.Thread(target=run, daemon=True, name="paramserver-steps").start()
+            batch: list[tuple[Any, ...]] = []
+            deadline = 0.0
+            while True:
+                try:
+                    item = out.get(timeout=max(0.0, deadline - time.monotonic())
+                                   if batch else None)
+                except queue.Empty:  # the first of the batch waited long enough
+                    yield batch
+                    batch = []
+                    continue
+                if item is None:
+                    break
+                if isinstance(item, BaseException):
+                    if batch:
+                        yield batch
+                    raise item
+                if not batch:
+                    deadline = time.monotonic() + self.linger
+                batch.append(item.to_data())
+                if item.kind != DONE:
+                    yield batch
+                    batch = []
+            if batch:
+                yield batch
 
 
 __all__ = ["LARGE", "ServerActor", "WorkerActor"]

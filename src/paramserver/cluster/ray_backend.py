@@ -13,7 +13,8 @@
   ours; the gradient function is the user's callable (pickled by Ray, once per run) or a
   :class:`~paramserver.cluster.gradfn.RemoteGradFn` that each worker builds itself;
 - a worker actor runs a part of a run in one call, a Ray streaming generator of its steps'
-  outcomes; a thread of this process per worker reads it and hands the outcomes to the
+  outcomes (in batches: see :class:`~paramserver.cluster.ray_actors.WorkerActor`); a
+  thread of this process per worker reads it and hands the outcomes to the
   :class:`~paramserver.cluster.driver.Driver`, which does everything else, as embedded.
 
 Fault tolerance: server actors are restarted by Ray (``max_restarts``) and the driver brings
@@ -274,10 +275,11 @@ class RayBackend:
         ray = self._ray
         step = first
         try:
-            for ref in stream:
-                outcome = Outcome.from_data(ray.get(ref))
-                step = outcome.step + 1
-                deliver(outcome)
+            for ref in stream:  # the outcomes of one or more steps
+                for data in ray.get(ref):
+                    outcome = Outcome.from_data(data)
+                    step = outcome.step + 1
+                    deliver(outcome)
         except ray.exceptions.RayActorError as e:
             deliver(Outcome(w.rank, step, DEAD, cause=e, message=(
                 f"{w.name} (rank {w.rank}) died at step {step}: its Ray actor is gone "
