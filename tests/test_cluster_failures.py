@@ -15,12 +15,14 @@ import asyncio
 import os
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
 from paramserver import Error, ParamError
+from paramserver.checkpoint import checkpoint_name, list_checkpoints
 from paramserver.cluster import Cluster, ClusterError, LocalTransport, Server, plan_servers
 from paramserver.cluster import messages as msg
 from paramserver.cluster.numerics import all_finite, nonfinite_counts, sum_into
@@ -98,7 +100,8 @@ def fill(worker: Any, step: int) -> dict[str, int]:
 
 def make(backend: str, params: ParamSet | None = None, updater: Any = SGD, **kw: Any
          ) -> tuple[Cluster, ParamSet]:
-    options = {k: kw.pop(k) for k in ("max_restarts", "checkpoint_freq") if k in kw}
+    options = {k: kw.pop(k) for k in ("max_restarts", "checkpoint_freq", "checkpoint_dir")
+               if k in kw}
     kw.setdefault("timeout", 20.0)
     ps = params if params is not None else make_params()
     return Cluster(ClusterConf(backend=backend, **kw), ps, updater, **options), ps
@@ -234,6 +237,24 @@ def test_continue_goes_on_without_a_dead_worker(backend: str) -> None:
 
 
 # -- a server is lost --------------------------------------------------------------------------
+
+def test_earlier_server_checkpoints_are_removed_only_once_a_run_saves(
+        backend: str, tmp_path: Path) -> None:
+    """Making a cluster deletes nothing (a trainer takes its workspace's lock only to run:
+    another run may still be using the folder); its first run removes what earlier runs
+    left, before its own first checkpoint."""
+    stale = tmp_path / "server-0-0" / checkpoint_name(900)
+    stale.parent.mkdir()
+    stale.write_bytes(b"an earlier run's")
+    c, _ = make(backend, max_restarts=1, checkpoint_dir=tmp_path)
+    try:
+        assert stale.exists()
+        c.run(fill, 2)
+    finally:
+        c.close()
+    assert not stale.exists()
+    assert [s for s, _ in list_checkpoints(stale.parent)] == [0, 2]
+
 
 def test_a_lost_server_is_brought_back_and_the_run_completes_exactly(backend: str) -> None:
     kw = dict(nworkers_per_group=2, nservers_per_group=2)

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..checkpoint import list_checkpoints
 from ..config import ParamError
 from ..config.job import ClusterConf
 from ..params import ParamSet
@@ -288,6 +289,7 @@ class Driver:
                          if temp_dir and checkpoint_dir is not None else None)
         self._pristine = True  # the servers hold what was put from params, nothing since
         self._saved: int | None = None  # the step of the servers' newest checkpoint
+        self._cleared = False  # the servers' checkpoints of earlier runs are removed
         self._closed = False
 
     @property
@@ -361,9 +363,23 @@ class Driver:
             self._save(step)
 
     def _save(self, step: int) -> None:
+        if not self._cleared:
+            self._clear_earlier()
         self._saved = None
         self._every(lambda a: Save(step), "a checkpoint")
         self._saved = step
+
+    def _clear_earlier(self) -> None:
+        """Remove the servers' checkpoints left in their folders by an earlier cluster (a
+        server keeps its newest few by step: older runs' would crowd out this one's). Done
+        when this cluster first saves, inside a run, never when it is made: a caller that
+        holds its folder for a run (a trainer's workspace lock) holds it by then."""
+        for a in self.addresses:
+            folder = server_folder(self.checkpoint_dir, a)
+            if folder is not None and folder.is_dir():
+                for _, old in list_checkpoints(folder):
+                    old.unlink(missing_ok=True)
+        self._cleared = True
 
     def _finish(self, step: int) -> None:
         """Every server group takes the final values; ``params`` server group 0's."""

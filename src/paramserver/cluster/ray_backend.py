@@ -35,7 +35,6 @@ from typing import Any
 
 import numpy as np
 
-from ..checkpoint import list_checkpoints
 from ..config import ParamError
 from ..config.job import ClusterConf
 from ..params import ParamSet
@@ -192,9 +191,6 @@ class RayBackend:
                 if L.size == 0:  # as embedded: no actor, only its (empty) state
                     self._idle[address] = Server(L, self.updater, c, g, folder)
                     continue
-                if folder is not None:
-                    for _, old in list_checkpoints(folder):  # of an earlier run of this folder
-                        old.unlink()
                 spec = {**common, "group": g, "layout": layout_to_data(L),
                         "updater": self.updater.conf.to_json(),
                         "folder": str(folder) if folder is not None else None,
