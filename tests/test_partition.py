@@ -163,3 +163,16 @@ def test_what_cannot_be_partitioned_on_the_features(tmp_path: Path) -> None:
                                          r"of a group in one process"):
         alone.all_gather(0, 0, np.zeros(1), "layer 'fc1' (forward)")
 
+
+
+def test_feature_partitioning_on_ray_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    """Ray runs every worker in its own process: the parts could not be exchanged. The job
+    is refused when the trainer is made (no actor started, no timeout waited for)."""
+    text = MLP.format(steps=1, a=1, b=0, k=2, ws=tmp_path / "ws").replace(
+        "nworkers_per_group: 2", 'nworkers_per_group: 2 backend: "ray"')
+    with pytest.raises(ParamError, match=r"layers 'fc1', 'act' are partitioned on the "
+                                         r"features \(partition_dim 1\): .* cluster.backend "
+                                         "'ray' runs every worker in a process of its own"):
+        Trainer(parse_job(text), progress=False, tensorboard=False, base_dir=tmp_path)
+    assert Net(parse_job(text).neuralnet, phases=("kTrain",)).partitioned_on_features() == [
+        "fc1", "act"]

@@ -172,6 +172,9 @@ class Backend(Protocol):
     """Where servers and workers live; what the :class:`Driver` needs of it.
 
     Attributes:
+        one_process: whether the workers of a group share one process, so that they can
+            exchange data in memory (a capability: layers partitioned on the features need
+            it; see :func:`paramserver.cluster.runtime.workers_share_process`).
         transport: reaches every server (empty ones included) with the messages.
         servers: the servers by address, as the backend holds them.
         workers: every worker, by rank.
@@ -179,6 +182,8 @@ class Backend(Protocol):
             this process (all of them embedded, none on Ray).
     """
 
+    @property
+    def one_process(self) -> bool: ...
     @property
     def transport(self) -> Transport: ...
     @property

@@ -42,6 +42,7 @@ class LocalBackend:
     """
 
     default_restarts = 0  # a server in this process is lost only with the process
+    one_process = True  # the workers of a group share this process (and its memory)
 
     def __init__(self, conf: ClusterConf, params: ParamSet, layouts: Sequence[ServerLayout],
                  updater: Updater, checkpoint_dir: Path | None = None,

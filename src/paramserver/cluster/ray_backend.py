@@ -122,6 +122,7 @@ class RayBackend:
     """
 
     default_restarts = 3
+    one_process = False  # every worker is a process of its own
 
     def __init__(self, conf: ClusterConf, params: ParamSet, layouts: Sequence[ServerLayout],
                  updater: Updater, checkpoint_dir: Path | None = None, *,

@@ -163,7 +163,7 @@ def pack(message: Request | Reply) -> bytes | None:
     at = _HEAD.size + len(head)
     for _, a in arrays:
         pad = -at % 8
-        parts += [b"\0" * pad, memoryview(a).cast("B")]
+        parts += [b"\0" * pad, a.data.cast("B")]
         at += pad + a.nbytes
     return b"".join(parts)
 

@@ -75,6 +75,17 @@ def _make_ray(conf: ClusterConf, params: ParamSet, layouts: list[ServerLayout],
                       **options)
 
 
+def workers_share_process(conf: ClusterConf) -> bool:
+    """Whether the backend ``conf`` names runs the workers of a group in one process (they
+    can then exchange data in memory, as layers partitioned on the features do): known
+    before anything is started, so that a job that needs it is refused at once."""
+    if conf.backend == "ray":
+        from .ray_backend import RayBackend  # does not import Ray itself
+
+        return RayBackend.one_process
+    return LocalBackend.one_process
+
+
 class Cluster:
     """Parameter servers and workers; see the module docstring.
 
@@ -266,4 +277,4 @@ class Cluster:
                 f"step {self.step})")
 
 
-__all__ = ["Cluster", "GradFn", "OnStep", "RemoteGradFn"]
+__all__ = ["Cluster", "GradFn", "OnStep", "RemoteGradFn", "workers_share_process"]

@@ -262,6 +262,19 @@ class Net:
         check_feature_partition(conf, cls, self.comm.size)
         return "whole" if conf.component in SPLIT_PARAMS else "cols"
 
+    def partitioned_on_features(self) -> list[str]:
+        """The layers of the training phase partitioned on the features (``partition_dim
+        1``, theirs or the net's) when a group has several workers: their parts are exchanged
+        between the workers of the group, in memory (:mod:`.partition`)."""
+        found = []
+        for conf in self.conf.phase_layers("kTrain"):
+            cls = layer_registry.get(conf.component)
+            if issubclass(cls, InputLayer) or getattr(cls, "is_loss", False):
+                continue
+            if effective_dim(conf, int(self.conf.partition_dim)) == 1:
+                found.append(conf.name)
+        return found
+
     def _connect(self, src: Layer, need: str, built: dict[str, Layer]) -> Layer:
         """``src`` as a layer that needs ``need`` of it reads it: through the connection
         layers that gather the workers' parts and keep this worker's (built once)."""

@@ -24,9 +24,9 @@ whole batch, from every worker's loss — the same value: the partitioned job co
 the unpartitioned one does (:mod:`tests.test_partition` checks it to float tolerance).
 
 The workers exchange the parts through a :class:`GroupExchange`, in memory: feature
-partitioning runs on the embedded cluster (a Ray job may partition on the batch only; a
-Ray worker's first exchange fails after ``cluster.timeout``, naming the workers it waited
-for).
+partitioning runs on the embedded cluster (a Ray job may partition on the batch only: the
+trainer refuses one with layers partitioned on the features before any actor starts, by
+the backend's capability :func:`~paramserver.cluster.workers_share_process`).
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ from ..checkpoint import (
     read_checkpoints,
     save_checkpoint,
 )
-from ..cluster import Cluster, RemoteGradFn, Worker
+from ..cluster import Cluster, RemoteGradFn, Worker, workers_share_process
 from ..config import ParamError
 from ..config.job import JobConf, unbuilt_error
 from ..export import TABLE, param_table
@@ -136,6 +136,15 @@ class Trainer:
             net = Net(job.neuralnet, seed=job.seed, base_dir=base_dir, phases=("kTrain",))
             if job.train_steps > job.step:
                 net.check_trainable(job.train_one_batch.alg)
+            if c.nworkers_per_group > 1 and not workers_share_process(c):
+                parted = net.partitioned_on_features()
+                if parted:  # refused before any actor starts, not after a timeout
+                    raise ParamError(
+                        f"layers {', '.join(repr(n) for n in parted)} are partitioned on the "
+                        "features (partition_dim 1): the workers of a group exchange their "
+                        "parts in memory, in one process, and cluster.backend "
+                        f"'{c.backend}' runs every worker in a process of its own; partition "
+                        "them on the batch (partition_dim 0), or use the embedded backend")
             self.params = self._make_params(net)
             folder = self.workspace / "checkpoints" / "servers"
             self.cluster = Cluster(job, self.params,
