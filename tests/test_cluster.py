@@ -472,3 +472,64 @@ def test_replica_shares_values_and_owns_gradients():
 
 def test_cluster_error_is_a_runtime_error():
     assert issubclass(ClusterError, RuntimeError)
+
+
+# -- global-norm clipping across servers ---------------------------------------------------------
+
+CLIP = {"type": "kSGD", "momentum": 0.9, "clip_norm": 0.5, "learning_rate": {"base_lr": 0.1}}
+SHARED = (("t", (5,), {"share_from": "p1"}),)
+
+
+def test_clip_norm_is_one_reduction_across_the_servers(backend):
+    """clip_norm on the cluster: each server's part of the squared norm of the step's mean
+    gradient, added by the workers, one factor for all; equal to a single-process update of
+    the mean gradient, on 1 and 4 servers, with 1 and 2 workers per group."""
+    def reference(nworkers, steps):
+        ps = make_params(extra=SHARED)
+        up = create_updater(CLIP)
+        for step in range(steps):
+            total = grad_of(0, step, ps.grads.size)
+            for r in range(1, nworkers):
+                total = total + grad_of(r, step, ps.grads.size)
+            ps.grads[:] = total / np.float32(nworkers)
+            ps.sum_shared_grads()
+            up.update_params(step, ps)
+        return ps.values
+
+    runs = [(1, 1), (4, 1), (4, 2)] if backend == "local" else [(4, 2)]
+    for nservers, nworkers in runs:
+        ps = make_params(extra=SHARED)
+        c = Cluster(conf(backend=backend, nservers_per_group=nservers,
+                         nworkers_per_group=nworkers, timeout=20.0), ps, CLIP)
+        try:
+            c.run(fill_random, 4)
+            state = c.state_dict()
+        finally:
+            c.close()
+        expected = reference(nworkers, 4)
+        np.testing.assert_allclose(ps.values, expected, rtol=1e-6, atol=1e-7,
+                                   err_msg=f"{nservers} servers, {nworkers} workers")
+        assert int(state["step"]) == 4
+    unclipped = make_params(extra=SHARED)
+    Cluster(conf(nservers_per_group=4), unclipped, {**CLIP, "clip_norm": 0.0}).run(
+        fill_random, 4)
+    assert np.abs(unclipped.values - expected).max() > 0.1  # the norm (~8) was clipped to 0.5
+
+
+def test_clip_norm_refuses_a_nan_step_with_values_unchanged():
+    """Under nonfinite: error the norm's pass is the check: a NaN on one server refuses the
+    step before anything is written on any server, and the run stops."""
+    ps = make_params()
+    c = Cluster(conf(nservers_per_group=3), ps, CLIP)
+    c.run(fill_random, 2)
+    before = ps.values.copy()
+
+    def nan_at_2(worker, step):
+        fill_random(worker, step)
+        worker.params.grads[-1] = np.nan
+
+    with pytest.raises(ClusterError, match=r"server 2: non-finite gradient at step 2 .*the "
+                                           "values and the updater state are as they were"):
+        c.run(nan_at_2, 1)
+    # Servers 0 and 1 had measured their parts and waited for the clips: none applied.
+    assert np.array_equal(ps.values, before)

@@ -19,6 +19,7 @@ rule with ``lr = learning_rate(step) × lr_scale``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 
@@ -114,7 +115,8 @@ class Updater:
 
     def apply(self, step: int, values: np.ndarray, grads: np.ndarray, state: UpdaterState,
               lr_scale: np.ndarray | float = 1.0, wd_scale: np.ndarray | float = 1.0,
-              grad_scale: np.ndarray | float = 1.0, *, refuse_nonfinite: bool = False) -> int:
+              grad_scale: np.ndarray | float = 1.0, *, refuse_nonfinite: bool = False,
+              grad_norm: float | None = None) -> int:
         """One update of a range of flat buffers, in place.
 
         Returns the number of gradient elements that were NaN or Inf, counted in the same
@@ -129,20 +131,39 @@ class Updater:
             lr_scale, wd_scale, grad_scale: per segment (arrays) or for all (numbers).
             refuse_nonfinite: read the gradient first (a read-only pass in the same kernel
                 call); if it holds NaN or Inf, write nothing at all (values, state, counts).
+            grad_norm: with ``clip_norm``, the global L2 norm of every gradient of the job
+                (:meth:`grad_sum_squares` of each range, added, square-rooted); required then.
         """
         n = state.num_segments
         if values.shape != (state.size,):
             raise ParamError(f"values of shape {values.shape} for a state of {state.size} "
                              "values")
+        gscale = _per_segment(grad_scale, n)
+        if self.conf.clip_norm > 0:
+            if grad_norm is None:
+                raise ParamError(
+                    "clip_norm clips by the L2 norm of every gradient of the job, which this "
+                    "call does not see: update a whole ParamSet with update_params (or pass "
+                    "grad_norm, the global norm, to apply)")
+            from .gradnorm import clip_factor
+
+            gscale = gscale * clip_factor(grad_norm, self.conf.clip_norm)
         lr = self.lr(step) * _per_segment(lr_scale, n)
         wd = self.conf.weight_decay * _per_segment(wd_scale, n)
         counts = state.counts
         np.add(counts, 1, out=counts)  # this update's number, as the rule sees it
-        nonfinite = self._run(values, grads, state, lr, wd, _per_segment(grad_scale, n),
-                              refuse_nonfinite)
+        nonfinite = self._run(values, grads, state, lr, wd, gscale, refuse_nonfinite)
         if nonfinite and refuse_nonfinite:
             np.subtract(counts, 1, out=counts)  # refused: nothing else was written
         return nonfinite
+
+    def grad_sum_squares(self, grads: np.ndarray, offsets: np.ndarray | list[int],
+                         grad_scale: np.ndarray | float = 1.0) -> float:
+        """This range's part of the squared global norm: ``Σ (clip(g) · grad_scale)²`` over its
+        segments (cut at ``offsets``), with this updater's ``clip_low``/``clip_high``."""
+        from .gradnorm import sum_squares
+
+        return sum_squares(grads, offsets, grad_scale, self.conf.clip_low, self.conf.clip_high)
 
     def _run(self, w: np.ndarray, g: np.ndarray, state: UpdaterState, lr: np.ndarray,
              wd: np.ndarray, gscale: np.ndarray, check: bool = False) -> int:
@@ -181,6 +202,7 @@ class Updater:
         """Update one owner Param from its gradient; its version goes up by one.
 
         Returns the number of NaN or Inf elements the gradient held (0 when it was finite).
+        With ``clip_norm`` (a norm over all Params) use :meth:`update_params`.
         """
         state = self.state_of(param)
         nonfinite = self.apply(step, param.data.reshape(-1), param.grad.reshape(-1), state,
@@ -195,11 +217,15 @@ class Updater:
 
         ``grad_scale`` defaults to ``1 / num_shares`` per owner: the mean of the gradients
         of the Params sharing it, once :meth:`ParamSet.sum_shared_grads` has summed them.
+        With ``clip_norm``, the gradients are clipped by the L2 norm of all of them (scaled).
         """
         state = self.state_of(params)
         scale = 1.0 / params.num_shares if grad_scale is None else grad_scale
-        nonfinite = self.apply(step, params.values, params.owner_grads(), state,
-                               params.lr_scales, params.wd_scales, scale)
+        grads = params.owner_grads()
+        norm = (math.sqrt(self.grad_sum_squares(grads, params.offsets, scale))
+                if self.conf.clip_norm > 0 else None)
+        nonfinite = self.apply(step, params.values, grads, state,
+                               params.lr_scales, params.wd_scales, scale, grad_norm=norm)
         for p in params.owners:
             p.version += 1
         return nonfinite

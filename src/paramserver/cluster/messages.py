@@ -9,6 +9,8 @@ nothing is copied), a transport between processes serialises them field by field
 Requests, worker → server (→ the reply):
     :class:`Get`      the values, once a version / staleness clock is reached → :class:`Values`
     :class:`Update`   one worker's gradients of one step → :class:`Values`, once applied
+                      (with ``clip_norm``: → :class:`Norm`, this server's part of the norm)
+    :class:`Clip`     the step's global gradient norm (``clip_norm``) → :class:`Values`
     :class:`Leave`    a worker is gone from a step on → :class:`Ack`
 Request, server → master server (server groups):
     :class:`Sync`     the change since the last sync → :class:`Values` (the master's)
@@ -60,6 +62,19 @@ class Update:
     worker: int
     step: int
     grads: np.ndarray | None
+
+
+@dataclass(frozen=True, eq=False)
+class Clip:
+    """The global L2 norm of a step's gradients (``clip_norm``), from one worker of the
+    group: the square root of the sum, in server order, of every server's :class:`Norm`.
+    Every live worker of the group sends the same; the server then applies the step, its
+    gradients scaled by :func:`~paramserver.gradnorm.clip_factor` of it."""
+
+    group: int
+    worker: int
+    step: int
+    norm: float
 
 
 @dataclass(frozen=True, eq=False)
@@ -138,7 +153,7 @@ class Restore:
     step: int
 
 
-Request = Get | Update | Leave | Sync | Put | Flush | GetState | SetState | Save | Restore
+Request = Get | Update | Clip | Leave | Sync | Put | Flush | GetState | SetState | Save | Restore
 
 
 # -- replies -----------------------------------------------------------------------------------
@@ -155,6 +170,15 @@ class Values:
     values: np.ndarray
     versions: np.ndarray
     applied: bool = True
+
+
+@dataclass(frozen=True, eq=False)
+class Norm:
+    """A server's part of the squared global gradient norm of a step (``clip_norm``): the
+    sum of the squares of its range of the step's gradient (summed over the group's workers,
+    scaled as the update scales it). The server holds the step until the :class:`Clip`."""
+
+    sum_squares: float
 
 
 @dataclass(frozen=True, eq=False)
@@ -185,13 +209,13 @@ class ErrorReply:
     lost: bool = False
 
 
-Reply = Values | State | Problems | Ack | ErrorReply
+Reply = Values | Norm | State | Problems | Ack | ErrorReply
 
 #: Every message kind, by name (what a transport between processes sends).
 KINDS: dict[str, type] = {cls.__name__: cls for cls in (
-    Get, Update, Leave, Sync, Put, Flush, GetState, SetState, Save, Restore,
-    Values, State, Problems, Ack, ErrorReply)}
+    Get, Update, Clip, Leave, Sync, Put, Flush, GetState, SetState, Save, Restore,
+    Values, Norm, State, Problems, Ack, ErrorReply)}
 
-__all__ = ["KINDS", "Ack", "Address", "ErrorReply", "Flush", "Get", "GetState", "Leave",
-           "Problems", "Put", "Reply", "Request", "Restore", "Save", "SetState", "State",
+__all__ = ["KINDS", "Ack", "Address", "Clip", "ErrorReply", "Flush", "Get", "GetState", "Leave",
+           "Norm", "Problems", "Put", "Reply", "Request", "Restore", "Save", "SetState", "State",
            "Sync", "Update", "Values"]

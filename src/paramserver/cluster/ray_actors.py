@@ -175,7 +175,10 @@ def _warm_up(server: Server | None = None) -> None:
     sum_into(np.empty_like(ro), ro, ro)
     all_finite(ro)
     w = np.zeros(1, dtype)
-    server.updater.apply(0, w, ro[:1], server.updater.init_state([0, 1], dtype))
+    server.updater.apply(0, w, ro[:1], server.updater.init_state([0, 1], dtype),
+                         grad_norm=0.0)
+    if server.updater.conf.clip_norm > 0:
+        server.updater.grad_sum_squares(ro, [0, SMALL])
 
 
 def _picklable(e: BaseException | None) -> BaseException | None:

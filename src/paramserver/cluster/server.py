@@ -21,6 +21,13 @@ Consistency:
   sync to the same server of group 0 (the master), which adds it and answers with its
   values; the server then takes those values (SINGA's scheme, with the server locked
   meanwhile so no update is lost).
+- *global-norm clipping* (the updater's ``clip_norm``): once every update of a step has
+  come, the server answers each with :class:`Norm`, its range's part of the squared norm of
+  the step's (summed, scaled) gradient, and holds the step; each worker adds the parts of
+  all its servers, in server order, and sends every server the same norm in a :class:`Clip`;
+  the step is applied once every live worker's clip has come, the gradient scaled by
+  :func:`~paramserver.gradnorm.clip_factor` of it. One reduction across the servers per
+  step; the norm pass also checks the gradient for ``nonfinite: error`` (no second read).
 - *non-finite gradients*: under ``nonfinite: error`` a step whose gradient (or the sum of its
   workers' gradients) holds a NaN or an Inf is refused before anything is written: the
   values and the updater state stay as they were, and every waiter of the step hears why.
@@ -57,11 +64,13 @@ from .layout import ServerLayout
 from .messages import (
     Ack,
     Address,
+    Clip,
     ErrorReply,
     Flush,
     Get,
     GetState,
     Leave,
+    Norm,
     Problems,
     Put,
     Reply,
@@ -93,6 +102,11 @@ class _Round:
     step: int
     grads: dict[int, np.ndarray | None] = field(default_factory=dict)
     replies: list[ReplyFn] = field(default_factory=list)
+    #: With ``clip_norm``, once every update came: the summed gradient (None: every push
+    #: was dropped) and the workers' clips (their global norms), until every live one came.
+    measured: bool = False
+    total: np.ndarray | None = None
+    norms: dict[int, float] = field(default_factory=dict)
 
 
 def server_name(index: int, group: int, nserver_groups: int) -> str:
@@ -137,7 +151,8 @@ class Server:
         self._clock = dict.fromkeys(self.worker_groups, 0)
         self._rounds: dict[int, _Round] = {}
         self._gets: list[tuple[Get, ReplyFn]] = []
-        self._acc: np.ndarray | None = None
+        self._accs: dict[int, np.ndarray] = {}  # per worker group: a sum may wait (clip)
+        self._clips = updater.conf.clip_norm > 0
         self._aborted: str | None = None
         self._send: Send | None = None
         self._last_sync: np.ndarray | None = None
@@ -179,6 +194,8 @@ class Server:
         if isinstance(request, Get):
             self._gets.append((request, reply))
             return self._ready_gets()
+        if isinstance(request, Clip):
+            return self._clip(request, reply)
         if isinstance(request, Leave):
             return self._leave(request, reply)
         if isinstance(request, Sync):
@@ -251,8 +268,16 @@ class Server:
         return self._complete(msg.group) if rnd.grads.keys() >= self._live[msg.group] else []
 
     def _complete(self, group: int) -> list[tuple[ReplyFn, Reply]]:
-        """Apply the open step of a worker group once, answer its updates and ready gets."""
-        rnd = self._rounds.pop(group)
+        """Apply the open step of a worker group once, answer its updates and ready gets;
+        with ``clip_norm``, first answer them with this server's part of the norm."""
+        rnd = self._rounds[group]
+        if self._clips and not rnd.measured:
+            try:
+                return self._measure(rnd, group)
+            except Exception as e:
+                del self._rounds[group]
+                return [(fn, self._failed(e, rnd, group)) for fn in rnd.replies]
+        del self._rounds[group]
         try:
             applied = self._apply(rnd, group)
             self._clock[group] = rnd.step + 1
@@ -260,23 +285,57 @@ class Server:
                     and self._since_sync >= self.conf.sync_freq):
                 self._sync_out(rnd.step)
         except Exception as e:  # every waiter of the step must hear of it
-            error = ErrorReply(f"{self.name}: {e}" if isinstance(e, ClusterError) else
-                               f"{self.name}: update of step {rnd.step} of group {group} "
-                               f"failed: {type(e).__name__}: {e}")
+            error = self._failed(e, rnd, group)
             return [(fn, error) for fn in rnd.replies]
         assert self.values is not None
         answer = Values(self.values, self.versions.copy(), applied)
         return [*((fn, answer) for fn in rnd.replies), *self._ready_gets()]
 
-    def _total(self, grads: list[np.ndarray]) -> tuple[np.ndarray, bool]:
+    def _failed(self, e: Exception, rnd: _Round, group: int) -> ErrorReply:
+        return ErrorReply(f"{self.name}: {e}" if isinstance(e, ClusterError) else
+                          f"{self.name}: update of step {rnd.step} of group {group} failed: "
+                          f"{type(e).__name__}: {e}")
+
+    def _measure(self, rnd: _Round, group: int) -> list[tuple[ReplyFn, Reply]]:
+        """``clip_norm``: the step's summed gradient, kept, and this range's part of the
+        squared norm as the answer to every update of the step (the step stays open for the
+        clips). Under ``nonfinite: error`` a part that is not finite refuses the step: the
+        norm pass has read every element, so the update need not read them again."""
+        grads = [g for w in sorted(rnd.grads) if (g := rnd.grads[w]) is not None]
+        part = 0.0
+        if grads and self.values is not None and self.layout.size > 0:
+            total, finite = self._total(grads, group)
+            scale = 1.0 / (self.num_shares * len(grads))
+            with kernel_guard():
+                part = self.updater.grad_sum_squares(total, self.layout.offsets, scale)
+            if (not finite or not np.isfinite(part)) and self.conf.nonfinite == "error":
+                raise ClusterError(self._nonfinite_message(rnd, total, group))
+            rnd.total = total
+        rnd.measured = True
+        answer = Norm(float(part))
+        replies, rnd.replies = rnd.replies, []
+        return [(fn, answer) for fn in replies]
+
+    def _clip(self, msg: Clip, reply: ReplyFn) -> list[tuple[ReplyFn, Reply]]:
+        self._check_worker(msg.group, msg.worker)
+        rnd = self._rounds.get(msg.group)
+        if rnd is None or not rnd.measured or rnd.step != msg.step or msg.worker in rnd.norms:
+            raise ClusterError(f"a clip of step {msg.step} from worker {msg.worker} of group "
+                               f"{msg.group} that no measured step of this server waits for")
+        rnd.norms[msg.worker] = float(msg.norm)
+        rnd.replies.append(reply)
+        return self._complete(msg.group) if rnd.norms.keys() >= self._live[msg.group] else []
+
+    def _total(self, grads: list[np.ndarray], group: int) -> tuple[np.ndarray, bool]:
         """The fixed-order sum ``((g0 + g1) + g2) + ...`` and whether it is finite (counted
         in the sum's own pass; one gradient alone is the total, checked by the update)."""
         if len(grads) == 1:
             return grads[0], True
         assert self.values is not None
-        if self._acc is None:
-            self._acc = np.empty_like(self.values)
-        total = self._acc
+        key = group if self._clips else 0  # one buffer, unless a sum waits for its clips
+        total = self._accs.get(key)
+        if total is None:
+            total = self._accs[key] = np.empty_like(self.values)
         bad = sum_into(total, grads[0], grads[1])
         for g in grads[2:]:
             bad = sum_into(total, total, g)
@@ -286,18 +345,30 @@ class Server:
         grads = [g for w in sorted(rnd.grads) if (g := rnd.grads[w]) is not None]
         if not grads or self.values is None or self.layout.size == 0:
             return False
-        total, finite = self._total(grads)
+        norm: float | None = None
+        if rnd.measured:  # clip_norm: summed and checked by _measure
+            if rnd.total is None:
+                return False
+            total, finite = rnd.total, True
+            norms = set(rnd.norms.values())
+            if len(norms) != 1:
+                raise ClusterError(f"the workers of group {group} sent different norms for "
+                                   f"step {rnd.step}: {sorted(norms)}")
+            norm = norms.pop()
+        else:
+            total, finite = self._total(grads, group)
         if not finite:  # refused before anything is written
             raise ClusterError(self._nonfinite_message(rnd, total, group))
         L = self.layout
         scale = 1.0 / (self.num_shares * len(grads))
         # One gradient under 'error' is read first in the update's own kernel call, which
-        # writes nothing when it holds NaN or Inf (under 'skip' its worker checked it).
-        refuse = len(grads) == 1 and self.conf.nonfinite == "error"
+        # writes nothing when it holds NaN or Inf (under 'skip' its worker checked it; with
+        # clip_norm the norm's pass did).
+        refuse = len(grads) == 1 and self.conf.nonfinite == "error" and not rnd.measured
         with kernel_guard():
             nonfinite = self.updater.apply(rnd.step, self.values, total, self.state,
                                            L.lr_scale, L.wd_scale, scale,
-                                           refuse_nonfinite=refuse)
+                                           refuse_nonfinite=refuse, grad_norm=norm)
         if nonfinite and refuse:
             raise ClusterError(self._nonfinite_message(rnd, total, group))
         self.versions += 1
@@ -331,7 +402,11 @@ class Server:
         self._live[msg.group].discard(msg.worker)
         rnd = self._rounds.get(msg.group)
         out: list[tuple[ReplyFn, Reply]] = [(reply, Ack())]
-        if rnd is not None and rnd.grads.keys() >= self._live[msg.group]:
+        live = self._live[msg.group]
+        if rnd is not None and rnd.measured and not rnd.norms and not live:
+            del self._rounds[msg.group]  # measured, then every worker left: nothing to apply
+        elif rnd is not None and (rnd.norms.keys() >= live if rnd.measured
+                                  else rnd.grads.keys() >= live):
             out += self._complete(msg.group)
         return [*out, *self._ready_gets()]
 
@@ -420,8 +495,10 @@ class Server:
                 return f"{self.name} has no values yet (no put)"
             parts = []
             for g, rnd in sorted(self._rounds.items()):
-                missing = sorted(self._live[g] - rnd.grads.keys())
-                parts.append(f"{self.name} waits for updates from workers {missing} of group "
+                what = "clips (the global norm)" if rnd.measured else "updates"
+                missing = sorted(self._live[g] - (rnd.norms if rnd.measured else rnd.grads
+                                                  ).keys())
+                parts.append(f"{self.name} waits for {what} from workers {missing} of group "
                              f"{g} for step {rnd.step}")
             if self._gets:
                 slowest = self._min_clock()

@@ -12,7 +12,10 @@ gradients of its own. Per step it
 3. sends each server with a part of the values an :class:`Update` holding a view of its
    range of the gradients (nothing is copied), and
 4. collects the replies: a reply's values are copied into the replica only when they are
-   not its own memory already (between processes), and the versions are recorded.
+   not its own memory already (between processes), and the versions are recorded. With the
+   updater's ``clip_norm`` the servers first answer with their parts of the squared
+   gradient norm (:class:`Norm`); the worker adds them in server order and sends each server
+   the global norm (:class:`Clip`), whose replies are the values.
 
 Every wait is :meth:`Pending.wait <paramserver.cluster.transport.Pending.wait>` with the
 cluster's timeout, and its message names this worker, the step and what it waited for.
@@ -20,6 +23,7 @@ cluster's timeout, and its message names this worker, the step and what it waite
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -27,7 +31,7 @@ import numpy as np
 from ..config.job import ClusterConf
 from ..params import ParamSet
 from .layout import ServerLayout
-from .messages import Get, Leave, Update, Values
+from .messages import Clip, Get, Leave, Norm, Reply, Update, Values
 from .numerics import all_finite, nonfinite_counts
 from .server import server_name
 from .transport import Pending, Transport
@@ -132,12 +136,29 @@ class Worker:
             for L, g in zip(self._layouts, grads, strict=True)]
 
     def collect(self, pendings: Sequence[Pending], step: int) -> None:
-        """Wait for the replies to :meth:`push`: the values after the step's update."""
-        for i, pending in enumerate(pendings):
-            reply = pending.wait(self.conf.timeout, self._who(step))
+        """Wait for the replies to :meth:`push`: the values after the step's update (with
+        ``clip_norm``, after the exchange of the global norm)."""
+        replies: list[Reply] = [p.wait(self.conf.timeout, self._who(step)) for p in pendings]
+        if replies and isinstance(replies[0], Norm):
+            replies = self._clip(replies, step)
+        for i, reply in enumerate(replies):
             assert isinstance(reply, Values)
             self._adopt(i, reply.values, reply.versions)
         self._update_versions()
+
+    def _clip(self, parts: Sequence[Reply], step: int) -> list[Reply]:
+        """The global norm from every server's part (added in server order, so that every
+        worker of the group finds the same), sent to every server; their values."""
+        total = 0.0
+        for part in parts:
+            assert isinstance(part, Norm)
+            total += part.sum_squares
+        norm = math.sqrt(total)
+        pendings = [self._transport.send(
+            self._address(L), Clip(self.group, self.index, step, norm),
+            f"{self._server_name(L)}'s reply to its clip (the global gradient norm)")
+            for L in self._layouts]
+        return [p.wait(self.conf.timeout, self._who(step)) for p in pendings]
 
     def leave(self, step: int) -> None:
         """Tell the servers this worker sends nothing from ``step`` on."""

@@ -109,6 +109,13 @@ class UpdaterConf(ComponentConf):
                                 "clip_high > clip_low; -inf or inf clips on one side only "
                                 "(clip_low: -inf clip_high: 5).")
     clip_high: float = field(0.0, not_nan=True, doc="See clip_low.")
+    clip_norm: float = field(0.0, lower=0.0, finite=True,
+                             doc="When > 0, clip the gradients by their global norm: every "
+                                 "gradient of the job is multiplied by min(1, clip_norm / "
+                                 "(norm + 1e-6)), norm the L2 norm of all of them together "
+                                 "(after clip_low/clip_high and the mean of shared gradients), "
+                                 "as torch.nn.utils.clip_grad_norm_ does. On the cluster the "
+                                 "servers reduce the norm across them once per step.")
 
 
 class CDConf(Parameter):
