@@ -15,7 +15,14 @@ Both are timed in the same worker thread, step after step, as pairs:
   ``nonfinite: error``), the replies, the versions.
 
 Pairs taken a few milliseconds apart see the same load on the machine, so the median of the
-per-step ratios is steady even where the times themselves are not.
+per-step ratios is steady even where the times themselves are not. Printed: the median
+times, and the min / median / max of the per-step ratios, with the load average before and
+after.
+
+The last line measures what ``nonfinite: error`` costs one server alone: the updater kernel
+with its read-only check of the gradient (``refuse_nonfinite``, what a server with one
+worker runs, so that a refused step writes nothing) against the same kernel without it,
+interleaved call by call (information: the cluster's ratio above includes it).
 ``--nonfinite skip`` measures the other policy, whose workers read their gradients once more
 before sending (a push must be dropped before anything is written). Run:
 ``python benchmarks/cluster.py [--params-m 16] [--rounds 5] [--steps 20] [--nonfinite skip]``.
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import time
 
 import numpy as np
@@ -57,6 +65,7 @@ def main() -> None:
                     help="the cluster's policy for NaN and Inf gradients (default: error, "
                          "checked inside the kernels' pass)")
     args = ap.parse_args()
+    load_before = os.getloadavg()
 
     ps = model(args.params_m)
     updater = create_updater(UPDATER)
@@ -88,23 +97,50 @@ def main() -> None:
 
     for c in clusters.values():  # warm-up: compile or load kernels, touch every page
         pairs(c, 3)
+    check_state = updater.init_state(ps.offsets, ps.dtype)
+    work = ps.values.copy()
+
+    def checked(n: int) -> list[float]:
+        """Ratios (kernel with the read-only check) / (kernel without), ``n`` pairs."""
+        out = []
+        for i in range(n):
+            times = []
+            for check in (i % 2 == 0, i % 2 == 1):  # alternate which goes first
+                t0 = time.perf_counter()
+                updater.apply(0, work, grad, check_state, lr, wd, gs, refuse_nonfinite=check)
+                times.append((time.perf_counter() - t0, check))
+            with_check = next(t for t, c in times if c)
+            without = next(t for t, c in times if not c)
+            out.append(with_check / without)
+        return out
+
+    checked(2)
     samples: dict[str, tuple[list[float], list[float]]] = {n: ([], []) for n in CONFIGS}
+    check_ratios: list[float] = []
     for _ in range(args.rounds):
         for name, c in clusters.items():
             bare, step = pairs(c, args.steps)
             samples[name][0].extend(bare)
             samples[name][1].extend(step)
+        check_ratios += checked(args.steps // 2)
+    load_after = os.getloadavg()
 
     print(f"model: {ps.values.size:,} float32 parameters in {len(ps.owners)} Params; "
           f"updater kSGD momentum 0.9; {args.rounds} x {args.steps} paired steps each; "
           f"nonfinite: {args.nonfinite}")
-    print(f"{'':23}{'bare ms':>9}{'step ms':>9}{'ratio':>7}   target")
+    print(f"load average before {' '.join(f'{x:.2f}' for x in load_before)}, after "
+          f"{' '.join(f'{x:.2f}' for x in load_after)}; {os.cpu_count()} CPUs")
+    print(f"{'':23}{'bare ms':>9}{'step ms':>9}   {'ratio: min median   max':>23}   target")
     for name, (bare, step) in samples.items():
-        ratio = float(np.median(np.array(step) / np.array(bare)))
+        ratios = np.array(step) / np.array(bare)
+        ratio = float(np.median(ratios))
         verdict = (f"<= {TARGET}: {'ok' if ratio <= TARGET else 'MISSED'}"
                    if name.startswith("1 worker") else "(information)")
-        print(f"{name:23}{np.median(bare) * 1e3:9.2f}{np.median(step) * 1e3:9.2f}"
-              f"{ratio:7.3f}   {verdict}")
+        print(f"{name:23}{np.median(bare) * 1e3:9.2f}{np.median(step) * 1e3:9.2f}   "
+              f"{ratios.min():7.3f} {ratio:7.3f} {ratios.max():7.3f}   {verdict}")
+    c = np.array(check_ratios)
+    print(f"{'kernel check / none':23}{'':18}   {c.min():7.3f} {np.median(c):7.3f} "
+          f"{c.max():7.3f}   (information: nonfinite 'error', one worker)")
 
 
 if __name__ == "__main__":
