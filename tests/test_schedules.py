@@ -28,7 +28,7 @@ from paramserver.config.job import LRGenConf
 
 DERANDOMIZED = settings(derandomize=True, max_examples=100, deadline=None)
 STEPS = [0, 1, 2, 9, 10, 11, 19, 20, 99, 100, 101, 1000, 123457]
-BUILTINS = ["kCosine", "kExponential", "kFixed", "kFixedStep", "kInverse", "kInverseT",
+BUILTINS = ["kCosine", "kExponential", "kFixed", "kFixedStep", "kInverse", "kInverseT", "kJoin",
             "kLinear", "kStep", "kWarmup"]
 
 
@@ -349,3 +349,56 @@ def test_warmup_then_inherits_base_lr_unless_it_sets_its_own() -> None:
     own = create_lr_method({"type": "kWarmup", "base_lr": 0.1, "warmup_steps": 10,
                             "then": {"type": "kFixed", "base_lr": 0.3}})
     assert own(10) == pytest.approx(0.3)
+
+
+# -- kJoin: schedules one after another (optax's join_schedules) ------------------------------
+
+
+def test_join_runs_each_schedule_from_its_boundary_inheriting_base_lr() -> None:
+    text = """learning_rate {
+      type: kJoin base_lr: 0.1
+      join_conf {
+        schedule { type: kWarmup warmup_conf { warmup_steps: 10 } }
+        schedule { type: kCosine cosine_conf { decay_steps: 40 final_lr: 0.01 } }
+        schedule { type: kFixed base_lr: 0.001 }
+        boundaries: [10, 50]
+      }
+    }"""
+    lr = create_lr_method(text)
+    cosine = create_lr_method({"type": "kCosine", "base_lr": 0.1, "decay_steps": 40,
+                               "final_lr": 0.01})
+    for step in range(0, 10):
+        assert lr(step) == pytest.approx(0.1 * step / 10, abs=1e-15)
+    for step in range(10, 50):
+        assert lr(step) == cosine(step - 10)   # counted from its boundary
+    assert lr(50) == lr(10_000) == 0.001       # its own base_lr
+    assert lr(10) == 0.1                       # the join's base_lr, inherited
+
+
+def test_join_from_python_equals_the_job_file_form() -> None:
+    from paramserver.schedules import join_schedules
+
+    parts = [{"type": "linear_warmup", "warmup_steps": 5},
+             {"type": "kStep", "change_freq": 3, "gamma": 0.5}]
+    lr = join_schedules(parts, [5], base_lr=0.2)
+    same = create_lr_method({"type": "kJoin", "base_lr": 0.2,
+                             "join_conf": {"schedule": parts, "boundaries": [5]}})
+    assert [lr(s) for s in range(20)] == [same(s) for s in range(20)]
+    assert lr(5) == 0.2 and lr(8) == 0.1
+    # its conf goes into an updater as it is
+    updater = create_updater({"type": "kSGD", "learning_rate": lr.conf})
+    assert updater.lr(8) == 0.1
+
+
+@pytest.mark.parametrize(("conf", "message"), [
+    ({"schedule": [], "boundaries": []}, "join_conf needs at least one schedule"),
+    ({"schedule": [{"type": "kFixed"}] * 2, "boundaries": []},
+     "join_conf has 2 schedules and 0 boundaries; there must be one boundary fewer than "
+     "schedules (where each next one starts)"),
+    ({"schedule": [{"type": "kFixed"}] * 3, "boundaries": [5, 5]},
+     "join_conf boundaries must be increasing: 5 then 5"),
+])
+def test_join_configuration_errors(conf: dict[str, Any], message: str) -> None:
+    with pytest.raises(ParamError) as e:
+        create_lr_method({"type": "kJoin", "join_conf": conf})
+    assert message in str(e.value)

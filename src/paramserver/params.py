@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .config import ParamError
-from .config.job import ParamConf
+from .config.job import ParamConf, ParamGenConf
 from .state import UpdaterState
 
 _DTYPES = {np.dtype(np.float32), np.dtype(np.float64)}
@@ -409,6 +409,7 @@ def _spec(item: tuple[Any, ...], index: int) -> ParamSpec:
         raise ParamError(f"param {index}: expected (name, shape) or (name, shape, conf)")
     name, shape = item[0], item[1]
     conf = item[2] if len(item) == 3 else None
+    given_init = isinstance(conf, ParamConf) or (isinstance(conf, dict) and "init" in conf)
     if isinstance(conf, dict):
         conf = ParamConf.parse(conf)
     conf = conf if conf is not None else ParamConf()
@@ -417,7 +418,18 @@ def _spec(item: tuple[Any, ...], index: int) -> ParamSpec:
         raise ParamError(f"param {index}: a name is needed")
     conf = conf.copy()
     conf.__dict__["name"] = name
-    return ParamSpec(name, _shape(shape, name), conf, f"param {index}")
+    shape = _shape(shape, name)
+    if not given_init and conf.share_from is None:
+        conf.__dict__["init"] = python_default_init(shape)
+    return ParamSpec(name, shape, conf, f"param {index}")
+
+
+def python_default_init(shape: tuple[int, ...]) -> ParamGenConf:
+    """The ``init`` of a Param declared in Python (``(name, shape)`` or a dict without
+    ``init``): Keras' defaults, ``glorot_uniform`` for two or more dimensions and ``zeros``
+    otherwise. **Decision:** SINGA's default, constant 1, would make every unit of a weight
+    matrix equal for good; job files (and ``ParamConf`` objects) keep it."""
+    return ParamGenConf.parse({"type": "glorot_uniform" if len(shape) >= 2 else "zeros"})
 
 
 def _did_you_mean(name: str, names: Iterable[str]) -> str:
@@ -466,4 +478,5 @@ def _resolve_sharing(specs: list[ParamSpec]) -> dict[str, str]:
     return owner_of
 
 
-__all__ = ["Param", "ParamPlan", "ParamSet", "ParamSpec", "physical_memory", "plan_params"]
+__all__ = ["Param", "ParamPlan", "ParamSet", "ParamSpec", "physical_memory", "plan_params",
+           "python_default_init"]
