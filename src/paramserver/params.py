@@ -13,7 +13,7 @@ import copy
 import difflib
 import math
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -178,6 +178,13 @@ class ParamSpec:
 class ParamSet:
     """The Params of a job in flat buffers; see the module docstring.
 
+    Args:
+        items: the Params' specs (``ParamSpec``, ``(name, shape)`` or ``(name, shape,
+            conf)``; see :func:`plan_params`), or their plan.
+        dtype: float32 or float64.
+        alloc: makes the two flat buffers: ``alloc(n, dtype)`` gives a C-contiguous array
+            of ``n`` zeros (pinned host memory for transfers to a GPU, say); default NumPy's.
+
     Attributes:
         params: every Param, in declaration order.
         owners: the Params that own values (not sharers), in declaration order.
@@ -190,7 +197,8 @@ class ParamSet:
     """
 
     def __init__(self, items: Iterable[ParamSpec | tuple[Any, ...]] | ParamPlan,
-                 dtype: Any = np.float32):
+                 dtype: Any = np.float32, *,
+                 alloc: Callable[[int, np.dtype[Any]], np.ndarray] | None = None):
         self.dtype = _dtype(dtype)
         plan = items if isinstance(items, ParamPlan) else plan_params(items)
         specs, owner_of = plan.specs, plan.owner_of
@@ -200,8 +208,13 @@ class ParamSet:
         total = plan.num_values
         plan.check_memory(self.dtype)
         try:
-            self.values = np.zeros(total, self.dtype)
-            self.grads = np.zeros(plan.num_grads, self.dtype)
+            if alloc is None:
+                self.values = np.zeros(total, self.dtype)
+                self.grads = np.zeros(plan.num_grads, self.dtype)
+            else:  # memory of the caller's kind (pinned host memory, for transfers to a GPU)
+                self.values = _fit_buffer(alloc(total, self.dtype), total, self.dtype)
+                self.grads = _fit_buffer(alloc(plan.num_grads, self.dtype), plan.num_grads,
+                                         self.dtype)
         except MemoryError:
             raise ParamError(plan.too_big(self.dtype)) from None
         by_name: dict[str, Param] = {}
@@ -422,6 +435,13 @@ def _spec(item: tuple[Any, ...], index: int) -> ParamSpec:
     if not given_init and conf.share_from is None:
         conf.__dict__["init"] = python_default_init(shape)
     return ParamSpec(name, shape, conf, f"param {index}")
+
+
+def _fit_buffer(a: np.ndarray, n: int, dtype: np.dtype[Any]) -> np.ndarray:
+    if (not isinstance(a, np.ndarray) or a.shape != (n,) or a.dtype != dtype
+            or not a.flags.c_contiguous):
+        raise ParamError(f"alloc must give a C-contiguous {dtype} array of {n} zeros")
+    return a
 
 
 def python_default_init(shape: tuple[int, ...]) -> ParamGenConf:

@@ -75,6 +75,12 @@ class Updater:
         """Whether the rules take torch.optim's form (``form: torch``)."""
         return bool(self.conf.form == "torch")
 
+    @property
+    def uses_momentum(self) -> bool:
+        """Whether the rule reads ``momentum`` (a user's rule may: True unless a method says
+        otherwise); the torch optimizer's param groups show the key only then."""
+        return True
+
     def check_sliced(self) -> None:
         """Refuse what the cluster's servers cannot do yet, each holding a range only.
 
@@ -367,6 +373,10 @@ class AdaGrad(_Fused):
     kernel = "adagrad"
     state_roles = ("history",)
 
+    @property
+    def uses_momentum(self) -> bool:
+        return False
+
     def extra(self) -> dict[str, Any]:
         return {"delta": self.conf.delta, "torch_form": self.torch_form}
 
@@ -433,6 +443,10 @@ class AdaDelta(_Fused):
     kernel = "adadelta"
     state_roles = ("history", "update")
 
+    @property
+    def uses_momentum(self) -> bool:
+        return False
+
     def extra(self) -> dict[str, Any]:
         return {"rho": self.own.rho, "delta": self.conf.delta}
 
@@ -463,6 +477,10 @@ class Adam(_Fused):
     state_roles = ("m", "v")
     counted = True
     decoupled = False
+
+    @property
+    def uses_momentum(self) -> bool:
+        return False
 
     def extra(self) -> dict[str, Any]:
         return {"beta1": self.own.beta1, "beta2": self.own.beta2, "delta": self.conf.delta,
@@ -502,6 +520,10 @@ class AdamMax(_Fused):
     kernel = "adamax"
     state_roles = ("m", "u")
     counted = True
+
+    @property
+    def uses_momentum(self) -> bool:
+        return False
 
     def extra(self) -> dict[str, Any]:
         return {"beta1": self.own.beta1, "beta2": self.own.beta2, "delta": self.conf.delta,
