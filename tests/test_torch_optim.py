@@ -18,7 +18,6 @@ torch = pytest.importorskip("torch")
 
 import paramserver.torch as pst  # noqa: E402
 from paramserver import ParamError  # noqa: E402
-
 from test_torch import batch, make_net, max_diff, train  # noqa: E402
 
 Sched = Callable[[Any], Any]

@@ -554,11 +554,11 @@ def rmsprop(
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
       check: read the gradient first, and write nothing if it holds NaN or Inf.
     """
-    if momentum > 0 and (u is None or not torch_form):
-        raise ParamError("RMSProp's momentum is torch.optim's: it needs torch_form and the "
-                         "momentum buffer u")
     inner, outer = (0.0, delta) if torch_form else (delta, 0.0)
     if momentum > 0:
+        if u is None or not torch_form:
+            raise ParamError("RMSProp's momentum is torch.optim's: it needs torch_form and "
+                             "the momentum buffer u")
         return _launch(_rmsprop_momentum_kernel, w, g, {"h": h, "u": u}, offsets, gscale, wd,
                        (lr,), (rho, 1.0 - rho, inner, outer, momentum), clip_low, clip_high,
                        check)

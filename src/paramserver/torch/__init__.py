@@ -24,8 +24,8 @@ except ImportError as e:  # pragma: no cover - depends on the installation
 from ._bind import TorchParams, bind, binding_of
 from ._cluster import LossFn, TorchCluster, TorchJob, load_job, parse_job, train_on_cluster
 from ._optim import Optimizer, Placement
-from ._torchstyle import SGD, Adadelta, Adagrad, Adam, AdamW, RMSprop
 from ._rules import ParamRule, parse_rules, rules_from_text
+from ._torchstyle import SGD, Adadelta, Adagrad, Adam, AdamW, RMSprop
 
 __all__ = ["SGD", "Adadelta", "Adagrad", "Adam", "AdamW", "LossFn", "Optimizer", "ParamRule",
            "Placement", "RMSprop", "TorchCluster", "TorchJob", "TorchParams", "bind",

@@ -133,9 +133,9 @@ def _step_fn(rule: Rule, clip: bool, uniform: bool) -> Callable[..., None]:
         gg = torch.where(wd > 0, gg + wd * w, gg)
         w1, h1, u1 = rule(w, gg, h, u, k, p)
         w.copy_(w1)
-        if h is not None:
+        if h is not None and h1 is not None:
             h.copy_(h1)
-        if u is not None:
+        if u is not None and u1 is not None:
             u.copy_(u1)
 
     return step
@@ -166,6 +166,7 @@ def _coefficients(u: Updater, lr: np.ndarray, wd: np.ndarray, counts: np.ndarray
     c = u.conf
     torch_form = u.torch_form
     one = 1.0
+    p: tuple[float, ...]
     if isinstance(u, SGD):
         m = c.momentum
         if m <= 0:
@@ -256,9 +257,9 @@ def device_update(updater: Updater, step: int, w: T, g: T, state: UpdaterState,
     rule, k, p, wd = _coefficients(updater, lr, wd, counts)
     if isinstance(updater, AdaGrad) and updater.own is not None and (
             updater.own.initial_accumulator_value > 0):
-        h = arrays["history"]
+        history = arrays["history"]
         for i in np.flatnonzero(counts == 1):  # torch's sum starts at this value
-            h[int(state.offsets[i]):int(state.offsets[i + 1])] = \
+            history[int(state.offsets[i]):int(state.offsets[i + 1])] = \
                 updater.own.initial_accumulator_value
     if n == 0 or w.numel() == 0:
         return
@@ -443,7 +444,8 @@ class DeviceParams(BoundTensors):
         arrays = {name: a[lo:hi] for name, a in self.arrays.items()}
         seg = self._segs.get((lo, hi))
         if seg is None:
-            seg = self._segs[(lo, hi)] = segment_index(state.offsets, self.device)
+            seg = segment_index(state.offsets, self.device)
+            self._segs[(lo, hi)] = seg
         device_update(updater, step, self.values[lo:hi], grads[lo:hi], state, arrays,
                       lr_scale, wd, grad_scale, grad_norm=grad_norm, seg=seg,
                       compile=self.compile)

@@ -175,8 +175,8 @@ class SingaKeys(GroupKeys):
         own = conf.own
         self.own = tuple(k for k in type(own).fields() if k not in self.top) \
             if own is not None else ()
-        self._derived = {"betas": ("beta1", "beta2")} if {"beta1", "beta2"} <= set(
-            self.own) else {}
+        both = {"beta1", "beta2"} <= set(self.own)
+        self._derived: dict[str, tuple[str, ...]] = {"betas": ("beta1", "beta2")} if both else {}
 
     def defaults(self) -> dict[str, Any]:
         out = {k: getattr(self.conf, k) for k in self.top}

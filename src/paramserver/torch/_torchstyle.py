@@ -79,8 +79,9 @@ def _eps(values: Mapping[str, Any]) -> float:
 
 class SGDKeys(TorchKeys):
     method = "SGD"
-    keys = {"momentum": 0.0, "dampening": 0.0, "nesterov": False, "maximize": False,
-            "foreach": None, "differentiable": False, "fused": None}
+    keys: ClassVar[dict[str, Any]] = {
+        "momentum": 0.0, "dampening": 0.0, "nesterov": False, "maximize": False,
+        "foreach": None, "differentiable": False, "fused": None}
 
     def check(self, values: Mapping[str, Any], where: str) -> None:
         super().check(values, where)
@@ -97,9 +98,10 @@ class SGDKeys(TorchKeys):
 
 class AdamKeys(TorchKeys):
     method = "Adam"
-    keys = {"betas": (0.9, 0.999), "eps": 1e-8, "amsgrad": False, "maximize": False,
-            "foreach": None, "capturable": False, "differentiable": False, "fused": None,
-            "decoupled_weight_decay": False}
+    keys: ClassVar[dict[str, Any]] = {
+        "betas": (0.9, 0.999), "eps": 1e-8, "amsgrad": False, "maximize": False,
+        "foreach": None, "capturable": False, "differentiable": False, "fused": None,
+        "decoupled_weight_decay": False}
 
     def check(self, values: Mapping[str, Any], where: str) -> None:
         super().check(values, where)
@@ -119,13 +121,14 @@ class AdamKeys(TorchKeys):
 
 class AdamWKeys(AdamKeys):
     method = "AdamW"
-    keys = {**AdamKeys.keys, "decoupled_weight_decay": True}
+    keys: ClassVar[dict[str, Any]] = {**AdamKeys.keys, "decoupled_weight_decay": True}
 
 
 class AdagradKeys(TorchKeys):
     method = "Adagrad"
-    keys = {"lr_decay": 0.0, "initial_accumulator_value": 0.0, "eps": 1e-10,
-            "maximize": False, "foreach": None, "differentiable": False, "fused": None}
+    keys: ClassVar[dict[str, Any]] = {
+        "lr_decay": 0.0, "initial_accumulator_value": 0.0, "eps": 1e-10, "maximize": False,
+        "foreach": None, "differentiable": False, "fused": None}
 
     def updater(self, values: Mapping[str, Any]) -> dict[str, Any]:
         return {"type": "kAdaGrad", "delta": _eps(values),
@@ -136,8 +139,9 @@ class AdagradKeys(TorchKeys):
 
 class RMSpropKeys(TorchKeys):
     method = "RMSprop"
-    keys = {"alpha": 0.99, "eps": 1e-8, "momentum": 0.0, "centered": False,
-            "capturable": False, "foreach": None, "maximize": False, "differentiable": False}
+    keys: ClassVar[dict[str, Any]] = {
+        "alpha": 0.99, "eps": 1e-8, "momentum": 0.0, "centered": False, "capturable": False,
+        "foreach": None, "maximize": False, "differentiable": False}
 
     def check(self, values: Mapping[str, Any], where: str) -> None:
         super().check(values, where)
@@ -152,8 +156,9 @@ class RMSpropKeys(TorchKeys):
 
 class AdadeltaKeys(TorchKeys):
     method = "Adadelta"
-    keys = {"rho": 0.9, "eps": 1e-6, "foreach": None, "capturable": False, "maximize": False,
-            "differentiable": False}
+    keys: ClassVar[dict[str, Any]] = {
+        "rho": 0.9, "eps": 1e-6, "foreach": None, "capturable": False, "maximize": False,
+        "differentiable": False}
 
     def updater(self, values: Mapping[str, Any]) -> dict[str, Any]:
         return {"type": "kAdaDelta", "delta": _eps(values),
