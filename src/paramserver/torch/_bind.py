@@ -24,6 +24,7 @@ from ..config.errors import Problem
 from ..config.job import ParamConf
 from ..params import Param, ParamSet, ParamSpec
 from ..state import UpdaterState
+from ..tensors import attach, views
 from ..updaters import Updater
 from ._rules import RulesLike, parse_rules, resolve
 
@@ -67,8 +68,7 @@ class BoundTensors:
                 old = t.grad
                 if keep_grads and old is not None and old.shape == g.shape:
                     g.copy_(old.detach())  # a gradient already there is kept
-                t.data = v
-                t.grad = g
+                attach(t, v, g)
 
     # -- access -----------------------------------------------------------------------------
 
@@ -251,8 +251,9 @@ class TorchParams(HostUpdates, BoundTensors):
         # gradients; with their saved copy, :meth:`restore_grads` leaves ``.grad`` as it was.
         self._shared = [(int(pset.offsets[i]), int(pset.offsets[i + 1]))
                         for i, k in enumerate(pset.num_shares) if k > 1]
-        self._set_views(names, tensors, [torch.from_numpy(pset[n].data) for n in names],
-                        [torch.from_numpy(pset[n].grad) for n in names], keep_grads=keep_grads)
+        pairs = [views(pset, n) for n in names]
+        self._set_views(names, tensors, [v for v, _ in pairs], [g for _, g in pairs],
+                        keep_grads=keep_grads)
         for t in tensors:
             _BOUND[t] = self
 
