@@ -271,6 +271,46 @@ def test_offload_copies_again_a_gradient_changed_after_backward() -> None:
     assert opt.state[ours.fc.bias]["count"] == 0
 
 
+def test_offload_masters_take_what_is_written_to_the_parameters(tmp_path: Any) -> None:
+    """``model.load_state_dict`` or ``torch.nn.init`` after the optimizer was made: the
+    masters take the values written, as torch.optim's parameters would be those values; the
+    same bfloat16 values written again keep the masters' extra precision."""
+    torch.manual_seed(0)
+    model = Net().to(torch.bfloat16)
+    opt = pst.SGD(model.named_parameters(), lr=0.1, placement="offload")
+    x, y = batch(0, torch.bfloat16)
+    F.cross_entropy(model(x).float(), y).backward()
+    opt.step()
+    pset = opt.params.pset
+    kept = pset.values.copy()
+    assert not np.array_equal(kept, torch.from_numpy(kept).bfloat16().float().numpy())
+
+    def zero_step() -> None:  # a step that changes nothing: what it keeps is the master
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        opt.step()
+
+    model.load_state_dict(model.state_dict())   # the same bf16 values again
+    zero_step()
+    np.testing.assert_array_equal(pset.values, kept)
+
+    torch.nn.init.constant_(model.fc.bias, 0.25)
+    other = Net().to(torch.bfloat16)
+    model.conv1.load_state_dict(other.conv1.state_dict())
+    path = opt.save_checkpoint(tmp_path / "ckpt")  # taken before it is written, too
+    zero_step()
+    assert np.all(pset["fc.bias"].data == 0.25)
+    for name in ("conv1.weight", "conv1.bias"):
+        np.testing.assert_array_equal(pset[name].data,
+                                      other.state_dict()[name].float().numpy())
+    np.testing.assert_array_equal(pset["fc.weight"].data, kept[pset.offsets[4]:
+                                                                pset.offsets[5]].reshape(10, 54))
+    from paramserver import load_checkpoint
+
+    arrays, _ = load_checkpoint(path)
+    assert np.all(arrays["param/fc.bias"] == 0.25)
+
+
 def test_offload_keeps_the_masters_across_add_param_group() -> None:
     torch.manual_seed(0)
     model = Net().to(torch.bfloat16)

@@ -30,7 +30,7 @@ code runs with plain synchronous copies.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -94,9 +94,10 @@ class OffloadParams(HostUpdates, BoundTensors):
         owner_index = {p.name: i for i, p in enumerate(pset.owners)}
         #: per owner, the tensors that show its values (the owner's and its sharers')
         self._shows: list[list[int]] = [[] for _ in pset.owners]
-        for i, n in enumerate(names):
-            p = pset[n]
-            self._shows[owner_index[(p.owner or p).name]].append(i)
+        #: per tensor, the owner whose master it shows
+        self._owner_of = [owner_index[(pset[n].owner or pset[n]).name] for n in names]
+        for i, k in enumerate(self._owner_of):
+            self._shows[k].append(i)
         with torch.no_grad():
             for p in pset.owners:
                 t = tensors[self._index_of(p.name)]
@@ -117,6 +118,10 @@ class OffloadParams(HostUpdates, BoundTensors):
         self._publish(range(len(pset.owners)))
         if self.cuda:
             torch.cuda.current_stream(device).wait_stream(self._h2d)
+        #: per tensor, its version counter when its master was last taken or given: our
+        #: copies go through ``.data``, whose counter is not the parameter's, so a counter
+        #: that moved means someone else wrote the parameter
+        self._versions = [t._version for t in tensors]
         for t in tensors:
             _BOUND[t] = self
 
@@ -168,6 +173,7 @@ class OffloadParams(HostUpdates, BoundTensors):
         if self.cuda:
             self._d2h.synchronize()
             self._h2d.synchronize()  # the last step's values are out: the masters may change
+        self.take_writes()
         missing = [False] * len(self.tensors)
         with torch.no_grad():
             for i, t in enumerate(self.tensors):
@@ -193,7 +199,29 @@ class OffloadParams(HostUpdates, BoundTensors):
 
     # -- values: host to device -------------------------------------------------------------
 
-    def _publish(self, owners: range) -> None:
+    def take_writes(self) -> None:
+        """Parameters written since the optimizer last gave them values -- by
+        ``module.load_state_dict``, ``torch.nn.init``, an in-place op under ``no_grad`` --
+        make their masters what was written, as torch.optim's parameters would be (the
+        tensors that show the same master are given it too). A written value equal to the
+        master's cast (the same bfloat16 weights loaded again) keeps the master's precision.
+        """
+        touched = []
+        with torch.no_grad():
+            for i, t in enumerate(self.tensors):
+                version = t._version
+                if version == self._versions[i]:
+                    continue
+                self._versions[i] = version
+                master = self._masters[i]
+                written = t.detach().reshape(master.shape).to("cpu")
+                if not torch.equal(written, master.to(written.dtype)):
+                    master.copy_(written)
+                    touched.append(self._owner_of[i])
+        if touched:
+            self._publish(sorted(set(touched)))
+
+    def _publish(self, owners: Iterable[int]) -> None:
         """Copy the masters of ``owners`` to the tensors that show them (async on CUDA)."""
         if self.cuda:
             self._h2d.wait_stream(torch.cuda.current_stream(self.device))
@@ -230,7 +258,11 @@ class OffloadParams(HostUpdates, BoundTensors):
             torch.cuda.current_stream(self.device).wait_stream(self._h2d)
 
     def to_host(self, state: UpdaterState, values: bool = True) -> None:
-        """The masters are the values: nothing to copy."""
+        """The masters are the values: nothing to copy, but what was written to the
+        parameters since (see :meth:`take_writes`)."""
+        if self.cuda:
+            self._h2d.synchronize()
+        self.take_writes()
 
     def from_host(self, state: UpdaterState, values: bool = True) -> None:
         """The masters changed (a checkpoint was read): the parameters take them."""
