@@ -182,24 +182,49 @@ def test_what_paramservers_updaters_do_not_do_is_refused(make: Any, message: str
         make(make_net().parameters())
 
 
-def test_scheduler_save_load_resume_equals_an_uninterrupted_run() -> None:
-    """OneCycleLR on torch-style Adam, saved mid-cycle, loaded into fresh objects: bit for
-    bit the run that went on."""
+LRS = torch.optim.lr_scheduler
+RESUME: dict[str, tuple[Callable[[Any], Any], Sched]] = {
+    "Adam-OneCycleLR": (lambda ps: pst.Adam(ps, weight_decay=1e-3), one_cycle),
+    "SGD-nesterov-CyclicLR": (lambda ps: pst.SGD(ps, lr=0.05, momentum=0.8, nesterov=True),
+                              cyclic),
+    "RMSprop-CosineAnnealingLR": (lambda ps: pst.RMSprop(ps, momentum=0.5),
+                                  lambda o: LRS.CosineAnnealingLR(o, 9, eta_min=1e-4)),
+    "Adagrad-StepLR": (lambda ps: pst.Adagrad(ps, lr_decay=0.1), lambda o: LRS.StepLR(o, 2, 0.5)),
+    "Adadelta-ExponentialLR": (lambda ps: pst.Adadelta(ps), lambda o: LRS.ExponentialLR(o, 0.8)),
+    "AdamW-ReduceLROnPlateau": (lambda ps: pst.AdamW(ps, lr=1e-2),
+                                lambda o: LRS.ReduceLROnPlateau(o, factor=0.5, patience=1)),
+    "SINGA-kSGD-StepLR": (lambda ps: pst.Optimizer(ps, "type: kSGD momentum: 0.9 "
+                                                       "learning_rate { base_lr: 0.1 }"),
+                          lambda o: LRS.StepLR(o, 1, 0.7)),
+    "AdamW-offload-OneCycleLR": (lambda ps: pst.AdamW(ps, placement="offload"), one_cycle),
+}
+
+
+@pytest.mark.parametrize("case", list(RESUME))
+def test_scheduler_save_load_resume_equals_an_uninterrupted_run(case: str) -> None:
+    """The usual loop -- step, ``sched.step()``, save mid-run -- loaded into fresh objects
+    goes on bit for bit as the run that was not interrupted: values, rates, group keys."""
+    make_opt, make_sched = RESUME[case]
+
     def build(seed: int) -> tuple[Any, Any, Any]:
         model = make_net(seed)
-        opt = pst.Adam(model.parameters(), weight_decay=1e-3)
-        return model, opt, one_cycle(opt)
+        opt = make_opt(model.parameters())
+        return model, opt, make_sched(opt)
+
+    def run(model: Any, opt: Any, sched: Any, steps: range) -> None:
+        for s in steps:
+            train(model, opt, 1, s)
+            if isinstance(sched, LRS.ReduceLROnPlateau):
+                sched.step(1.0)  # a loss that does not improve: the rate halves
+            else:
+                sched.step()
 
     model, opt, sched = build(0)
-    for s in range(4):
-        train(model, opt, 1, s)
-        sched.step()
+    run(model, opt, sched, range(4))
     buf = io.BytesIO()
     torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
                 "sched": sched.state_dict()}, buf)
-    for s in range(4, 9):
-        train(model, opt, 1, s)
-        sched.step()
+    run(model, opt, sched, range(4, 9))
 
     buf.seek(0)
     saved = torch.load(buf, weights_only=True)
@@ -207,12 +232,13 @@ def test_scheduler_save_load_resume_equals_an_uninterrupted_run() -> None:
     model2.load_state_dict(saved["model"])
     opt2.load_state_dict(saved["opt"])
     sched2.load_state_dict(saved["sched"])
-    for s in range(4, 9):
-        train(model2, opt2, 1, s)
-        sched2.step()
+    run(model2, opt2, sched2, range(4, 9))
     for p, q in zip(model.parameters(), model2.parameters(), strict=True):
         assert torch.equal(p, q)
-    assert opt2.param_groups[0]["betas"] == opt.param_groups[0]["betas"]
+    for g, g2 in zip(opt.param_groups, opt2.param_groups, strict=True):
+        assert {k: v for k, v in g.items() if k != "params"} == \
+            {k: v for k, v in g2.items() if k != "params"}
+    assert opt.param_groups[0]["lr"] != saved["opt"]["param_groups"][0]["lr"]  # it moved on
 
 
 def test_clip_norm_equals_clip_grad_norm_then_the_step() -> None:
