@@ -311,6 +311,65 @@ def test_offload_masters_take_what_is_written_to_the_parameters(tmp_path: Any) -
     assert np.all(arrays["param/fc.bias"] == 0.25)
 
 
+@pytest.mark.parametrize("model_first", [True, False], ids=["model-then-opt", "opt-then-model"])
+def test_offload_of_a_bfloat16_module_resumes_from_state_dicts_bit_for_bit(
+        model_first: bool) -> None:
+    """torch.save of the module's, the optimizer's and the scheduler's state_dicts, loaded
+    (in either order) into fresh objects: the fp32 masters travel with the optimizer's
+    state, and the run goes on as the one that was not interrupted."""
+    def build(seed: int) -> tuple[Any, Any, Any]:
+        torch.manual_seed(seed)
+        model = Net().to(torch.bfloat16)
+        opt = pst.AdamW(model.named_parameters(), lr=1e-2, placement="offload")
+        return model, opt, torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-2,
+                                                               total_steps=10)
+
+    def run(model: Any, opt: Any, sched: Any, steps: range) -> None:
+        for s in steps:
+            x, y = batch(s, torch.bfloat16)
+            opt.zero_grad()
+            F.cross_entropy(model(x).float(), y).backward()
+            opt.step()
+            sched.step()
+
+    model, opt, sched = build(0)
+    run(model, opt, sched, range(3))
+    buf = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
+                "sched": sched.state_dict()}, buf)
+    run(model, opt, sched, range(3, 7))
+
+    buf.seek(0)
+    saved = torch.load(buf, weights_only=True)
+    assert saved["opt"]["paramserver"]["master"]["fc.weight"].dtype == torch.float32
+    model2, opt2, sched2 = build(5)
+    if model_first:
+        model2.load_state_dict(saved["model"])
+    opt2.load_state_dict(saved["opt"])
+    if not model_first:
+        model2.load_state_dict(saved["model"])
+    sched2.load_state_dict(saved["sched"])
+    run(model2, opt2, sched2, range(3, 7))
+    np.testing.assert_array_equal(opt2.params.pset.values, opt.params.pset.values)
+    for p, q in zip(model.parameters(), model2.parameters(), strict=True):
+        assert torch.equal(p, q)
+
+
+def test_a_state_dict_with_a_bad_master_is_refused() -> None:
+    model = Net().to(torch.bfloat16)
+    opt = pst.Adam(model.named_parameters(), placement="offload")
+    sd = opt.state_dict()
+    sd["paramserver"]["master"]["fc.bias"] = torch.zeros(3)
+    before = opt.params.pset.values.copy()
+    with pytest.raises(ParamError, match=r"the saved master of 'fc\.bias' is missing or not a "
+                                         "floating-point tensor of 10 values"):
+        opt.load_state_dict(sd)
+    np.testing.assert_array_equal(opt.params.pset.values, before)
+    # a float32 module's values are its parameters: nothing extra is saved
+    assert "master" not in pst.Adam(make_net(dtype=torch.float32).parameters(),
+                                    placement="offload").state_dict()["paramserver"]
+
+
 def test_offload_keeps_the_masters_across_add_param_group() -> None:
     torch.manual_seed(0)
     model = Net().to(torch.bfloat16)

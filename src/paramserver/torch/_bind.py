@@ -51,6 +51,9 @@ class BoundTensors:
     grads: torch.Tensor
     names: list[str]
     tensors: list[torch.Tensor]
+    #: whether the tensors show the values at a lower precision than :attr:`pset` holds
+    #: them (offloaded bfloat16 or float16 parameters with an fp32 master)
+    lossy: bool = False
 
     def _set_views(self, names: list[str], tensors: list[torch.Tensor],
                    value_views: list[torch.Tensor], grad_views: list[torch.Tensor], *,

@@ -73,6 +73,7 @@ class OffloadParams(HostUpdates, BoundTensors):
             else torch.float32
         self.device = device
         self.cuda = device.type == "cuda"
+        self.lossy = any(t.dtype != master for t in tensors)
         self.chunk = max(1, int(chunk))
         alloc = _pinned if self.cuda else None
         confs = confs or {}

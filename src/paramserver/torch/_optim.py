@@ -48,6 +48,7 @@ import torch
 
 from ..config import ParamError
 from ..config.job import UpdaterConf
+from ..params import ParamSet
 from ..state import COUNT, UpdaterState
 from ..updaters import Updater, create_updater
 from ._bind import TorchParams, binding_of
@@ -71,6 +72,19 @@ class _Run:
     lo: int
     hi: int
     state: UpdaterState
+
+
+def _master_problems(masters: Any, pset: ParamSet) -> list[str]:
+    """What is wrong with a state_dict's saved masters (offloading) for these owners."""
+    if not isinstance(masters, Mapping):
+        return ["the saved master is not a mapping of parameter names to tensors"]
+    problems = []
+    for p in pset.owners:
+        m = masters.get(p.name)
+        if not isinstance(m, torch.Tensor) or not m.is_floating_point() or m.numel() != p.size:
+            problems.append(f"the saved master of '{p.name}' is missing or not a floating-point "
+                            f"tensor of {p.size} values")
+    return problems
 
 
 def _step_count(x: Any, where: str) -> int:
@@ -537,9 +551,14 @@ class Optimizer(torch.optim.Optimizer):
             g = {k: v for k, v in group.items() if k != "params"}
             g["params"] = [index[id(t)] for t in group["params"]]
             groups.append(g)
-        return {"state": state, "param_groups": groups,
-                "paramserver": {"step": self.step_count, "updater": self.conf.to_dict(),
-                                "names": [n for _, n, _ in self._indexed()]}}
+        meta: dict[str, Any] = {"step": self.step_count, "updater": self.conf.to_dict(),
+                                "names": [n for _, n, _ in self._indexed()]}
+        if self.params.lossy:
+            # The parameters show the values at a lower precision than the master holds
+            # them: the master goes with the state, or a resumed run would not be this run.
+            meta["master"] = {p.name: torch.from_numpy(p.data.copy())
+                              for p in self.params.pset.owners}
+        return {"state": state, "param_groups": groups, "paramserver": meta}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict`'s output; checked whole before anything changes."""
@@ -585,6 +604,9 @@ class Optimizer(torch.optim.Optimizer):
                  for r in self._updater_for(self._settings(g)).roles}
         target = self._state.with_roles(roles)
         problems += target.problems(arrays, names)
+        masters = meta.get("master") if self.params.lossy else None
+        if masters is not None:
+            problems += _master_problems(masters, self.params.pset)
         if problems:
             raise ParamError(problems)
         for group, saved in zip(self.param_groups, saved_groups, strict=True):
@@ -602,7 +624,10 @@ class Optimizer(torch.optim.Optimizer):
         self._plan_key = None
         self._plan([False] * len(self.params.pset.owners))
         self._state.load(arrays, names)
-        self.params.from_host(self._state, values=False)
+        if masters is not None:
+            for p in self.params.pset.owners:
+                p.data[...] = masters[p.name].detach().cpu().reshape(p.shape).numpy()
+        self.params.from_host(self._state, values=masters is not None)
 
     # -- paramserver checkpoints ------------------------------------------------------------
 
@@ -623,7 +648,9 @@ class Optimizer(torch.optim.Optimizer):
         for idx, entry in sd["state"].items():
             for role, t in entry.items():
                 arrays[f"state/{names[idx]}/{role}"] = t.numpy()
-        meta = {"kind": _CHECKPOINT_KIND, **sd["paramserver"],
+        # the master is the checkpoint's values (param/<name>), not its metadata
+        meta = {"kind": _CHECKPOINT_KIND,
+                **{k: v for k, v in sd["paramserver"].items() if k != "master"},
                 "param_groups": sd["param_groups"],
                 "versions": {p.name: p.version for p in pset.owners},
                 TABLE: param_table(pset)}  # names and shapes, for paramserver export
