@@ -252,6 +252,51 @@ def test_offload_keeps_an_fp32_master_of_a_bfloat16_module() -> None:
         assert np.allclose(m.data, r.detach().numpy(), rtol=1e-6, atol=1e-7)
 
 
+def test_offload_copies_each_gradient_during_backward_as_soon_as_it_is_complete() -> None:
+    """The per-parameter hooks: as soon as the last layer's gradient (the first that
+    backward computes) is complete, it is in the host buffer, while the first layer's is
+    not computed yet -- the copies overlap the rest of the backward pass -- and step() uses
+    those copies, not new ones."""
+    model = make_net()
+    opt = pst.SGD(model.named_parameters(), lr=0.1, placement="offload")
+    pset = opt.params.pset
+    seen: dict[str, bool] = {}
+
+    def at_fc(_: Any) -> None:  # registered after the optimizer's hook: runs after it
+        seen["fc.weight copied"] = torch.equal(torch.from_numpy(pset["fc.weight"].grad),
+                                               model.fc.weight.grad)
+        seen["conv1.weight not yet"] = model.conv1.weight.grad is None and bool(
+            np.all(pset["conv1.weight"].grad == 0))
+
+    model.fc.weight.register_post_accumulate_grad_hook(at_fc)
+    x, y = batch(0)
+    F.cross_entropy(model(x), y).backward()
+    assert seen == {"fc.weight copied": True, "conv1.weight not yet": True}
+    torch.testing.assert_close(torch.from_numpy(pset["conv1.weight"].grad),
+                               model.conv1.weight.grad, rtol=0, atol=0)
+    # step() reads what the hooks copied: a host gradient doubled behind its back is used
+    pset["fc.weight"].grad[...] *= 2
+    before = model.fc.weight.detach().clone()
+    opt.step()
+    torch.testing.assert_close(model.fc.weight, before - 0.2 * model.fc.weight.grad,
+                               rtol=0, atol=1e-15)
+
+
+def test_offload_in_pieces_equals_one_piece() -> None:
+    """The update runs in pieces of about ``chunk`` values, each sent back to the
+    parameters when done; any size of piece gives the same values."""
+    models = [make_net() for _ in range(3)]
+    opts = [pst.Adam(m.parameters(), lr=1e-2, weight_decay=1e-3, placement="offload")
+            for m in models]
+    opts[1].params.chunk = 1      # one parameter a piece
+    opts[2].params.chunk = 200    # a few a piece
+    for s in range(3):
+        for m, o in zip(models, opts, strict=True):
+            train(m, o, 1, s)
+    for m in models[1:]:
+        assert max_diff(models[0], m) == 0.0
+
+
 def test_offload_copies_again_a_gradient_changed_after_backward() -> None:
     """clip_grad_norm_ between backward and step (its in-place change is seen), gradient
     accumulation over two backward passes, and a parameter without a gradient (skipped)."""
@@ -417,6 +462,10 @@ def test_cuda_offload_equals_the_cpu_offload(dtype: Any) -> None:
     np.testing.assert_allclose(opts[1].params.pset.values, opts[0].params.pset.values,
                                rtol=1e-2 if dtype != torch.float32 else 1e-4, atol=1e-4)
     assert opts[1].params.pset.values.flags.c_contiguous
+    # the master's buffers are pinned (true asynchronous copies); the CPU's are not
+    pset = opts[1].params.pset
+    assert torch.from_numpy(pset.values).is_pinned() and torch.from_numpy(pset.grads).is_pinned()
+    assert opts[1].params.cuda and not opts[0].params.cuda
 
 
 @cuda
