@@ -212,9 +212,9 @@ def test_device_placement_binds_to_flat_buffers_and_shares() -> None:
 # -- offloading with the CPU as the device ----------------------------------------------------
 
 
-def bf16_reference_step(model: Any, master: list[Any], opt: Any, x: Any, y: Any) -> None:
-    """What offloading computes: bf16 forward and backward, the fp32 master updated from the
-    gradients in fp32, the parameters cast from the master."""
+def half_reference_step(model: Any, master: list[Any], opt: Any, x: Any, y: Any) -> None:
+    """What offloading computes: half-precision forward and backward, the fp32 master
+    updated from the gradients in fp32, the parameters cast from the master."""
     model.zero_grad(set_to_none=True)
     F.cross_entropy(model(x).float(), y).backward()
     for p, m in zip(model.parameters(), master, strict=True):
@@ -225,10 +225,11 @@ def bf16_reference_step(model: Any, master: list[Any], opt: Any, x: Any, y: Any)
             p.copy_(m)
 
 
-def test_offload_keeps_an_fp32_master_of_a_bfloat16_module() -> None:
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_offload_keeps_an_fp32_master_of_a_half_precision_module(dtype: Any) -> None:
     torch.manual_seed(0)
-    ours = Net().to(torch.bfloat16)
-    ref = Net().to(torch.bfloat16)
+    ours = Net().to(dtype)
+    ref = Net().to(dtype)
     ref.load_state_dict(ours.state_dict())
     # the reference: torch.optim.Adam on an fp32 master copy
     master = [torch.nn.Parameter(p.detach().float()) for p in ref.parameters()]
@@ -236,18 +237,18 @@ def test_offload_keeps_an_fp32_master_of_a_bfloat16_module() -> None:
     opt = pst.Adam(ours.parameters(), lr=1e-2, weight_decay=1e-3, placement="offload")
     assert opt.params.pset.dtype == np.float32
     for s in range(6):
-        x, y = batch(s, torch.bfloat16)
-        bf16_reference_step(ref, master, torch_opt, x, y)
+        x, y = batch(s, dtype)
+        half_reference_step(ref, master, torch_opt, x, y)
         opt.zero_grad()
         F.cross_entropy(ours(x).float(), y).backward()
         opt.step()
         for p, q in zip(ours.parameters(), ref.parameters(), strict=True):
-            assert p.dtype == torch.bfloat16
+            assert p.dtype == dtype
             assert torch.equal(p, q), s
-    # the master holds what bfloat16 cannot: it is not the parameters read back
+    # the master holds what half precision cannot: it is not the parameters read back
     masters = [torch.from_numpy(p.data) for p in opt.params.pset.owners]
     assert len(masters) == 6
-    assert any(not torch.equal(m, m.bfloat16().float()) for m in masters)
+    assert any(not torch.equal(m, m.to(dtype).float()) for m in masters)
     for m, r in zip(opt.params.pset.owners, master, strict=True):
         assert np.allclose(m.data, r.detach().numpy(), rtol=1e-6, atol=1e-7)
 
