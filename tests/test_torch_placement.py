@@ -427,6 +427,10 @@ def test_offload_keeps_the_masters_across_add_param_group() -> None:
     kept = opt.params.pset.values.copy()
     opt.add_param_group({"params": list(model.conv2.parameters()) + list(model.fc.parameters())})
     assert np.array_equal(opt.params.pset.values[:kept.size], kept)  # not the bf16 copies
+    torch.nn.init.constant_(model.conv1.bias, 0.5)  # written, then rebound: it is taken
+    opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3, dtype=torch.bfloat16))]})
+    assert np.all(opt.params.pset.values[kept.size - 4:kept.size] == 0.5)
+    np.testing.assert_array_equal(opt.params.pset.values[:kept.size - 4], kept[:-4])
     F.cross_entropy(model(x).float(), y).backward()
     opt.step()  # the old binding's hooks are gone: nothing is copied twice
 

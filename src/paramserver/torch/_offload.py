@@ -99,6 +99,8 @@ class OffloadParams(HostUpdates, BoundTensors):
         self._owner_of = [owner_index[(pset[n].owner or pset[n]).name] for n in names]
         for i, k in enumerate(self._owner_of):
             self._shows[k].append(i)
+        if previous is not None:
+            previous.take_writes()  # what was written since its last step is the master
         with torch.no_grad():
             for p in pset.owners:
                 t = tensors[self._index_of(p.name)]
