@@ -13,14 +13,14 @@ import copy
 import difflib
 import math
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .config import ParamError
-from .config.job import ParamConf
+from .config.job import ParamConf, ParamGenConf
 from .state import UpdaterState
 
 _DTYPES = {np.dtype(np.float32), np.dtype(np.float64)}
@@ -178,6 +178,13 @@ class ParamSpec:
 class ParamSet:
     """The Params of a job in flat buffers; see the module docstring.
 
+    Args:
+        items: the Params' specs (``ParamSpec``, ``(name, shape)`` or ``(name, shape,
+            conf)``; see :func:`plan_params`), or their plan.
+        dtype: float32 or float64.
+        alloc: makes the two flat buffers: ``alloc(n, dtype)`` gives a C-contiguous array
+            of ``n`` zeros (pinned host memory for transfers to a GPU, say); default NumPy's.
+
     Attributes:
         params: every Param, in declaration order.
         owners: the Params that own values (not sharers), in declaration order.
@@ -190,7 +197,8 @@ class ParamSet:
     """
 
     def __init__(self, items: Iterable[ParamSpec | tuple[Any, ...]] | ParamPlan,
-                 dtype: Any = np.float32):
+                 dtype: Any = np.float32, *,
+                 alloc: Callable[[int, np.dtype[Any]], np.ndarray] | None = None):
         self.dtype = _dtype(dtype)
         plan = items if isinstance(items, ParamPlan) else plan_params(items)
         specs, owner_of = plan.specs, plan.owner_of
@@ -200,8 +208,13 @@ class ParamSet:
         total = plan.num_values
         plan.check_memory(self.dtype)
         try:
-            self.values = np.zeros(total, self.dtype)
-            self.grads = np.zeros(plan.num_grads, self.dtype)
+            if alloc is None:
+                self.values = np.zeros(total, self.dtype)
+                self.grads = np.zeros(plan.num_grads, self.dtype)
+            else:  # memory of the caller's kind (pinned host memory, for transfers to a GPU)
+                self.values = _fit_buffer(alloc(total, self.dtype), total, self.dtype)
+                self.grads = _fit_buffer(alloc(plan.num_grads, self.dtype), plan.num_grads,
+                                         self.dtype)
         except MemoryError:
             raise ParamError(plan.too_big(self.dtype)) from None
         by_name: dict[str, Param] = {}
@@ -409,6 +422,7 @@ def _spec(item: tuple[Any, ...], index: int) -> ParamSpec:
         raise ParamError(f"param {index}: expected (name, shape) or (name, shape, conf)")
     name, shape = item[0], item[1]
     conf = item[2] if len(item) == 3 else None
+    given_init = isinstance(conf, ParamConf) or (isinstance(conf, dict) and "init" in conf)
     if isinstance(conf, dict):
         conf = ParamConf.parse(conf)
     conf = conf if conf is not None else ParamConf()
@@ -417,7 +431,25 @@ def _spec(item: tuple[Any, ...], index: int) -> ParamSpec:
         raise ParamError(f"param {index}: a name is needed")
     conf = conf.copy()
     conf.__dict__["name"] = name
-    return ParamSpec(name, _shape(shape, name), conf, f"param {index}")
+    shape = _shape(shape, name)
+    if not given_init and conf.share_from is None:
+        conf.__dict__["init"] = python_default_init(shape)
+    return ParamSpec(name, shape, conf, f"param {index}")
+
+
+def _fit_buffer(a: np.ndarray, n: int, dtype: np.dtype[Any]) -> np.ndarray:
+    if (not isinstance(a, np.ndarray) or a.shape != (n,) or a.dtype != dtype
+            or not a.flags.c_contiguous):
+        raise ParamError(f"alloc must give a C-contiguous {dtype} array of {n} zeros")
+    return a
+
+
+def python_default_init(shape: tuple[int, ...]) -> ParamGenConf:
+    """The ``init`` of a Param declared in Python (``(name, shape)`` or a dict without
+    ``init``): Keras' defaults, ``glorot_uniform`` for two or more dimensions and ``zeros``
+    otherwise. **Decision:** SINGA's default, constant 1, would make every unit of a weight
+    matrix equal for good; job files (and ``ParamConf`` objects) keep it."""
+    return ParamGenConf.parse({"type": "glorot_uniform" if len(shape) >= 2 else "zeros"})
 
 
 def _did_you_mean(name: str, names: Iterable[str]) -> str:
@@ -466,4 +498,5 @@ def _resolve_sharing(specs: list[ParamSpec]) -> dict[str, str]:
     return owner_of
 
 
-__all__ = ["Param", "ParamPlan", "ParamSet", "ParamSpec", "physical_memory", "plan_params"]
+__all__ = ["Param", "ParamPlan", "ParamSet", "ParamSpec", "physical_memory", "plan_params",
+           "python_default_init"]

@@ -13,8 +13,10 @@ call) use the state the Param or ParamSet holds (:meth:`Updater.state_of`, made 
 use); a ParamSet's owners view their parts of its state, so the two calls can be mixed.
 
 Per update, in this order: clip into ``[clip_low, clip_high]`` (when ``clip_high >
-clip_low``), scale by ``grad_scale``, add ``weight_decay × wd_scale × w``, then the method's
-rule with ``lr = learning_rate(step) × lr_scale``.
+clip_low``), scale by ``grad_scale`` (times the global-norm factor, with ``clip_norm``), add
+``weight_decay × wd_scale × w``, then the method's rule with ``lr = learning_rate(step) ×
+lr_scale``. ``form: torch`` selects torch.optim's form of the rules where it differs from
+SINGA's (one field, read by each method's kernel call: no second copy of a kernel).
 """
 
 from __future__ import annotations
@@ -67,6 +69,17 @@ class Updater:
         """
         self.check_dtype(dtype)
         return UpdaterState(self.roles, offsets, dtype)
+
+    @property
+    def torch_form(self) -> bool:
+        """Whether the rules take torch.optim's form (``form: torch``)."""
+        return bool(self.conf.form == "torch")
+
+    @property
+    def uses_momentum(self) -> bool:
+        """Whether the rule reads ``momentum`` (a user's rule may: True unless a method says
+        otherwise); the torch optimizer's param groups show the key only then."""
+        return True
 
     def check_dtype(self, dtype: Any) -> None:
         """Refuse values of ``dtype`` where ``delta`` is 0 (1e-300 in float32): every
@@ -279,10 +292,20 @@ class _Fused(Updater):
         return nonfinite
 
 
+class SGDConf(Parameter):
+    dampening: float = field(0.0, lower=0.0, upper=1.0,
+                             doc="torch.optim.SGD's dampening: the gradient enters the "
+                                 "momentum times 1 - dampening, except at a Param's first "
+                                 "update (SINGA has none: 0).")
+
+
 @register_updater("kSGD", aliases=("sgd",))
 class SGD(_Fused):
-    """``h = momentum·h − lr·g; w = w + h`` (``w = w − lr·g`` without momentum)."""
+    """``h = momentum·h − lr·g; w = w + h`` (``w = w − lr·g`` without momentum); with
+    ``form: torch``, torch.optim.SGD's ``buf = momentum·buf + (1 − dampening)·g;
+    w = w − lr·buf``."""
 
+    Config = SGDConf
     kernel = "sgd"
 
     @property
@@ -293,32 +316,68 @@ class SGD(_Fused):
              wd: np.ndarray, gscale: np.ndarray, check: bool = False) -> int:
         from . import kernels
 
-        h = state["history"] if "history" in state and self.conf.momentum > 0 else w[:0]
-        return kernels.sgd(w, g, h, state.offsets, lr, wd, gscale,
-                           momentum=self.conf.momentum, clip_low=self.conf.clip_low,
-                           clip_high=self.conf.clip_high, check=check)
+        momentum = self.conf.momentum
+        h = state["history"] if "history" in state and momentum > 0 else w[:0]
+        damp = self.own.dampening if self.own is not None else 0.0
+        # torch starts a buffer from the gradient itself: no dampening at the first update.
+        dampening = np.where(state.counts == 1, 0.0, damp) if damp > 0 else 0.0
+        return kernels.sgd(w, g, h, state.offsets, lr, wd, gscale, momentum=momentum,
+                           dampening=dampening, torch_form=self.torch_form,
+                           clip_low=self.conf.clip_low, clip_high=self.conf.clip_high,
+                           check=check)
 
 
 @register_updater("kNesterov", aliases=("nesterov",))
 class Nesterov(_Fused):
-    """``h0 = h; h = momentum·h + lr·g; w = w − ((1 + momentum)·h − momentum·h0)``."""
+    """``h0 = h; h = momentum·h + lr·g; w = w − ((1 + momentum)·h − momentum·h0)``; with
+    ``form: torch``, torch.optim.SGD's ``nesterov=True``: ``buf = momentum·buf + g;
+    w = w − lr·(g + momentum·buf)``."""
 
     kernel = "nesterov"
     state_roles = ("history",)
 
     def extra(self) -> dict[str, Any]:
-        return {"momentum": self.conf.momentum}
+        return {"momentum": self.conf.momentum, "torch_form": self.torch_form}
+
+
+class AdaGradConf(Parameter):
+    lr_decay: float = field(0.0, lower=0.0, finite=True,
+                            doc="torch.optim.Adagrad's lr_decay: the rate of a Param's t-th "
+                                "update is lr / (1 + (t - 1) * lr_decay).")
+    initial_accumulator_value: float = field(
+        0.0, lower=0.0, finite=True,
+        doc="torch.optim.Adagrad's: the sum of squared gradients starts at this value.")
 
 
 @register_updater("kAdaGrad", aliases=("adagrad",))
 class AdaGrad(_Fused):
-    """``h = h + g²; w = w − lr·g / sqrt(h + delta)`` (momentum not used)."""
+    """``h = h + g²; w = w − lr·g / sqrt(h + delta)`` (momentum not used); with
+    ``form: torch``, ``w = w − lr·g / (sqrt(h) + delta)`` as torch.optim.Adagrad."""
 
+    Config = AdaGradConf
     kernel = "adagrad"
     state_roles = ("history",)
 
+    @property
+    def uses_momentum(self) -> bool:
+        return False
+
     def extra(self) -> dict[str, Any]:
-        return {"delta": self.conf.delta}
+        return {"delta": self.conf.delta, "torch_form": self.torch_form}
+
+    def _run(self, w: np.ndarray, g: np.ndarray, state: UpdaterState, lr: np.ndarray,
+             wd: np.ndarray, gscale: np.ndarray, check: bool = False) -> int:
+        own = self.own
+        if own is not None:
+            first = np.flatnonzero(state.counts == 1)
+            if own.initial_accumulator_value > 0 and first.size:
+                h = state["history"]
+                for i in first:
+                    h[int(state.offsets[i]):int(state.offsets[i + 1])] = \
+                        own.initial_accumulator_value
+            if own.lr_decay > 0:
+                lr = lr / (1.0 + (state.counts - 1) * own.lr_decay)
+        return super()._run(w, g, state, lr, wd, gscale, check)
 
 
 class RMSPropConf(Parameter):
@@ -327,14 +386,32 @@ class RMSPropConf(Parameter):
 
 @register_updater("kRMSProp", aliases=("rmsprop",))
 class RMSProp(_Fused):
-    """``h = rho·h + (1 − rho)·g²; w = w − lr·g / sqrt(h + delta)``."""
+    """``h = rho·h + (1 − rho)·g²; w = w − lr·g / sqrt(h + delta)``; with ``form: torch``,
+    torch.optim.RMSprop's ``avg = sqrt(h) + delta``, and its momentum when ``momentum > 0``
+    (``buf = momentum·buf + g / avg; w = w − lr·buf``; SINGA's form does not use momentum)."""
 
     Config = RMSPropConf
     kernel = "rmsprop"
-    state_roles = ("history",)
 
-    def extra(self) -> dict[str, Any]:
-        return {"rho": self.own.rho, "delta": self.conf.delta}
+    @property
+    def uses_momentum(self) -> bool:
+        return self.torch_form and self.conf.momentum > 0
+
+    @property
+    def state_roles(self) -> tuple[str, ...]:  # type: ignore[override]
+        return ("history", "momentum_buffer") if self.uses_momentum else ("history",)
+
+    def _run(self, w: np.ndarray, g: np.ndarray, state: UpdaterState, lr: np.ndarray,
+             wd: np.ndarray, gscale: np.ndarray, check: bool = False) -> int:
+        from . import kernels
+
+        c = self.conf
+        momentum = c.momentum if self.uses_momentum else 0.0
+        return kernels.rmsprop(w, g, state["history"], state.offsets, lr, wd, gscale,
+                               rho=self.own.rho, delta=c.delta, torch_form=self.torch_form,
+                               momentum=momentum,
+                               u=state["momentum_buffer"] if momentum > 0 else None,
+                               clip_low=c.clip_low, clip_high=c.clip_high, check=check)
 
 
 class AdaDeltaConf(Parameter):
@@ -350,6 +427,10 @@ class AdaDelta(_Fused):
     Config = AdaDeltaConf
     kernel = "adadelta"
     state_roles = ("history", "update")
+
+    @property
+    def uses_momentum(self) -> bool:
+        return False
 
     def extra(self) -> dict[str, Any]:
         return {"rho": self.own.rho, "delta": self.conf.delta}
@@ -381,6 +462,10 @@ class Adam(_Fused):
     state_roles = ("m", "v")
     counted = True
     decoupled = False
+
+    @property
+    def uses_momentum(self) -> bool:
+        return False
 
     def extra(self) -> dict[str, Any]:
         return {"beta1": self.own.beta1, "beta2": self.own.beta2, "delta": self.conf.delta,
@@ -420,6 +505,10 @@ class AdamMax(_Fused):
     kernel = "adamax"
     state_roles = ("m", "u")
     counted = True
+
+    @property
+    def uses_momentum(self) -> bool:
+        return False
 
     def extra(self) -> dict[str, Any]:
         return {"beta1": self.own.beta1, "beta2": self.own.beta2, "delta": self.conf.delta,

@@ -116,6 +116,13 @@ class UpdaterConf(ComponentConf):
                                  "(after clip_low/clip_high and the mean of shared gradients), "
                                  "as torch.nn.utils.clip_grad_norm_ does. On the cluster the "
                                  "servers reduce the norm across them once per step.")
+    form: str = field("singa", enum=("singa", "torch"),
+                      doc="The form of the rules: SINGA's (SPEC section 5), or torch.optim's "
+                          "where the two differ: kSGD and kNesterov keep torch's momentum "
+                          "buffer (buf = momentum*buf + (1 - dampening)*g; w -= lr*buf, so a "
+                          "change of rate applies to all of it), kAdaGrad and kRMSProp add "
+                          "delta after the square root, and kRMSProp uses momentum as "
+                          "torch.optim.RMSprop does. The other methods are the same in both.")
 
 
 class CDConf(Parameter):
