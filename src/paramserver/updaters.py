@@ -144,6 +144,71 @@ class Updater:
             np.subtract(counts, 1, out=counts)  # refused: nothing else was written
         return nonfinite
 
+    def apply_rows(self, step: int, values: np.ndarray, ids: np.ndarray, rows: np.ndarray,
+                   dim: int, state: UpdaterState, lr_scale: float = 1.0,
+                   wd_scale: float = 1.0, grad_scale: float = 1.0, *,
+                   refuse_nonfinite: bool = False) -> int:
+        """One lazy update of some rows of a table, in place (SPEC §10).
+
+        The table is ``values`` (``num_rows × dim``, flat) and ``state`` its state, of one
+        segment. Only rows ``ids`` of the values and of the per-element state are read and
+        written (:mod:`paramserver.kernels_rows`); the update count goes up by one, as for a
+        dense update of the table. Returns the number of NaN or Inf gradient values.
+
+        Args:
+            step: the training step; the learning rate is ``learning_rate(step)``.
+            values: the table's values, flat (1-D); rows ``ids`` updated in place.
+            ids: strictly increasing row indices (int64).
+            rows: one row of ``dim`` gradient values per id (``len(ids) × dim``); only read.
+            dim: values per row.
+            state: the table's state (one segment covering ``values``).
+            lr_scale, wd_scale, grad_scale: the table's.
+            refuse_nonfinite: read the rows first; if they hold NaN or Inf, write nothing.
+        """
+        if state.num_segments != 1 or values.shape != (state.size,):
+            raise ParamError(f"a row-sparse update needs the state of one table "
+                             f"(values of shape {values.shape}, state {state!r})")
+        odd = [r.name for r in state.roles[1:] if r.per != "element"
+               or r.type_for(state.dtype) != state.dtype]
+        if odd:
+            raise ParamError(f"row-sparse updates keep state of the values' type, one entry per "
+                             f"value; {type(self).__name__}'s roles {odd} are not (low-precision "
+                             f"or block state is not supported with row-sparse gradients yet)")
+        lr = self.lr(step) * float(lr_scale)
+        wd = self.conf.weight_decay * float(wd_scale)
+        counts = state.counts
+        np.add(counts, 1, out=counts)
+        nonfinite = self._run_rows(values, rows, ids, int(dim), state, lr, wd,
+                                   float(grad_scale), refuse_nonfinite)
+        if nonfinite and refuse_nonfinite:
+            np.subtract(counts, 1, out=counts)
+        return nonfinite
+
+    def _run_rows(self, w: np.ndarray, g: np.ndarray, ids: np.ndarray, dim: int,
+                  state: UpdaterState, lr: float, wd: float, gscale: float,
+                  check: bool = False) -> int:
+        """The update of rows ``ids``; by default :meth:`rule` on the gathered rows (values
+        and per-element state), which are then written back: the same lazy semantics."""
+        from .kernels_rows import check_rows
+
+        ids = check_rows(ids, w.size // dim if dim else 0)
+        g = np.asarray(g).reshape(-1)
+        nonfinite = int(g.size - np.count_nonzero(np.isfinite(g)))
+        if check and nonfinite:
+            return nonfinite
+        at = (ids[:, None] * dim + np.arange(dim)).reshape(-1)
+        piece = UpdaterState(state.roles, [0, at.size], state.dtype,
+                             {r.name: (state[r.name][at] if r.per == "element"
+                                       else state[r.name]) for r in state.roles})
+        wr = w[at]
+        self._run(wr, g.astype(w.dtype, copy=False), piece, np.array([lr]), np.array([wd]),
+                  np.array([gscale]))
+        w[at] = wr
+        for r in state.roles:
+            if r.per == "element":
+                state[r.name][at] = piece[r.name]
+        return nonfinite
+
     def _run(self, w: np.ndarray, g: np.ndarray, state: UpdaterState, lr: np.ndarray,
              wd: np.ndarray, gscale: np.ndarray, check: bool = False) -> int:
         """The update over segments; by default :meth:`rule` on each segment, in NumPy.
@@ -252,6 +317,20 @@ class _Fused(Updater):
             clip_high=self.conf.clip_high, check=check, **kw)
         return nonfinite
 
+    def _run_rows(self, w: np.ndarray, g: np.ndarray, ids: np.ndarray, dim: int,
+                  state: UpdaterState, lr: float, wd: float, gscale: float,
+                  check: bool = False) -> int:
+        from . import kernels_rows
+
+        arrays = [state[r.name] for r in self.roles[1:]]
+        kw = self.extra()
+        if self.counted:
+            kw["step"] = float(state.counts[0])
+        nonfinite: int = getattr(kernels_rows, self.kernel)(
+            w, g, ids, dim, *arrays, lr, wd, gscale, clip_low=self.conf.clip_low,
+            clip_high=self.conf.clip_high, check=check, **kw)
+        return nonfinite
+
 
 @register_updater("kSGD", aliases=("sgd",))
 class SGD(_Fused):
@@ -271,6 +350,16 @@ class SGD(_Fused):
         return kernels.sgd(w, g, h, state.offsets, lr, wd, gscale,
                            momentum=self.conf.momentum, clip_low=self.conf.clip_low,
                            clip_high=self.conf.clip_high, check=check)
+
+    def _run_rows(self, w: np.ndarray, g: np.ndarray, ids: np.ndarray, dim: int,
+                  state: UpdaterState, lr: float, wd: float, gscale: float,
+                  check: bool = False) -> int:
+        from . import kernels_rows
+
+        h = state["history"] if "history" in state and self.conf.momentum > 0 else w[:0]
+        return kernels_rows.sgd(w, g, ids, dim, h, lr, wd, gscale,
+                                momentum=self.conf.momentum, clip_low=self.conf.clip_low,
+                                clip_high=self.conf.clip_high, check=check)
 
 
 @register_updater("kNesterov", aliases=("nesterov",))
