@@ -30,31 +30,38 @@ T = TypeVar("T", bound=type)
 
 @dataclass(frozen=True)
 class Stream:
-    """The random stream of one Param: fast fills keyed by ``key``, or a NumPy generator."""
+    """The random stream of one Param: fast fills keyed by ``key``, or a NumPy generator.
+
+    ``offset`` is the stream position of the first value filled: a fill of a piece of a
+    Param (a server's rows of a table) starting at its position gives the values a fill of
+    the whole Param gives there."""
 
     key: int
+    offset: int = 0
 
     def uniform(self, out: np.ndarray, low: float = -1.0, high: float = 1.0) -> None:
         """Fill ``out`` with U[low, high)."""
         from .rng import fill_uniform
 
-        fill_uniform(out, self.key, low, high)
+        fill_uniform(out, self.key, low, high, offset=self.offset)
 
     def normal(self, out: np.ndarray, mean: float = 0.0, std: float = 1.0) -> None:
         """Fill ``out`` with N(mean, std²)."""
         from .rng import fill_normal
 
-        fill_normal(out, self.key, mean, std)
+        fill_normal(out, self.key, mean, std, offset=self.offset)
 
     def truncated_normal(self, out: np.ndarray, mean: float = 0.0, std: float = 1.0,
                          a: float = -2.0, b: float = 2.0) -> None:
         """Fill ``out`` with N(mean, std²) kept within [mean + a·std, mean + b·std]."""
         from .rng import fill_truncated_normal
 
-        fill_truncated_normal(out, self.key, mean, std, a, b)
+        fill_truncated_normal(out, self.key, mean, std, a, b, offset=self.offset)
 
     def numpy(self) -> np.random.Generator:
         """A NumPy generator on the same key, for fills the fast ones do not cover."""
+        if self.offset:
+            raise ParamError("a NumPy generator fills whole Params only (not a piece)")
         return np.random.Generator(np.random.Philox(key=self.key))
 
 
@@ -74,6 +81,10 @@ class ParamGenerator:
     """
 
     Config: ClassVar[type[Parameter] | None] = None
+    #: Whether :meth:`fill` can fill a piece of a Param (element ``i`` a function of the
+    #: stream and ``i`` alone: the built-in random and constant fills), so that servers fill
+    #: their own pieces of a table (:func:`fill_range`).
+    fills_pieces: ClassVar[bool] = False
 
     def __init__(self, conf: ParamGenConf):
         self.conf = conf
@@ -123,6 +134,37 @@ def init_params(params: ParamSet, seed: int = 0) -> None:
         p.version = 0
 
 
+@dataclass(frozen=True)
+class _Piece:
+    """What a fill sees of a piece of a Param: the whole's name, shape and size, the piece's
+    memory as ``data``."""
+
+    name: str
+    shape: tuple[int, ...]
+    data: np.ndarray
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+def fill_range(generator: ParamGenerator, name: str, shape: tuple[int, ...], out: np.ndarray,
+               offset: int, seed: int = 0) -> None:
+    """Fill ``out`` with values ``offset:offset + out.size`` of a Param ``name`` of ``shape``,
+    exactly as :func:`init_params` with ``seed`` fills them in the whole Param.
+
+    Raises:
+        ParamError: for a method that fills whole Params only (``fills_pieces`` False).
+    """
+    if not generator.fills_pieces:
+        raise ParamError(f"init method {generator.conf.component} fills whole Params only, "
+                         f"not a server's piece of '{name}': give the values instead")
+    from .rng import param_key
+
+    generator.fill(_Piece(name, tuple(shape), out),  # type: ignore[arg-type]
+                   Stream(param_key(seed, name), int(offset)))
+
+
 def _fans(param: Param, method: str, *, exactly_2d: bool = False) -> tuple[int, int]:
     """``(fan_in, fan_out)``: ``(shape[1], shape[0])``, times the receptive field of N-D Params.
 
@@ -152,6 +194,8 @@ def _fill_times(data: np.ndarray, scale: float, fill: Callable[[float], None]) -
 class Constant(ParamGenerator):
     """Every element = ``value``."""
 
+    fills_pieces = True
+
     def fill(self, param: Param, rng: Stream) -> None:
         param.data.fill(self.conf.value)
 
@@ -161,6 +205,8 @@ class _Scaled(ParamGenerator):
 
     ``fans``: the factor depends on the fans, and the Param must be 2-D (SPEC §4).
     """
+
+    fills_pieces = True
 
     gaussian: ClassVar[bool]
     fans: ClassVar[bool] = False
@@ -234,6 +280,8 @@ class UniformSqrtFanInOut(_Scaled):
 
 class _FanBased(ParamGenerator):
     """Zero-mean fills whose spread depends on the fans; ``value`` is the gain."""
+
+    fills_pieces = True
 
     gaussian: ClassVar[bool]
 
@@ -314,6 +362,8 @@ class Orthogonal(ParamGenerator):
 class TruncatedNormal(ParamGenerator):
     """N(mean, std) kept within two std of the mean, then × ``value``."""
 
+    fills_pieces = True
+
     def fill(self, param: Param, rng: Stream) -> None:
         c = self.conf
         data = param.data
@@ -381,4 +431,4 @@ def read_tensor(path: str, key: str, shape: tuple[int, ...], param: str) -> np.n
 
 
 __all__ = ["FromFile", "FromFileConf", "ParamGenerator", "Stream", "create_param_generator",
-           "read_tensor", "register_param_generator", "stream"]
+           "fill_range", "read_tensor", "register_param_generator", "stream"]

@@ -162,7 +162,7 @@ def check_rows(ids: Any, num_rows: int, where: str = "row ids") -> np.ndarray:
     return arr
 
 
-def _launch(kernel: Any, w: np.ndarray, g: np.ndarray, ids: np.ndarray, dim: int,
+def _launch(kernel: Any, w: np.ndarray, g: np.ndarray, ids: npt.ArrayLike, dim: int,
             states: dict[str, np.ndarray], gscale: float, wd: float, k: tuple[float, ...],
             p: tuple[float, ...], clip_low: float, clip_high: float, check: bool) -> int:
     if not isinstance(w, np.ndarray) or w.dtype not in (np.float32, np.float64):
@@ -172,7 +172,7 @@ def _launch(kernel: Any, w: np.ndarray, g: np.ndarray, ids: np.ndarray, dim: int
         raise ParamError(f"dim must be an integer >= 1 that divides len(w) = {w.size}, not "
                          f"{dim!r}")
     dim = int(dim)
-    ids = np.ascontiguousarray(ids, np.int64)
+    ids = np.ascontiguousarray(ids, np.int64)  # type: ignore[arg-type]
     if ids.ndim != 1:
         raise ParamError(f"ids must be 1-D, not of shape {ids.shape}")
     for role, a in (("w", w), *states.items()):

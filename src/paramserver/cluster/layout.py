@@ -36,6 +36,9 @@ class ServerLayout:
         names: name of each segment's Param.
         lr_scale, wd_scale: of each segment's Param (float64).
         dtype: of the values.
+        row_dims: per segment, the values per row of a row-sparse table (SPEC §10), 0 for a
+            dense Param; the tables come after every dense segment, cut at row boundaries.
+        first_rows: per segment, the table row its piece starts at (0 for a dense one).
     """
 
     index: int
@@ -50,6 +53,41 @@ class ServerLayout:
     lr_scale: np.ndarray
     wd_scale: np.ndarray
     dtype: np.dtype[Any]
+    row_dims: np.ndarray | None = None
+    first_rows: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.owners)
+        for name in ("row_dims", "first_rows"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, np.zeros(n, np.int64))
+        dims = self.dims
+        tables = np.flatnonzero(dims > 0)
+        num_dense = int(tables[0]) if tables.size else n
+        if np.any(dims[num_dense:] == 0):
+            raise ValueError("a server's table segments come after its dense ones")
+        object.__setattr__(self, "_num_dense", num_dense)
+
+    @property
+    def dims(self) -> np.ndarray:
+        """:attr:`row_dims`, never None."""
+        assert self.row_dims is not None
+        return self.row_dims
+
+    @property
+    def num_dense(self) -> int:
+        """The number of dense segments (they come first)."""
+        return int(self._num_dense)  # type: ignore[attr-defined]
+
+    @property
+    def dense_size(self) -> int:
+        """The values of the dense segments (a prefix of the range)."""
+        return int(self.offsets[self.num_dense])
+
+    @property
+    def tables(self) -> range:
+        """The indices of the table segments."""
+        return range(self.num_dense, self.num_segments)
 
     @property
     def size(self) -> int:
