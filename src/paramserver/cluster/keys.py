@@ -263,6 +263,8 @@ class KeyServer:
             if self._aborted is not None:
                 return [(reply, ErrorReply(self._aborted))]
             info = self._meta.get(request.key)
+            if info is None and not request.wait:
+                raise ClusterError(f"key '{request.key}' is not initialised (init it first)")
             if info is None:
                 self._waiting.setdefault(request.key, []).append((request, reply))
                 return []

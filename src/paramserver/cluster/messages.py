@@ -33,7 +33,7 @@ Any request may instead be answered with :class:`ErrorReply`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -211,9 +211,11 @@ class KeyInit:
 
 @dataclass(frozen=True, eq=False)
 class Describe:
-    """What a key is, once it is initialised (a worker that did not make it)."""
+    """What a key is, once it is initialised (a worker that did not make it); ``wait``
+    False: an error at once when it is not (a store with one worker)."""
 
     key: str
+    wait: bool = True
 
 
 @dataclass(frozen=True, eq=False)
@@ -315,7 +317,22 @@ KINDS: dict[str, type] = {cls.__name__: cls for cls in (
 #: Fields that hold a message themselves (sent as the tuple of that message).
 NESTED = {"Keyed": ("request",)}
 
-__all__ = ["KINDS", "NESTED", "Ack", "Address", "Barrier", "Describe", "ErrorReply", "Flush",
+
+def payload_bytes(message: Request | Reply) -> int:
+    """The bytes of the arrays a message carries (what it costs on the wire, less a few
+    bytes of fields)."""
+    total = 0
+    for f in fields(message):  # type: ignore[arg-type]
+        v = getattr(message, f.name)
+        if isinstance(v, np.ndarray):
+            total += v.nbytes
+        elif isinstance(v, dict):
+            total += sum(a.nbytes for a in v.values() if isinstance(a, np.ndarray))
+        elif f.name in NESTED.get(type(message).__name__, ()):
+            total += payload_bytes(v)
+    return total
+
+__all__ = ["KINDS", "NESTED", "payload_bytes", "Ack", "Address", "Barrier", "Describe", "ErrorReply", "Flush",
            "Get", "GetState", "KeyInfo", "KeyInit", "Keyed", "Leave", "Problems", "Put",
            "Reply", "Request", "Restore", "Save", "SetState", "SetUpdater", "State", "Sync",
            "Update", "Values"]

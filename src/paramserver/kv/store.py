@@ -47,6 +47,7 @@ import numpy as np
 from ..checkpoint import load_checkpoint, save_checkpoint
 from ..cluster.compression import Compression, encode, encode_ids
 from ..cluster.driver import Driver
+from ..cluster.errors import ClusterError
 from ..cluster.keys import BOUND, home_of, key_name, plan_key, row_dim
 from ..cluster.layout import plan_servers
 from ..cluster.messages import (
@@ -218,8 +219,13 @@ class KVStore:
         if found is not None:
             return found
         home = home_of(name, int_key, self.num_servers)
-        reply = self._wait([self._send(home, Describe(name),
-                                       f"description of key {key!r} (its init)")])[0]
+        # With other workers, rank 0 may not have made it yet: wait for its init.
+        try:
+            reply = self._wait([self._send(home, Describe(name, self.num_workers > 1),
+                                           f"description of key {key!r} (its init)")])[0]
+        except ClusterError as e:
+            raise (ParamError(str(e).split(": ", 1)[-1]) if self.num_workers == 1
+                   else e) from None
         assert isinstance(reply, KeyInfo)
         return self._remember(reply)
 
@@ -248,13 +254,17 @@ class KVStore:
 
     # -- init -------------------------------------------------------------------------------
 
-    def init(self, key: Any, value: Any, *, row_sparse: bool = False) -> None:
+    def init(self, key: Any, value: Any, *, row_sparse: bool | Sequence[bool] = False) -> None:
         """Initialise keys (an int or str, or a list) with values (arrays, or :class:`Fill`,
         or a list). Every worker calls it for the same keys; only rank 0's values are used
         (the others wait for them, and their shapes must agree). A second init of a key is
-        an error. ``row_sparse``: the keys are tables whose rows are pulled and pushed by id
-        (:meth:`row_sparse_pull`), sliced over the servers by rows."""
+        an error. ``row_sparse`` (for every key, or a list with one per key): the keys are
+        tables whose rows are pulled and pushed by id (:meth:`row_sparse_pull`), sliced over
+        the servers by rows."""
         pairs = self._pairs(key, value, "init")
+        sparse = list(row_sparse) if _is_list(row_sparse) else [bool(row_sparse)] * len(pairs)
+        if len(sparse) != len(pairs):
+            raise ParamError(f"init: row_sparse has {len(sparse)} flags for {len(pairs)} keys")
         seen: set[str] = set()
         for k, _ in pairs:  # every problem of the call before anything is sent
             name, _ = self._name(k)
@@ -262,8 +272,8 @@ class KVStore:
                 raise ParamError(f"init of key {k!r}: it is initialised already (a second init "
                                  "of a key is an error)")
             seen.add(name)
-        for k, v in pairs:
-            self._init_one(k, v, bool(row_sparse))
+        for (k, v), flag in zip(pairs, sparse, strict=True):
+            self._init_one(k, v, bool(flag))
 
     def _init_one(self, key: Any, value: Any, row_sparse: bool) -> None:
         name, int_key = self._name(key)
@@ -345,8 +355,9 @@ class KVStore:
     # -- push -------------------------------------------------------------------------------
 
     def push(self, key: Any, value: Any, priority: int = 0) -> None:
-        """Push gradients: a key and its value (an array, a :class:`RowSparse` or a list of
-        them, summed first), or a list of keys and a value (or list) for each. Returns at
+        """Push gradients: a key and its value (an array, a :class:`RowSparse` or an
+        ``(ids, rows)`` tuple for a table, or a list of them, summed first), or a list of
+        keys and a value (or list) for each. Returns at
         once; the store's next pull or push of the key waits for it. ``priority`` is
         accepted and not used."""
         if not self._worker:
@@ -357,7 +368,7 @@ class KVStore:
 
     def _push_one(self, key: Any, value: Any) -> None:
         k = self._key(key)
-        values = list(value) if _is_list(value) else [value]
+        values = list(value) if isinstance(value, list) else [value]  # a tuple: (ids, rows)
         if not values:
             raise ParamError(f"push of key {key!r}: no values")
         where = f"push of key {key!r}"
@@ -424,11 +435,11 @@ class KVStore:
         """The coalesced rows pushed for a table (several values: summed in order)."""
         parts = []
         for v in values:
+            if isinstance(v, tuple) and len(v) == 2:
+                v = RowSparse(*v)
             if not isinstance(v, RowSparse):
                 arr = np.asarray(v)
-                if isinstance(v, tuple) and len(v) == 2:
-                    v = RowSparse(*v)
-                elif arr.shape == k.shape:
+                if arr.shape == k.shape:
                     v = RowSparse(np.arange(k.num_rows), arr)
                 else:
                     raise ParamError(f"{where}: a table's gradient is a RowSparse(ids, rows), "
@@ -795,7 +806,7 @@ def create(name: str = "local", *, num_workers: int = 1, num_servers: int = 1,
            backend: str = "local", updater: Any = None, staleness: int | None = None,
            compression: Mapping[str, Any] | str | None = None, timeout: float = 60.0,
            bound: int = BOUND, on_worker_failure: str = "stop", nonfinite: str = "error",
-           ray_address: str | None = None, **options: Any) -> KVStore:
+           ray_address: str | None = None, transport: Any = None, **options: Any) -> KVStore:
     """A key-value store (SPEC §10) and the caller's store of it.
 
     Args:
@@ -818,6 +829,8 @@ def create(name: str = "local", *, num_workers: int = 1, num_servers: int = 1,
         on_worker_failure, nonfinite: as the cluster's (``stop``/``continue``,
             ``error``/``skip``).
         ray_address: an existing Ray cluster (default: this machine's, started if needed).
+        transport: (embedded) makes the transport from the servers; the seam for tests
+            and benchmarks (e.g. to count the bytes of every message).
         **options: the Ray backend's (``placement``, ``server_options``, ...).
     """
     mode = MODES.get(name)
@@ -849,6 +862,9 @@ def create(name: str = "local", *, num_workers: int = 1, num_servers: int = 1,
     if backend == "ray":
         from ..cluster.ray_backend import RayBackend
 
+        if transport is not None:
+            raise ParamError("the Ray backend has its own transport; 'transport' is for the "
+                             "embedded store")
         back: Any = RayBackend(conf, params, layouts, made, None, actor_restarts=0, keys=True,
                                **options)
     else:
@@ -856,7 +872,7 @@ def create(name: str = "local", *, num_workers: int = 1, num_servers: int = 1,
             raise ParamError(f"unknown options {sorted(options)} (they are the Ray backend's)")
         from ..cluster.local import LocalBackend
 
-        back = LocalBackend(conf, params, layouts, made, None, keys=True)
+        back = LocalBackend(conf, params, layouts, made, None, transport, keys=True)
     driver = Driver(conf, params, layouts, back, max_restarts=0, checkpoint_dir=None,
                     temp_dir=False, checkpoint_freq=0)
     try:
