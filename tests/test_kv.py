@@ -8,6 +8,7 @@ and updater state) saves and loads; a synchronous run is the same bit for bit on
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -196,7 +197,7 @@ def test_large_keys_are_sliced_and_small_ones_spread() -> None:
         0, 1, 2, 3}
     pieces = plan_key("big", False, (1000, 10), True, 3, 100)
     assert [p[0] for p in pieces] == [0, 1, 2] and pieces[-1][2] == 1000
-    assert all(a[2] == b[1] for a, b in zip(pieces, pieces[1:], strict=False))
+    assert all(a[2] == b[1] for a, b in itertools.pairwise(pieces))
 
 
 def test_updaters_are_declarations() -> None:
@@ -299,7 +300,7 @@ def test_a_nonfinite_push_is_refused_and_named() -> None:
         store.init("w", np.zeros(2, np.float32))
         store.set_updater(SGD)
         store.push("w", np.array([1.0, np.nan], np.float32))
-        with pytest.raises(ClusterError, match="non-finite gradient .* 'w' \\(1 NaN\\)"):
+        with pytest.raises(ClusterError, match=r"non-finite gradient .* 'w' \(1 NaN\)"):
             store.pull("w")
         assert store.pull("w").tolist() == [0.0, 0.0]
 

@@ -332,7 +332,32 @@ def payload_bytes(message: Request | Reply) -> int:
             total += payload_bytes(v)
     return total
 
-__all__ = ["KINDS", "NESTED", "payload_bytes", "Ack", "Address", "Barrier", "Describe", "ErrorReply", "Flush",
-           "Get", "GetState", "KeyInfo", "KeyInit", "Keyed", "Leave", "Problems", "Put",
-           "Reply", "Request", "Restore", "Save", "SetState", "SetUpdater", "State", "Sync",
-           "Update", "Values"]
+__all__ = [
+    "KINDS",
+    "NESTED",
+    "Ack",
+    "Address",
+    "Barrier",
+    "Describe",
+    "ErrorReply",
+    "Flush",
+    "Get",
+    "GetState",
+    "KeyInfo",
+    "KeyInit",
+    "Keyed",
+    "Leave",
+    "Problems",
+    "Put",
+    "Reply",
+    "Request",
+    "Restore",
+    "Save",
+    "SetState",
+    "SetUpdater",
+    "State",
+    "Sync",
+    "Update",
+    "Values",
+    "payload_bytes",
+]

@@ -262,7 +262,8 @@ class KVStore:
         tables whose rows are pulled and pushed by id (:meth:`row_sparse_pull`), sliced over
         the servers by rows."""
         pairs = self._pairs(key, value, "init")
-        sparse = list(row_sparse) if _is_list(row_sparse) else [bool(row_sparse)] * len(pairs)
+        sparse = (list(row_sparse) if isinstance(row_sparse, (list, tuple))
+                  else [bool(row_sparse)] * len(pairs))
         if len(sparse) != len(pairs):
             raise ParamError(f"init: row_sparse has {len(sparse)} flags for {len(pairs)} keys")
         seen: set[str] = set()
