@@ -29,9 +29,12 @@ def attach(tensor: torch.Tensor, value: torch.Tensor, grad: torch.Tensor) -> Non
 
 def param_tensors(pset: ParamSet) -> dict[str, torch.nn.Parameter]:
     """A new leaf tensor for every Param of ``pset``, by name, viewing its values and
-    gradient."""
+    gradient; not for its row-sparse tables (rows by id, no dense gradient)."""
     out = {}
+    tables = {t.name for t in pset.tables}
     for name in pset.names:
+        if name in tables:
+            continue
         value, grad = views(pset, name)
         t = torch.nn.Parameter(torch.empty(0, dtype=value.dtype))
         attach(t, value, grad)

@@ -255,7 +255,8 @@ class Updater:
 
     def update_params(self, step: int, params: ParamSet,
                       grad_scale: np.ndarray | float | None = None) -> int:
-        """Update every owner of a ParamSet in one call over its flat buffers; returns the
+        """Update every owner of a ParamSet in one call over its flat buffers (and each
+        row-sparse table on the rows of its gradient, which are then cleared); returns the
         number of NaN or Inf gradient elements.
 
         ``grad_scale`` defaults to ``1 / num_shares`` per owner: the mean of the gradients
@@ -263,8 +264,23 @@ class Updater:
         """
         state = self.state_of(params)
         scale = 1.0 / params.num_shares if grad_scale is None else grad_scale
-        nonfinite = self.apply(step, params.values, params.owner_grads(), state,
-                               params.lr_scales, params.wd_scales, scale)
+        if not params.tables:
+            nonfinite = self.apply(step, params.values, params.owner_grads(), state,
+                                   params.lr_scales, params.wd_scales, scale)
+        else:  # the dense owners in one call, each table on the rows of its gradient
+            n = len(params.owners)
+            nd = n - len(params.tables)
+            lr, wd = params.lr_scales, params.wd_scales
+            scale = np.broadcast_to(np.asarray(scale, np.float64), (n,))
+            nonfinite = self.apply(step, params.values[:params.dense_size],
+                                   params.owner_grads(), state.segments(0, nd), lr[:nd],
+                                   wd[:nd], scale[:nd])
+            off = params.offsets
+            for i, table in enumerate(params.tables, start=nd):
+                ids, rows = table.take_grad_rows()
+                nonfinite += self.apply_rows(step, params.values[off[i]:off[i + 1]], ids, rows,
+                                             table.dim, state.segments(i, i + 1), lr[i],
+                                             wd[i], scale[i])
         for p in params.owners:
             p.version += 1
         return nonfinite

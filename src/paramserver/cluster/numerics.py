@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from ..params import coalesce_rows
+
 _CHUNK = 1 << 15
 #: Below this many elements a parallel launch costs more than the work: NumPy does it.
 _SMALL = 1 << 16
@@ -138,12 +140,8 @@ def sum_rows(parts: list[tuple[np.ndarray, np.ndarray]], dim: int, dtype: Any
         return ids, rows.reshape(len(ids), dim)
     if not parts:
         return np.zeros(0, np.int64), np.zeros((0, dim), dtype)
-    ids = np.concatenate([p[0] for p in parts])
-    rows = np.concatenate([p[1].reshape(-1, dim) for p in parts])
-    union, at = np.unique(ids, return_inverse=True)
-    out = np.zeros((len(union), dim), dtype)
-    np.add.at(out, at, rows)  # one row after the other, in the order of parts
-    return union, out
+    return coalesce_rows(np.concatenate([p[0] for p in parts]),
+                         np.concatenate([p[1].reshape(-1, dim) for p in parts]), dim, dtype)
 
 
 __all__ = ["all_finite", "kernel_guard", "nonfinite_counts", "sum_into", "sum_rows"]

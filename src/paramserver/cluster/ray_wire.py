@@ -62,16 +62,22 @@ def layout_from_data(data: Mapping[str, Any]) -> ServerLayout:
 def params_to_data(params: ParamSet) -> dict[str, Any]:
     """A ParamSet's structure (names, shapes, configurations, sharing), not its values."""
     return {"dtype": params.dtype.name,
-            "params": [[p.name, list(p.shape), p.conf.to_json()] for p in params.params],
+            "params": [[p.name, list(p.shape), p.conf.to_json(), p.row_sparse]
+                       for p in params.params],
+            "tables": params.with_tables,
             "offsets": params.offsets.tolist(), "num_shares": params.num_shares.tolist()}
 
 
-def params_from_data(data: Mapping[str, Any]) -> ParamSet:
-    """A ParamSet of the same structure, its values zero; checked against the sender's."""
+def params_from_data(data: Mapping[str, Any], hold_tables: bool = False) -> ParamSet:
+    """A ParamSet of the same structure, its values zero (a worker's: without the tables'
+    values, unless ``hold_tables``); checked against the sender's."""
     from ..config.job import ParamConf
+    from ..params import ParamSpec
 
-    ps = ParamSet([(name, tuple(shape), ParamConf.parse(json.loads(conf)))
-                   for name, shape, conf in data["params"]], data["dtype"])
+    ps = ParamSet([ParamSpec(name, tuple(shape), ParamConf.parse(json.loads(conf)),
+                             f"param {i}", bool(sparse))
+                   for i, (name, shape, conf, sparse) in enumerate(data["params"])],
+                  data["dtype"], tables=bool(data.get("tables")), hold_tables=hold_tables)
     if ps.offsets.tolist() != list(data["offsets"]) or (
             ps.num_shares.tolist() != list(data["num_shares"])):
         raise ParamError("the Params rebuilt in a Ray actor do not have the layout of the "

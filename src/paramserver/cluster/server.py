@@ -363,8 +363,8 @@ class Server:
         if len(grads) == 1:
             return grads[0], True
         assert self.values is not None
-        if self._acc is None:
-            self._acc = np.empty_like(self.values)
+        if self._acc is None or self._acc.shape != grads[0].shape:
+            self._acc = np.empty_like(grads[0])
         total = self._acc
         bad = sum_into(total, grads[0], grads[1])
         for g in grads[2:]:

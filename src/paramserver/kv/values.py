@@ -18,6 +18,7 @@ import numpy as np
 from ..cluster.compression import encode
 from ..config import ParamError
 from ..config.job import ParamGenConf, conf_from
+from ..params import coalesce_rows
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -52,15 +53,7 @@ class RowSparse:
             bad = ids[(ids < 0) | (ids >= num_rows)][0]
             raise ParamError(f"{where}: row id {int(bad)} is outside the table's rows "
                              f"[0, {num_rows})")
-        if ids.size < 2 or bool(np.all(ids[1:] > ids[:-1])):
-            return ids, np.ascontiguousarray(rows)
-        union, at = np.unique(ids, return_inverse=True)
-        if union.size == ids.size:  # only out of order
-            order = np.argsort(ids, kind="stable")
-            return ids[order], np.ascontiguousarray(rows[order])
-        out = np.zeros((union.size, dim), dtype)
-        np.add.at(out, at, rows)  # in the order given
-        return union, out
+        return coalesce_rows(ids, rows, dim, dtype)
 
 
 def row_sparse(ids: Any, rows: Any) -> RowSparse:

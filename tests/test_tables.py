@@ -1,0 +1,203 @@
+"""Row-sparse tables in a cluster (SPEC §10): a table's values lie after the dense Params'
+and are sliced by rows; workers pull the rows they use and push rows by id; a run equals
+the same run with the table dense (plain SGD, where lazy and dense updates agree); a job's
+kEmbedding trains this way, the same on Ray."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from paramserver import ParamError
+from paramserver.cluster import Cluster, plan_servers
+from paramserver.cluster.ray_wire import params_from_data, params_to_data
+from paramserver.config.job import ClusterConf, ParamConf, parse_job
+from paramserver.params import ParamSet, ParamSpec, TableParam
+from paramserver.train.layers import EmbeddingLayer
+from paramserver.train.trainer import Trainer
+
+ROWS, DIM = 300, 8
+
+
+def specs(shared: bool = False) -> list[ParamSpec]:
+    out = [ParamSpec("emb", (ROWS, DIM), ParamConf(), "t", True),
+           ParamSpec("w", (DIM, 3), ParamConf(), "w"),
+           ParamSpec("b", (3,), ParamConf(), "b")]
+    if shared:
+        out.append(ParamSpec("emb2", (ROWS, DIM), ParamConf(share_from="emb"), "s", True))
+    return out
+
+
+def test_tables_come_last_without_a_dense_gradient() -> None:
+    ps = ParamSet(specs(), tables=True)
+    assert [p.name for p in ps.owners] == ["w", "b", "emb"]
+    assert ps.dense_size == DIM * 3 + 3 and ps.values.size == ps.dense_size + ROWS * DIM
+    assert ps.grads.size == ps.dense_size
+    emb = ps["emb"]
+    assert isinstance(emb, TableParam) and emb.dim == DIM
+    emb.data[...] = np.arange(ROWS * DIM).reshape(ROWS, DIM)
+    np.testing.assert_array_equal(emb.rows([5, 2, 5]), emb.data[[5, 2, 5]])
+    with pytest.raises(ParamError, match="'emb' is a row-sparse table: its gradient is rows"):
+        emb.grad  # noqa: B018
+    emb.add_grad_rows([4, 1], np.ones((2, DIM)))
+    emb.add_grad_rows([4], np.full((1, DIM), 2.0))
+    ids, rows = emb.take_grad_rows()
+    assert ids.tolist() == [1, 4] and rows[:, 0].tolist() == [1.0, 3.0]
+    emb.add_grad_rows([0], np.ones((1, DIM)))
+    ps.zero_grads()
+    assert emb.take_grad_rows()[0].size == 0
+    # without tables (a net on its own), or shared: a dense Param as before
+    assert not ParamSet(specs()).tables
+    assert [t.name for t in ParamSet(specs(shared=True), tables=True).tables] == []
+
+
+def test_a_workers_replica_does_not_hold_the_tables() -> None:
+    ps = ParamSet(specs(), tables=True)
+    remote = params_from_data(params_to_data(ps))
+    assert remote.values.size == ps.dense_size and remote.offsets.tolist() == ps.offsets.tolist()
+    with pytest.raises(ParamError, match="held by the servers; a worker reads its rows by id"):
+        remote["emb"].data  # noqa: B018
+    rep = ps.replica(np.zeros(ps.dense_size, np.float32))
+    assert not rep.holds_tables and isinstance(rep["emb"], TableParam)
+
+
+def test_servers_slice_a_table_by_rows() -> None:
+    ps = ParamSet(specs(), tables=True)
+    layouts = plan_servers(ps, 3)
+    for L in layouts:
+        for s in L.tables:
+            assert L.dims[s] == DIM and (L.start + L.offsets[s] - ps.dense_size) % DIM == 0
+            assert L.first_rows[s] == (L.start + L.offsets[s] - ps.dense_size) // DIM
+    assert sum(int(L.offsets[s + 1] - L.offsets[s]) for L in layouts for s in L.tables) == (
+        ROWS * DIM)
+
+
+SGD = {"type": "kSGD", "learning_rate": {"base_lr": 0.1}}
+
+
+def batch(rank: int, step: int) -> np.ndarray:
+    return np.random.default_rng([rank, step]).integers(0, ROWS, 12)
+
+
+def loss_grads(rows: np.ndarray, w: np.ndarray, b: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """d/d(rows, w, b) of sum((rows @ w + b)^2) / 2."""
+    out = rows @ w + b
+    return out @ w.T, rows.T @ out, out.sum(0)
+
+
+def sparse_fn(worker: Any, step: int) -> None:
+    ids = batch(worker.rank, step)
+    table = worker.params["emb"]
+    rows = table.rows(ids)
+    w, b = worker.params["w"].data, worker.params["b"].data
+    g_rows, g_w, g_b = loss_grads(rows, w, b)
+    table.add_grad_rows(ids, g_rows)
+    worker.params["w"].grad = g_w
+    worker.params["b"].grad = g_b
+
+
+def dense_fn(worker: Any, step: int) -> None:
+    ids = batch(worker.rank, step)
+    p = worker.params["emb"]
+    w, b = worker.params["w"].data, worker.params["b"].data
+    g_rows, g_w, g_b = loss_grads(p.data[ids], w, b)
+    p.grad[...] = 0
+    np.add.at(p.grad, ids, g_rows)
+    worker.params["w"].grad = g_w
+    worker.params["b"].grad = g_b
+
+
+def start(ps: ParamSet) -> ParamSet:
+    rng = np.random.default_rng(0)
+    for name in ("emb", "w", "b"):
+        ps[name].data[...] = rng.standard_normal(ps[name].shape) * 0.1
+    return ps
+
+
+def test_a_synchronous_run_with_a_table_equals_the_dense_run() -> None:
+    """SGD without momentum or decay: the lazy update of the rows pushed is the dense one,
+    bit for bit (one group of two workers, two servers)."""
+    conf = ClusterConf(nworkers_per_group=2, nservers_per_group=2, timeout=20)
+    sparse = start(ParamSet(specs(), tables=True))
+    dense = start(ParamSet(specs()))
+    with Cluster(conf, sparse, SGD) as c:
+        c.run(sparse_fn, 4)
+    with Cluster(conf, dense, SGD) as c:
+        c.run(dense_fn, 4)
+    for name in ("emb", "w", "b"):
+        np.testing.assert_array_equal(sparse[name].data, dense[name].data)
+
+
+def constant_rows_fn(worker: Any, step: int) -> None:
+    """Gradient rows that do not depend on the values: the end result does not depend on
+    the order in which asynchronous groups' pushes arrive."""
+    ids = batch(worker.rank, step)
+    worker.params["emb"].add_grad_rows(ids, np.ones((ids.size, DIM)) * (1 + worker.rank))
+    worker.params["w"].grad = np.zeros((DIM, 3))
+    worker.params["b"].grad = np.zeros(3)
+
+
+def test_asynchronous_groups_apply_every_rows_push_once() -> None:
+    conf = ClusterConf(nworker_groups=2, nservers_per_group=2, timeout=20)
+    ps = start(ParamSet(specs(), tables=True))
+    before = ps["emb"].data.copy()
+    with Cluster(conf, ps, SGD) as c:
+        c.run(constant_rows_fn, 4)
+    expected = before.astype(np.float64)
+    for rank in range(2):
+        for step in range(4):
+            np.add.at(expected, batch(rank, step), -0.1 * (1 + rank))
+    np.testing.assert_allclose(ps["emb"].data, expected, rtol=0, atol=1e-5)
+
+
+JOB = """
+name: "emb"
+train_steps: 6
+disp_freq: 3
+workspace: "{ws}"
+seed: 2
+updater {{ type: kSGD learning_rate {{ base_lr: 0.2 }} }}
+neuralnet {{
+  layer {{ name: "data" type: kData data_conf {{ source: "{data}" batchsize: 16 }} }}
+  layer {{ name: "emb" type: kEmbedding srclayers: "data"
+          embedding_conf {{ vocab_size: 40 feature_dim: 4 }} }}
+  layer {{ name: "fc" type: kInnerProduct srclayers: "emb" innerproduct_conf {{ num_output: 2 }} }}
+  layer {{ name: "loss" type: kSoftmaxLoss srclayers: "fc" srclayers: "data" }}
+}}
+cluster {{ nworkers_per_group: 2 nservers_per_group: 2 timeout: 30 backend: "{backend}" }}
+"""
+
+
+def embedding_job(tmp_path: Path, name: str, backend: str = "local") -> Any:
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 40, (256, 3))
+    np.savez(tmp_path / "ids.npz", x=x, y=(x == 1).any(axis=1).astype(np.int64))
+    return parse_job(JOB.format(ws=tmp_path / name, data=tmp_path / "ids.npz",
+                                backend=backend))
+
+
+def test_a_jobs_embedding_trains_as_a_table(tmp_path: Path, monkeypatch: Any) -> None:
+    sparse = Trainer(embedding_job(tmp_path, "sparse"), progress=False, tensorboard=False)
+    assert [t.name for t in sparse.params.tables] == ["emb_0"]
+    sparse.train()
+    monkeypatch.setattr(EmbeddingLayer, "row_sparse_params", ())
+    dense = Trainer(embedding_job(tmp_path, "dense"), progress=False, tensorboard=False)
+    assert not dense.params.tables
+    dense.train()
+    for name in ("emb_0", "fc_0", "fc_1"):
+        np.testing.assert_array_equal(sparse.params[name].data, dense.params[name].data)
+
+
+def test_a_run_with_a_table_is_the_same_on_ray(ray_session: Any) -> None:
+    conf = ClusterConf(nworkers_per_group=2, nservers_per_group=2, timeout=30)
+    embedded = start(ParamSet(specs(), tables=True))
+    with Cluster(conf, embedded, SGD) as c:
+        c.run(sparse_fn, 3)
+    on_ray = start(ParamSet(specs(), tables=True))
+    with Cluster(ClusterConf(**{**conf.to_dict(), "backend": "ray"}), on_ray, SGD) as c:
+        c.run(sparse_fn, 3)
+    np.testing.assert_array_equal(on_ray.values, embedded.values)
