@@ -201,3 +201,56 @@ def test_a_run_with_a_table_is_the_same_on_ray(ray_session: Any) -> None:
     with Cluster(ClusterConf(**{**conf.to_dict(), "backend": "ray"}), on_ray, SGD) as c:
         c.run(sparse_fn, 3)
     np.testing.assert_array_equal(on_ray.values, embedded.values)
+
+
+def torch_model(sparse: bool) -> Any:
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Embedding(50, 4, sparse=sparse, padding_idx=0),
+                               torch.nn.Flatten(), torch.nn.Linear(12, 1))
+
+
+def torch_loss(model: Any, step: int, rank: int, num_workers: int) -> Any:
+    import torch
+
+    g = torch.Generator().manual_seed(step * 10 + rank)
+    ids = torch.randint(0, 50, (8, 3), generator=g)
+    return ((model(ids) - 1) ** 2).mean()
+
+
+def test_a_torch_sparse_embedding_is_a_table(tmp_path: Path) -> None:
+    """nn.Embedding(sparse=True) under TorchCluster: the servers hold the table, a worker's
+    module holds none of it, and training equals the dense embedding's (plain SGD)."""
+    from paramserver.export import param_values
+    from paramserver.torch import TorchCluster
+
+    job = {"nworkers_per_group": 2, "nservers_per_group": 2, "timeout": 30}
+    sgd = {"type": "kSGD", "learning_rate": {"base_lr": 0.1}}
+    sparse_model, dense_model = torch_model(True), torch_model(False)
+    sparse = TorchCluster(sparse_model, job, sgd)
+    assert [t.name for t in sparse.params.pset.tables] == ["0.weight"]
+    assert "0.weight" not in dict(sparse.replica(0).named_parameters())
+    padding_row = sparse_model[0].weight[0].detach().clone()
+    sparse.run(torch_loss, 5)
+    dense = TorchCluster(dense_model, job, sgd)
+    dense.run(torch_loss, 5)
+    for (name, a), b in zip(sparse_model.state_dict().items(),
+                            dense_model.state_dict().values(), strict=True):
+        assert name and np.array_equal(a.numpy(), b.numpy())
+    np.testing.assert_array_equal(sparse_model[0].weight[0].detach(), padding_row)
+    # a checkpoint exports under the module's names, the table where it belongs
+    from paramserver.checkpoint import load_checkpoint
+
+    path = sparse.save_checkpoint(tmp_path / "ckpt")
+    values = param_values(*load_checkpoint(path))
+    for name, t in sparse_model.state_dict().items():
+        np.testing.assert_array_equal(values[name], t.numpy())
+
+
+def test_a_torch_table_refuses_max_norm() -> None:
+    torch = pytest.importorskip("torch")
+    from paramserver.torch import TorchCluster
+
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 2, sparse=True, max_norm=1.0))
+    with pytest.raises(ParamError, match="embedding '0': max_norm is not supported"):
+        TorchCluster(model, {"nworkers_per_group": 1}, "type: kSGD")

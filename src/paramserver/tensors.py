@@ -20,8 +20,9 @@ def views(pset: ParamSet, name: str) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(p.data), torch.from_numpy(p.grad)
 
 
-def attach(tensor: torch.Tensor, value: torch.Tensor, grad: torch.Tensor) -> None:
-    """Make ``tensor`` (a leaf) view ``value`` and its ``.grad`` view ``grad``."""
+def attach(tensor: torch.Tensor, value: torch.Tensor, grad: torch.Tensor | None) -> None:
+    """Make ``tensor`` (a leaf) view ``value`` and its ``.grad`` view ``grad`` (None: a
+    row-sparse table's, whose gradient is rows by id)."""
     with torch.no_grad():
         tensor.data = value
         tensor.grad = grad

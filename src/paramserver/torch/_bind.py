@@ -53,7 +53,7 @@ class TorchParams:
     def __init__(self, named: Sequence[tuple[str, torch.Tensor]],
                  confs: Mapping[str, ParamConf] | None = None, *,
                  initialise: Collection[str] = (), seed: int = 0,
-                 pset: ParamSet | None = None):
+                 pset: ParamSet | None = None, tables: Collection[str] = ()):
         names = [n for n, _ in named]
         tensors = [t for _, t in named]
         dtype = _check_tensors(names, tensors)
@@ -63,8 +63,8 @@ class TorchParams:
         else:
             confs = confs or {}
             specs = [ParamSpec(n, tuple(t.shape), confs.get(n) or ParamConf(name=n),
-                               f"parameter '{n}'") for n, t in named]
-            pset = ParamSet(specs, dtype)
+                               f"parameter '{n}'", n in tables) for n, t in named]
+            pset = ParamSet(specs, dtype, tables=bool(tables))
             by_name = dict(named)
             with torch.no_grad():
                 for p in pset.owners:
@@ -76,9 +76,13 @@ class TorchParams:
         self._index = {id(t): i for i, t in enumerate(tensors)}
         self.values = torch.from_numpy(pset.values)
         self.grads = torch.from_numpy(pset.grads)
-        pairs = [views(pset, n) for n in names]
+        held = {t.name for t in pset.tables}
+        pairs = [views(pset, n) if n not in held else (torch.from_numpy(pset[n].data), None)
+                 for n in names]
         self._value_views = [v for v, _ in pairs]
-        self._grad_views = [g for _, g in pairs]
+        # A row-sparse table's tensor (SPEC §10) views its values and has no gradient here:
+        # a worker's replica computes with the rows of its batch (torch/_tables.py).
+        self._grad_views: list[torch.Tensor | None] = [g for _, g in pairs]
         self._ptrs = [v.data_ptr() for v in self._value_views]
         # The owners whose gradients the sharers' are added into, by range of the owner
         # gradients; with their saved copy, :meth:`restore_grads` leaves ``.grad`` as it was.
@@ -87,6 +91,9 @@ class TorchParams:
         with torch.no_grad():
             for t, v, g in zip(tensors, self._value_views, self._grad_views, strict=True):
                 old = t.grad
+                if g is None:
+                    attach(t, v, None)
+                    continue
                 if keep_grads and old is not None and old.shape == g.shape:
                     g.copy_(old.detach())  # a gradient already there is kept
                 attach(t, v, g)
@@ -148,7 +155,7 @@ class TorchParams:
         with torch.no_grad():
             for i, (t, g) in enumerate(zip(self.tensors, self._grad_views, strict=True)):
                 cur = t.grad
-                if cur is g:
+                if cur is g or g is None:
                     continue
                 if cur is None:
                     g.zero_()
@@ -310,7 +317,8 @@ def _init(pset: ParamSet, names: set[str], seed: int) -> None:
 def _check_same(pset: ParamSet, names: list[str], tensors: list[torch.Tensor]) -> None:
     """The tensors are the ParamSet's Params: the same names, shapes and dtype."""
     problems = []
-    if names != pset.names:
+    tables = {t.name for t in pset.tables}
+    if names != pset.names and names != [n for n in pset.names if n not in tables]:
         problems.append(f"the module's parameters {names[:4]}... are not the ParamSet's "
                         f"{pset.names[:4]}...")
     else:
@@ -318,6 +326,9 @@ def _check_same(pset: ParamSet, names: list[str], tensors: list[torch.Tensor]) -
         for n, t in zip(names, tensors, strict=True):
             if t.dtype != want:
                 problems.append(f"parameter '{n}' is {t.dtype}, the ParamSet's {pset.dtype}")
+            elif n in tables and not pset.holds_tables:
+                problems.append(f"parameter '{n}' is a row-sparse table that this ParamSet "
+                                "does not hold (a worker's): bind a module without it")
             elif tuple(t.shape) != pset[n].shape:
                 problems.append(f"parameter '{n}' has shape {tuple(t.shape)}, the ParamSet's "
                                 f"{pset[n].shape}")
