@@ -57,7 +57,7 @@ def stats(xs: list[float], scale: float = 1e3) -> str:
             f"{max(xs) * scale:8.2f}")
 
 
-def interleave(contenders: dict[str, Callable[[int], None]], rounds: int, steps: int
+def interleave(contenders: dict[str, Callable[[int], object]], rounds: int, steps: int
                ) -> dict[str, list[float]]:
     """Per contender, the mean seconds per step of each round (after one warm-up round)."""
     out: dict[str, list[float]] = {name: [] for name in contenders}
@@ -171,8 +171,8 @@ def part_small(a: argparse.Namespace) -> None:
                         "sparse pull + push": lambda i: sparse.sparse_step(ids[i], g)},
                        a.rounds, a.steps)
     report("   step time", times, base="dense pull + push")
-    for s, name in ((dense, "dense"), (sparse, "sparse")):
-        s.meter.reset()
+    dense.meter.reset()
+    sparse.meter.reset()
     for i in range(10):
         dense_step(i)
         sparse.sparse_step(ids[i], g)
