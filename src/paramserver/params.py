@@ -175,6 +175,10 @@ class Param:
                 f"version={self.version}{share})")
 
 
+#: Gradient values from which :func:`coalesce_rows` sums in a compiled loop.
+_NUMBA_ROWS = 1 << 12
+
+
 def coalesce_rows(ids: np.ndarray, rows: np.ndarray, dim: int, dtype: Any
                   ) -> tuple[np.ndarray, np.ndarray]:
     """Rows by id with each id once: the sorted ids, and per id the sum of its rows in the
@@ -188,7 +192,14 @@ def coalesce_rows(ids: np.ndarray, rows: np.ndarray, dim: int, dtype: Any
         order = np.argsort(ids, kind="stable")
         return ids[order], np.ascontiguousarray(rows[order], dtype)
     out = np.zeros((union.size, dim), dtype)
-    np.add.at(out, at, rows)  # one row after the other, in the order given
+    if rows.dtype != out.dtype or rows.size < _NUMBA_ROWS:
+        np.add.at(out, at, rows)  # one row after the other, in the order given
+        return union, out
+    from .kernels_rows import sum_rows_in_order  # the same sums, without add.at's dispatch
+
+    order = np.argsort(at, kind="stable")
+    bounds = np.searchsorted(at[order], np.arange(union.size + 1)).astype(np.int64)
+    sum_rows_in_order(np.ascontiguousarray(rows), order, bounds, out)
     return union, out
 
 
