@@ -148,6 +148,17 @@ def part_large(a: argparse.Namespace) -> None:
           f"{table / 1e6:,.0f} MB)")
     worker = got.nbytes + g.nbytes + ids[0].nbytes
     print(f"   the worker holds {worker / 1e6:.2f} MB = {worker / table:.4%} of the table")
+    print("   bytes per step against rows touched (proportional: the same bytes per row)")
+    for size in (a.batch // 4, a.batch, a.batch * 4):
+        grow = np.ones((size, a.dim), np.float32) * 1e-3
+        more = batches(a.rows, size, 5, a.zipf, seed=size)
+        s.meter.reset()
+        for b in more:
+            s.sparse_step(b, grow)
+        sent, received = s.bytes()
+        touched = sum(np.unique(b).size for b in more)
+        print(f"     batch {size:6d}: {touched / 5:8,.0f} rows, {(sent + received) / 5 / 1e6:7.3f}"
+              f" MB per step, {(sent + received) / touched:5.0f} B per row")
     s.close()
 
 
