@@ -156,11 +156,12 @@ def test_asynchronous_groups_apply_every_rows_push_once() -> None:
 
 JOB = """
 name: "emb"
-train_steps: 6
+train_steps: {steps}
 disp_freq: 3
+checkpoint_freq: 3
 workspace: "{ws}"
 seed: 2
-updater {{ type: kSGD learning_rate {{ base_lr: 0.2 }} }}
+updater {{ {updater} learning_rate {{ base_lr: 0.2 }} }}
 neuralnet {{
   layer {{ name: "data" type: kData data_conf {{ source: "{data}" batchsize: 16 }} }}
   layer {{ name: "emb" type: kEmbedding srclayers: "data"
@@ -172,12 +173,29 @@ cluster {{ nworkers_per_group: 2 nservers_per_group: 2 timeout: 30 backend: "{ba
 """
 
 
-def embedding_job(tmp_path: Path, name: str, backend: str = "local") -> Any:
+def embedding_job(tmp_path: Path, name: str, backend: str = "local", steps: int = 6,
+                  updater: str = "type: kSGD") -> Any:
     rng = np.random.default_rng(0)
     x = rng.integers(0, 40, (256, 3))
     np.savez(tmp_path / "ids.npz", x=x, y=(x == 1).any(axis=1).astype(np.int64))
     return parse_job(JOB.format(ws=tmp_path / name, data=tmp_path / "ids.npz",
-                                backend=backend))
+                                backend=backend, steps=steps, updater=updater))
+
+
+def test_a_job_with_a_table_resumes_exactly(tmp_path: Path) -> None:
+    """Adam's lazy state of the table's rows is the servers': checkpointed and restored."""
+    adam = "type: kAdam"
+    straight = Trainer(embedding_job(tmp_path, "a", updater=adam), progress=False,
+                       tensorboard=False)
+    straight.train()
+    Trainer(embedding_job(tmp_path, "b", steps=3, updater=adam), progress=False,
+            tensorboard=False).train()
+    second = Trainer(embedding_job(tmp_path, "b", updater=adam), progress=False,
+                     tensorboard=False)
+    second.train(resume=True)
+    np.testing.assert_array_equal(straight.params.values, second.params.values)
+    assert (tmp_path / "a" / "metrics.csv").read_bytes() == (
+        tmp_path / "b" / "metrics.csv").read_bytes()
 
 
 def test_a_jobs_embedding_trains_as_a_table(tmp_path: Path, monkeypatch: Any) -> None:
