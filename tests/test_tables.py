@@ -272,3 +272,29 @@ def test_a_torch_table_refuses_max_norm() -> None:
     model = torch.nn.Sequential(torch.nn.Embedding(10, 2, sparse=True, max_norm=1.0))
     with pytest.raises(ParamError, match="embedding '0': max_norm is not supported"):
         TorchCluster(model, {"nworkers_per_group": 1}, "type: kSGD")
+
+
+def test_export_puts_a_tables_values_under_its_name(tmp_path: Path) -> None:
+    """The table's values lie after the dense Params' in a checkpoint: export reads them
+    from there, with the checkpoint's Param table and with the job's (``--job``)."""
+    from safetensors.numpy import load_file
+
+    from paramserver.checkpoint import load_checkpoint, save_checkpoint
+    from paramserver.cli import main
+    from paramserver.export import TABLE
+
+    trainer = Trainer(embedding_job(tmp_path, "ws"), progress=False, tensorboard=False)
+    trainer.train()
+    ckpt = sorted((tmp_path / "ws" / "checkpoints").glob("*.safetensors"))[-1]
+    arrays, meta = load_checkpoint(ckpt)
+    del meta[TABLE]  # an earlier release's: read with the job's table
+    old = save_checkpoint(tmp_path / "step-00000006.ckpt.npz", arrays, meta)
+    job = tmp_path / "job.conf"
+    job.write_text(JOB.format(ws=tmp_path / "ws", data=tmp_path / "ids.npz", backend="local",
+                              steps=6, updater="type: kSGD"))
+    for args in ([str(ckpt)], [str(old), "--job", str(job)]):
+        out = tmp_path / "model.safetensors"
+        assert main(["export", *args, "--to", str(out)]) == 0
+        model = load_file(str(out))
+        for name in ("emb_0", "fc_0", "fc_1"):
+            np.testing.assert_array_equal(model[name], trainer.params[name].data)
