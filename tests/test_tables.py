@@ -298,3 +298,17 @@ def test_export_puts_a_tables_values_under_its_name(tmp_path: Path) -> None:
         model = load_file(str(out))
         for name in ("emb_0", "fc_0", "fc_1"):
             np.testing.assert_array_equal(model[name], trainer.params[name].data)
+
+
+def test_a_torch_table_trains_the_same_on_ray(ray_session: Any) -> None:
+    from paramserver.torch import TorchCluster
+
+    sgd = {"type": "kSGD", "learning_rate": {"base_lr": 0.1}}
+    got = {}
+    for backend in ("local", "ray"):
+        model = torch_model(True)
+        TorchCluster(model, {"nworkers_per_group": 2, "nservers_per_group": 2, "timeout": 60,
+                             "backend": backend}, sgd).run(torch_loss, 3)
+        got[backend] = {k: v.numpy().copy() for k, v in model.state_dict().items()}
+    for name, value in got["local"].items():
+        np.testing.assert_array_equal(got["ray"][name], value)
