@@ -40,5 +40,5 @@ def test_the_example_learns(compression: str, capsys: pytest.CaptureFixture[str]
 def test_the_example_runs_on_ray(ray_session: Any) -> None:
     module = example()
     ray_session.cloudpickle.register_pickle_by_value(module)  # the actors cannot import it
-    got = module.main([*SMALL, "--steps", "40", "--backend", "ray"])
+    got = module.main([*SMALL, "--steps", "20", "--backend", "ray"])
     assert got["finite"] and got["last_loss"] < got["first_loss"]
