@@ -29,6 +29,13 @@ METHODS: dict[str, dict[str, Any]] = {
     "adamw": {"type": "kAdamW", "adamw_conf": {"beta1": 0.8}},
     "adamax": {"type": "kAdamMax"},
     "adamax_singa": {"type": "kAdamMax", "adammax_conf": {"bias_correction": False}},
+    # torch.optim's forms of the rules (form: torch)
+    "sgd_torch": {"type": "kSGD", "momentum": 0.9, "form": "torch",
+                  "sgd_conf": {"dampening": 0.1}},
+    "nesterov_torch": {"type": "kNesterov", "momentum": 0.8, "form": "torch"},
+    "adagrad_torch": {"type": "kAdaGrad", "form": "torch",
+                      "adagrad_conf": {"lr_decay": 0.1}},
+    "rmsprop_torch": {"type": "kRMSProp", "momentum": 0.5, "form": "torch"},
 }
 
 

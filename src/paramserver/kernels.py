@@ -66,30 +66,39 @@ def _sgd_rule(w, g, h, u, k, p):  # type: ignore[no-untyped-def]
 
 @register_jitable(inline="always")
 def _momentum_rule(w, g, h, u, k, p):  # type: ignore[no-untyped-def]
-    # k0 = lr; p0 = momentum
+    # p0 = momentum. SINGA's form: k0 = lr, k1 = 1 (h = m*h - lr*g; w = w + h). torch.optim's
+    # form: k0 = -(1 - dampening), k1 = -lr (h = m*h + (1 - dampening)*g; w = w - lr*h), so
+    # that h is torch's momentum buffer and a new rate applies to the whole of it.
     h = p[0] * h - k[0] * g
-    return w + h, h, u
+    return w + k[1] * h, h, u
 
 
 @register_jitable(inline="always")
 def _nesterov_rule(w, g, h, u, k, p):  # type: ignore[no-untyped-def]
-    # k0 = lr; p0 = momentum, p1 = 1 + momentum
+    # p0 = momentum, p1 = 1 + momentum. SINGA's form: k0 = lr, k1 = 1. torch.optim's form:
+    # k0 = 1, k1 = lr (h is torch's buffer m*h + g, and (1+m)*h1 - m*h = g + m*h1 its step).
     h1 = p[0] * h + k[0] * g
-    return w - (p[1] * h1 - p[0] * h), h1, u
+    return w - k[1] * (p[1] * h1 - p[0] * h), h1, u
 
 
 @register_jitable(inline="always")
 def _adagrad_rule(w, g, h, u, k, p):  # type: ignore[no-untyped-def]
-    # k0 = lr; p0 = delta
+    # k0 = lr; p0 = delta under the square root (SINGA's form), p1 = delta after it
+    # (torch.optim's eps); the other is 0.
     h = h + g * g
-    return w - k[0] * g / np.sqrt(h + p[0]), h, u
+    return w - k[0] * g / (np.sqrt(h + p[0]) + p[1]), h, u
 
 
 @register_jitable(inline="always")
 def _rmsprop_rule(w, g, h, u, k, p):  # type: ignore[no-untyped-def]
-    # k0 = lr; p0 = rho, p1 = 1 - rho, p2 = delta
+    # k0 = lr; p0 = rho, p1 = 1 - rho, p2 = delta under the square root (SINGA's form),
+    # p3 = delta after it (torch.optim's eps); p4 = momentum (torch.optim's, with u its
+    # buffer: u = m*u + g/avg; w = w - lr*u), 0 for none.
     h = p[0] * h + p[1] * g * g
-    return w - k[0] * g / np.sqrt(h + p[2]), h, u
+    if p[4] > 0:
+        u = p[4] * u + g / (np.sqrt(h + p[2]) + p[3])
+        return w - k[0] * u, h, u
+    return w - k[0] * g / (np.sqrt(h + p[2]) + p[3]), h, u
 
 
 @register_jitable(inline="always")
@@ -232,6 +241,7 @@ _momentum_kernel = _fused_kernel(_momentum_rule, 1, "_momentum_kernel")
 _nesterov_kernel = _fused_kernel(_nesterov_rule, 1, "_nesterov_kernel")
 _adagrad_kernel = _fused_kernel(_adagrad_rule, 1, "_adagrad_kernel")
 _rmsprop_kernel = _fused_kernel(_rmsprop_rule, 1, "_rmsprop_kernel")
+_rmsprop_momentum_kernel = _fused_kernel(_rmsprop_rule, 2, "_rmsprop_momentum_kernel")
 _adadelta_kernel = _fused_kernel(_adadelta_rule, 2, "_adadelta_kernel")
 _adam_kernel = _fused_kernel(_adam_rule, 2, "_adam_kernel")
 _adam_inner_delta_kernel = _fused_kernel(_adam_inner_delta_rule, 2, "_adam_inner_delta_kernel")
@@ -243,6 +253,7 @@ _KERNELS = (
     _nesterov_kernel,
     _adagrad_kernel,
     _rmsprop_kernel,
+    _rmsprop_momentum_kernel,
     _adadelta_kernel,
     _adam_kernel,
     _adam_inner_delta_kernel,
@@ -356,11 +367,17 @@ def sgd(
     gscale: PerSegment = 1.0,
     *,
     momentum: float = 0.0,
+    dampening: PerSegment = 0.0,
+    torch_form: bool = False,
     clip_low: float = 0.0,
     clip_high: float = 0.0,
     check: bool = False,
 ) -> int:
     """SGD: ``h = momentum*h - lr*g; w = w + h``, or ``w = w - lr*g`` when momentum is 0.
+
+    With ``torch_form``, torch.optim.SGD's form: ``h = momentum*h + (1-dampening)*g;
+    w = w - lr*h`` (``h`` is torch's momentum buffer, and a new rate applies to all of it).
+    SINGA's form with dampening: ``h = momentum*h - lr*(1-dampening)*g``.
 
     Args:
       w: values, updated in place (1-D, float32 or float64, C-contiguous).
@@ -371,10 +388,16 @@ def sgd(
       wd: weight decay per segment (already times ``wd_scale``); applied when > 0.
       gscale: gradient scale per segment (``1/number_of_sharers``).
       momentum: in [0, 1].
+      dampening: per segment, in [0, 1]; the gradient enters the momentum times
+        ``1 - dampening`` (torch.optim's; give 0 for a segment's first update, whose buffer
+        torch starts from the gradient itself).
+      torch_form: torch.optim's form of the momentum (above).
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
       check: read the gradient first, and write nothing if it holds NaN or Inf.
     """
     if momentum > 0:
+        keep = 1.0 - _f64(dampening)
+        k = (-keep, -_f64(lr)) if torch_form else (_f64(lr) * keep, 1.0)
         return _launch(
             _momentum_kernel,
             w,
@@ -383,7 +406,7 @@ def sgd(
             offsets,
             gscale,
             wd,
-            (lr,),
+            k,
             (momentum,),
             clip_low,
             clip_high,
@@ -405,11 +428,15 @@ def nesterov(
     gscale: PerSegment = 1.0,
     *,
     momentum: float,
+    torch_form: bool = False,
     clip_low: float = 0.0,
     clip_high: float = 0.0,
     check: bool = False,
 ) -> int:
     """Nesterov: ``h0 = h; h = momentum*h + lr*g; w = w - ((1+momentum)*h - momentum*h0)``.
+
+    With ``torch_form``, torch.optim.SGD's (``nesterov=True``): ``h = momentum*h + g;
+    w = w - lr*(g + momentum*h)`` (``h`` is torch's momentum buffer).
 
     Args:
       w: values, updated in place (1-D, float32 or float64, C-contiguous).
@@ -420,6 +447,7 @@ def nesterov(
       wd: weight decay per segment (already times ``wd_scale``); applied when > 0.
       gscale: gradient scale per segment (``1/number_of_sharers``).
       momentum: in [0, 1].
+      torch_form: torch.optim's form of the momentum (above).
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
       check: read the gradient first, and write nothing if it holds NaN or Inf.
     """
@@ -431,7 +459,7 @@ def nesterov(
         offsets,
         gscale,
         wd,
-        (lr,),
+        (1.0, lr) if torch_form else (lr, 1.0),
         (momentum, 1.0 + momentum),
         clip_low,
         clip_high,
@@ -449,11 +477,13 @@ def adagrad(
     gscale: PerSegment = 1.0,
     *,
     delta: float = 1e-8,
+    torch_form: bool = False,
     clip_low: float = 0.0,
     clip_high: float = 0.0,
     check: bool = False,
 ) -> int:
-    """AdaGrad: ``h = h + g*g; w = w - lr*g/sqrt(h + delta)``.
+    """AdaGrad: ``h = h + g*g; w = w - lr*g/sqrt(h + delta)``; with ``torch_form``,
+    torch.optim.Adagrad's ``w = w - lr*g/(sqrt(h) + delta)``.
 
     Args:
       w: values, updated in place (1-D, float32 or float64, C-contiguous).
@@ -463,7 +493,8 @@ def adagrad(
       lr: learning rate per segment (already times ``lr_scale``).
       wd: weight decay per segment (already times ``wd_scale``); applied when > 0.
       gscale: gradient scale per segment (``1/number_of_sharers``).
-      delta: added under the square root; > 0.
+      delta: added under the square root (after it with ``torch_form``); > 0.
+      torch_form: torch.optim's placement of delta (above).
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
       check: read the gradient first, and write nothing if it holds NaN or Inf.
     """
@@ -476,7 +507,7 @@ def adagrad(
         gscale,
         wd,
         (lr,),
-        (delta,),
+        (0.0, delta) if torch_form else (delta, 0.0),
         clip_low,
         clip_high,
         check,
@@ -494,11 +525,18 @@ def rmsprop(
     *,
     rho: float,
     delta: float = 1e-8,
+    torch_form: bool = False,
+    momentum: float = 0.0,
+    u: np.ndarray | None = None,
     clip_low: float = 0.0,
     clip_high: float = 0.0,
     check: bool = False,
 ) -> int:
     """RMSProp: ``h = rho*h + (1-rho)*g*g; w = w - lr*g/sqrt(h + delta)``.
+
+    With ``torch_form``, torch.optim.RMSprop's: ``avg = sqrt(h) + delta`` (delta after the
+    square root), and with ``momentum > 0`` its momentum buffer ``u``:
+    ``u = momentum*u + g/avg; w = w - lr*u`` (else ``w = w - lr*g/avg``).
 
     Args:
       w: values, updated in place (1-D, float32 or float64, C-contiguous).
@@ -509,10 +547,21 @@ def rmsprop(
       wd: weight decay per segment (already times ``wd_scale``); applied when > 0.
       gscale: gradient scale per segment (``1/number_of_sharers``).
       rho: decay of the running mean, in [0, 1].
-      delta: added under the square root; > 0.
+      delta: added under the square root (after it with ``torch_form``); > 0.
+      torch_form: torch.optim's placement of delta (above).
+      momentum: torch.optim's momentum, in [0, 1] (with ``torch_form`` only).
+      u: the momentum buffer, updated in place (needed when ``momentum > 0``).
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
       check: read the gradient first, and write nothing if it holds NaN or Inf.
     """
+    inner, outer = (0.0, delta) if torch_form else (delta, 0.0)
+    if momentum > 0:
+        if u is None or not torch_form:
+            raise ParamError("RMSProp's momentum is torch.optim's: it needs torch_form and "
+                             "the momentum buffer u")
+        return _launch(_rmsprop_momentum_kernel, w, g, {"h": h, "u": u}, offsets, gscale, wd,
+                       (lr,), (rho, 1.0 - rho, inner, outer, momentum), clip_low, clip_high,
+                       check)
     return _launch(
         _rmsprop_kernel,
         w,
@@ -522,7 +571,7 @@ def rmsprop(
         gscale,
         wd,
         (lr,),
-        (rho, 1.0 - rho, delta),
+        (rho, 1.0 - rho, inner, outer, 0.0),
         clip_low,
         clip_high,
         check,
@@ -740,6 +789,8 @@ def warmup(dtype: npt.DTypeLike = np.float32) -> None:
     nesterov(w, w.copy(), w.copy(), offsets, 0.0, momentum=0.5)
     adagrad(w, w.copy(), w.copy(), offsets, 0.0)
     rmsprop(w, w.copy(), w.copy(), offsets, 0.0, rho=0.9)
+    rmsprop(w, w.copy(), w.copy(), offsets, 0.0, rho=0.9, torch_form=True, momentum=0.5,
+            u=w.copy())
     adadelta(w, w.copy(), w.copy(), w.copy(), offsets, 0.0, rho=0.9)
     adam(w, w.copy(), w.copy(), w.copy(), offsets, 0.0, step=1)
     adam(w, w.copy(), w.copy(), w.copy(), offsets, 0.0, step=1, bias_correction=False)

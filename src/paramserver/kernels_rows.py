@@ -137,6 +137,7 @@ _momentum_rows = _row_kernel(_momentum_rule, 1, "_momentum_rows")
 _nesterov_rows = _row_kernel(_nesterov_rule, 1, "_nesterov_rows")
 _adagrad_rows = _row_kernel(_adagrad_rule, 1, "_adagrad_rows")
 _rmsprop_rows = _row_kernel(_rmsprop_rule, 1, "_rmsprop_rows")
+_rmsprop_momentum_rows = _row_kernel(_rmsprop_rule, 2, "_rmsprop_momentum_rows")
 _adadelta_rows = _row_kernel(_adadelta_rule, 2, "_adadelta_rows")
 _adam_rows = _row_kernel(_adam_rule, 2, "_adam_rows")
 _adam_inner_delta_rows = _row_kernel(_adam_inner_delta_rule, 2, "_adam_inner_delta_rows")
@@ -225,7 +226,8 @@ def _f(x: Any) -> float:
 
 def sgd(w: np.ndarray, g: np.ndarray, ids: npt.ArrayLike, dim: int, h: np.ndarray,
         lr: float, wd: float = 0.0, gscale: float = 1.0, *, momentum: float = 0.0,
-        clip_low: float = 0.0, clip_high: float = 0.0, check: bool = False) -> int:
+        dampening: float = 0.0, torch_form: bool = False, clip_low: float = 0.0,
+        clip_high: float = 0.0, check: bool = False) -> int:
     """SGD on rows ``ids`` of the table ``w`` (``num_rows × dim`` flat): as
     :func:`paramserver.kernels.sgd`; ``h`` is not touched (may be empty) without momentum.
 
@@ -237,13 +239,16 @@ def sgd(w: np.ndarray, g: np.ndarray, ids: npt.ArrayLike, dim: int, h: np.ndarra
       h: the momentum history, the table's shape.
       lr, wd, gscale: learning rate (times ``lr_scale``), weight decay (times ``wd_scale``),
         gradient scale.
-      momentum, clip_low, clip_high, check: as the dense kernel's.
+      momentum, dampening, torch_form, clip_low, clip_high, check: as the dense kernel's
+        (``dampening`` one number: the table's).
 
     Returns:
       The number of NaN or Inf gradient values (nothing written with ``check`` when > 0).
     """
     if momentum > 0:
-        return _launch(_momentum_rows, w, g, ids, dim, {"h": h}, gscale, wd, (_f(lr),),
+        keep = 1.0 - _f(dampening)
+        k = (-keep, -_f(lr)) if torch_form else (_f(lr) * keep, 1.0)
+        return _launch(_momentum_rows, w, g, ids, dim, {"h": h}, gscale, wd, k,
                        (momentum,), clip_low, clip_high, check)
     return _launch(_sgd_rows, w, g, ids, dim, {}, gscale, wd, (_f(lr),), (), clip_low,
                    clip_high, check)
@@ -251,27 +256,40 @@ def sgd(w: np.ndarray, g: np.ndarray, ids: npt.ArrayLike, dim: int, h: np.ndarra
 
 def nesterov(w: np.ndarray, g: np.ndarray, ids: npt.ArrayLike, dim: int, h: np.ndarray,
              lr: float, wd: float = 0.0, gscale: float = 1.0, *, momentum: float,
-             clip_low: float = 0.0, clip_high: float = 0.0, check: bool = False) -> int:
+             torch_form: bool = False, clip_low: float = 0.0, clip_high: float = 0.0,
+             check: bool = False) -> int:
     """Nesterov on rows ``ids``: as :func:`paramserver.kernels.nesterov` (see :func:`sgd`)."""
-    return _launch(_nesterov_rows, w, g, ids, dim, {"h": h}, gscale, wd, (_f(lr),),
+    return _launch(_nesterov_rows, w, g, ids, dim, {"h": h}, gscale, wd,
+                   (1.0, _f(lr)) if torch_form else (_f(lr), 1.0),
                    (momentum, 1.0 + momentum), clip_low, clip_high, check)
 
 
 def adagrad(w: np.ndarray, g: np.ndarray, ids: npt.ArrayLike, dim: int, h: np.ndarray,
             lr: float, wd: float = 0.0, gscale: float = 1.0, *, delta: float = 1e-8,
-            clip_low: float = 0.0, clip_high: float = 0.0, check: bool = False) -> int:
+            torch_form: bool = False, clip_low: float = 0.0, clip_high: float = 0.0,
+            check: bool = False) -> int:
     """AdaGrad on rows ``ids``: as :func:`paramserver.kernels.adagrad` (see :func:`sgd`)."""
-    return _launch(_adagrad_rows, w, g, ids, dim, {"h": h}, gscale, wd, (_f(lr),), (delta,),
-                   clip_low, clip_high, check)
+    return _launch(_adagrad_rows, w, g, ids, dim, {"h": h}, gscale, wd, (_f(lr),),
+                   (0.0, delta) if torch_form else (delta, 0.0), clip_low, clip_high, check)
 
 
 def rmsprop(w: np.ndarray, g: np.ndarray, ids: npt.ArrayLike, dim: int, h: np.ndarray,
             lr: float, wd: float = 0.0, gscale: float = 1.0, *, rho: float,
-            delta: float = 1e-8, clip_low: float = 0.0, clip_high: float = 0.0,
+            delta: float = 1e-8, torch_form: bool = False, momentum: float = 0.0,
+            u: np.ndarray | None = None, clip_low: float = 0.0, clip_high: float = 0.0,
             check: bool = False) -> int:
-    """RMSProp on rows ``ids``: as :func:`paramserver.kernels.rmsprop` (see :func:`sgd`)."""
+    """RMSProp on rows ``ids``: as :func:`paramserver.kernels.rmsprop` (see :func:`sgd`;
+    ``u`` torch's momentum buffer, the table's shape)."""
+    inner, outer = (0.0, delta) if torch_form else (delta, 0.0)
+    if momentum > 0:
+        if u is None or not torch_form:
+            raise ParamError("RMSProp's momentum is torch.optim's: it needs torch_form and "
+                             "the momentum buffer u")
+        return _launch(_rmsprop_momentum_rows, w, g, ids, dim, {"h": h, "u": u}, gscale, wd,
+                       (_f(lr),), (rho, 1.0 - rho, inner, outer, momentum), clip_low,
+                       clip_high, check)
     return _launch(_rmsprop_rows, w, g, ids, dim, {"h": h}, gscale, wd, (_f(lr),),
-                   (rho, 1.0 - rho, delta), clip_low, clip_high, check)
+                   (rho, 1.0 - rho, inner, outer, 0.0), clip_low, clip_high, check)
 
 
 def adadelta(w: np.ndarray, g: np.ndarray, ids: npt.ArrayLike, dim: int, h: np.ndarray,
@@ -342,6 +360,7 @@ def warmup(dtype: npt.DTypeLike = np.float32) -> None:
     nesterov(w, g, ids, 1, w.copy(), 0.0, momentum=0.5)
     adagrad(w, g, ids, 1, w.copy(), 0.0)
     rmsprop(w, g, ids, 1, w.copy(), 0.0, rho=0.9)
+    rmsprop(w, g, ids, 1, w.copy(), 0.0, rho=0.9, torch_form=True, momentum=0.5, u=w.copy())
     adadelta(w, g, ids, 1, w.copy(), w.copy(), 0.0, rho=0.9)
     adam(w, g, ids, 1, w.copy(), w.copy(), 0.0, step=1)
     adam(w, g, ids, 1, w.copy(), w.copy(), 0.0, step=1, bias_correction=False)

@@ -20,14 +20,14 @@ import copy
 import difflib
 import math
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .config import ParamError
-from .config.job import ParamConf
+from .config.job import ParamConf, ParamGenConf
 from .state import UpdaterState
 
 _DTYPES = {np.dtype(np.float32), np.dtype(np.float64)}
@@ -319,6 +319,16 @@ class ParamSpec:
 class ParamSet:
     """The Params of a job in flat buffers; see the module docstring.
 
+    Args:
+        items: the Params' specs (``ParamSpec``, ``(name, shape)`` or ``(name, shape,
+            conf)``; see :func:`plan_params`), or their plan.
+        dtype: float32 or float64.
+        alloc: makes the two flat buffers: ``alloc(n, dtype)`` gives a C-contiguous array
+            of ``n`` zeros (pinned host memory for transfers to a GPU, say); default NumPy's.
+        tables: make the specs marked ``row_sparse`` that no Param shares tables.
+        hold_tables: keep the tables' values (False: a worker's replica, ``values`` then
+            holds the dense owners' only).
+
     Attributes:
         params: every Param, in declaration order.
         owners: the Params that own values (not sharers), in declaration order.
@@ -331,17 +341,11 @@ class ParamSet:
         tables: the row-sparse tables (:class:`TableParam`), the last owners.
         dense_size: the values of the dense owners (a prefix of the values; all without
             tables). ``grads`` holds the dense owners' and the sharers' gradients.
-
-    Args:
-        items: the Params' specs (or ``(name, shape[, conf])`` tuples), or their plan.
-        dtype: float32 or float64.
-        tables: make the specs marked ``row_sparse`` that no Param shares tables.
-        hold_tables: keep the tables' values (False: a worker's replica, ``values`` then
-            holds the dense owners' only).
     """
 
     def __init__(self, items: Iterable[ParamSpec | tuple[Any, ...]] | ParamPlan,
-                 dtype: Any = np.float32, *, tables: bool = False, hold_tables: bool = True):
+                 dtype: Any = np.float32, *, tables: bool = False, hold_tables: bool = True,
+                 alloc: Callable[[int, np.dtype[Any]], np.ndarray] | None = None):
         self.dtype = _dtype(dtype)
         plan = items if isinstance(items, ParamPlan) else plan_params(items)
         specs, owner_of = plan.specs, plan.owner_of
@@ -356,8 +360,14 @@ class ParamSet:
         self.holds_tables = bool(hold_tables)
         plan.check_memory(self.dtype)
         try:
-            self.values = np.zeros(total if hold_tables else self.dense_size, self.dtype)
-            self.grads = np.zeros(plan.num_grads - (total - self.dense_size), self.dtype)
+            num_values = total if hold_tables else self.dense_size
+            num_grads = plan.num_grads - (total - self.dense_size)
+            if alloc is None:
+                self.values = np.zeros(num_values, self.dtype)
+                self.grads = np.zeros(num_grads, self.dtype)
+            else:  # memory of the caller's kind (pinned host memory, for transfers to a GPU)
+                self.values = _fit_buffer(alloc(num_values, self.dtype), num_values, self.dtype)
+                self.grads = _fit_buffer(alloc(num_grads, self.dtype), num_grads, self.dtype)
         except MemoryError:
             raise ParamError(plan.too_big(self.dtype)) from None
         by_name: dict[str, Param] = {}
@@ -605,6 +615,7 @@ def _spec(item: tuple[Any, ...], index: int) -> ParamSpec:
         raise ParamError(f"param {index}: expected (name, shape) or (name, shape, conf)")
     name, shape = item[0], item[1]
     conf = item[2] if len(item) == 3 else None
+    given_init = isinstance(conf, ParamConf) or (isinstance(conf, dict) and "init" in conf)
     if isinstance(conf, dict):
         conf = ParamConf.parse(conf)
     conf = conf if conf is not None else ParamConf()
@@ -613,7 +624,25 @@ def _spec(item: tuple[Any, ...], index: int) -> ParamSpec:
         raise ParamError(f"param {index}: a name is needed")
     conf = conf.copy()
     conf.__dict__["name"] = name
-    return ParamSpec(name, _shape(shape, name), conf, f"param {index}")
+    shape = _shape(shape, name)
+    if not given_init and conf.share_from is None:
+        conf.__dict__["init"] = python_default_init(shape)
+    return ParamSpec(name, shape, conf, f"param {index}")
+
+
+def _fit_buffer(a: np.ndarray, n: int, dtype: np.dtype[Any]) -> np.ndarray:
+    if (not isinstance(a, np.ndarray) or a.shape != (n,) or a.dtype != dtype
+            or not a.flags.c_contiguous):
+        raise ParamError(f"alloc must give a C-contiguous {dtype} array of {n} zeros")
+    return a
+
+
+def python_default_init(shape: tuple[int, ...]) -> ParamGenConf:
+    """The ``init`` of a Param declared in Python (``(name, shape)`` or a dict without
+    ``init``): Keras' defaults, ``glorot_uniform`` for two or more dimensions and ``zeros``
+    otherwise. **Decision:** SINGA's default, constant 1, would make every unit of a weight
+    matrix equal for good; job files (and ``ParamConf`` objects) keep it."""
+    return ParamGenConf.parse({"type": "glorot_uniform" if len(shape) >= 2 else "zeros"})
 
 
 def _did_you_mean(name: str, names: Iterable[str]) -> str:
@@ -663,4 +692,4 @@ def _resolve_sharing(specs: list[ParamSpec]) -> dict[str, str]:
 
 
 __all__ = ["Param", "ParamPlan", "ParamSet", "ParamSpec", "TableParam", "coalesce_rows",
-           "physical_memory", "plan_params"]
+           "physical_memory", "plan_params", "python_default_init"]
