@@ -270,7 +270,9 @@ def _export(args: argparse.Namespace) -> int:
         from .train.jobfile import read_job_file
 
         job_file = read_job_file(args.job)
-        table = param_table(ParamSet(job_file.build_net().param_specs()))
+        # laid out as the trainer lays them out (tables last), holding no table's values
+        table = param_table(ParamSet(job_file.build_net().param_specs(), tables=True,
+                                     hold_tables=False))
     path, names = export_model(args.checkpoint, args.to, table)
     logging.getLogger("paramserver.export").info(
         "wrote %d tensors to %s: %s", len(names), path,

@@ -30,31 +30,38 @@ T = TypeVar("T", bound=type)
 
 @dataclass(frozen=True)
 class Stream:
-    """The random stream of one Param: fast fills keyed by ``key``, or a NumPy generator."""
+    """The random stream of one Param: fast fills keyed by ``key``, or a NumPy generator.
+
+    ``offset`` is the stream position of the first value filled: a fill of a piece of a
+    Param (a server's rows of a table) starting at its position gives the values a fill of
+    the whole Param gives there."""
 
     key: int
+    offset: int = 0
 
     def uniform(self, out: np.ndarray, low: float = -1.0, high: float = 1.0) -> None:
         """Fill ``out`` with U[low, high)."""
         from .rng import fill_uniform
 
-        fill_uniform(out, self.key, low, high)
+        fill_uniform(out, self.key, low, high, offset=self.offset)
 
     def normal(self, out: np.ndarray, mean: float = 0.0, std: float = 1.0) -> None:
         """Fill ``out`` with N(mean, std²)."""
         from .rng import fill_normal
 
-        fill_normal(out, self.key, mean, std)
+        fill_normal(out, self.key, mean, std, offset=self.offset)
 
     def truncated_normal(self, out: np.ndarray, mean: float = 0.0, std: float = 1.0,
                          a: float = -2.0, b: float = 2.0) -> None:
         """Fill ``out`` with N(mean, std²) kept within [mean + a·std, mean + b·std]."""
         from .rng import fill_truncated_normal
 
-        fill_truncated_normal(out, self.key, mean, std, a, b)
+        fill_truncated_normal(out, self.key, mean, std, a, b, offset=self.offset)
 
     def numpy(self) -> np.random.Generator:
         """A NumPy generator on the same key, for fills the fast ones do not cover."""
+        if self.offset:
+            raise ParamError("a NumPy generator fills whole Params only (not a piece)")
         return np.random.Generator(np.random.Philox(key=self.key))
 
 
@@ -74,6 +81,10 @@ class ParamGenerator:
     """
 
     Config: ClassVar[type[Parameter] | None] = None
+    #: Whether :meth:`fill` can fill a piece of a Param (element ``i`` a function of the
+    #: stream and ``i`` alone: the built-in random and constant fills), so that servers fill
+    #: their own pieces of a table (:func:`fill_range`).
+    fills_pieces: ClassVar[bool] = False
 
     def __init__(self, conf: ParamGenConf):
         self.conf = conf
@@ -123,6 +134,37 @@ def init_params(params: ParamSet, seed: int = 0) -> None:
         p.version = 0
 
 
+@dataclass(frozen=True)
+class _Piece:
+    """What a fill sees of a piece of a Param: the whole's name, shape and size, the piece's
+    memory as ``data``."""
+
+    name: str
+    shape: tuple[int, ...]
+    data: np.ndarray
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+def fill_range(generator: ParamGenerator, name: str, shape: tuple[int, ...], out: np.ndarray,
+               offset: int, seed: int = 0) -> None:
+    """Fill ``out`` with values ``offset:offset + out.size`` of a Param ``name`` of ``shape``,
+    exactly as :func:`init_params` with ``seed`` fills them in the whole Param.
+
+    Raises:
+        ParamError: for a method that fills whole Params only (``fills_pieces`` False).
+    """
+    if not generator.fills_pieces:
+        raise ParamError(f"init method {generator.conf.component} fills whole Params only, "
+                         f"not a server's piece of '{name}': give the values instead")
+    from .rng import param_key
+
+    generator.fill(_Piece(name, tuple(shape), out),  # type: ignore[arg-type]
+                   Stream(param_key(seed, name), int(offset)))
+
+
 def _fans(param: Param, method: str, *, exactly_2d: bool = False) -> tuple[int, int]:
     """``(fan_in, fan_out)``: ``(shape[1], shape[0])``, times the receptive field of N-D Params.
 
@@ -152,6 +194,8 @@ def _fill_times(data: np.ndarray, scale: float, fill: Callable[[float], None]) -
 class Constant(ParamGenerator):
     """Every element = ``value``."""
 
+    fills_pieces = True
+
     #: Whether the method fills every element alike (``paramserver check`` warns of it for
     #: a Param of two or more dimensions, whose units would then stay equal).
     constant: ClassVar[bool] = True
@@ -165,6 +209,8 @@ class _Scaled(ParamGenerator):
 
     ``fans``: the factor depends on the fans, and the Param must be 2-D (SPEC §4).
     """
+
+    fills_pieces = True
 
     gaussian: ClassVar[bool]
     fans: ClassVar[bool] = False
@@ -251,6 +297,8 @@ def _refuse_common(conf: ParamGenConf, method: str, fields: dict[str, str]) -> N
 class Zeros(ParamGenerator):
     """Every element = 0 (Keras' ``zeros``)."""
 
+    fills_pieces = True
+
     constant = True
     fill_value = 0.0
 
@@ -279,6 +327,8 @@ class NormalConf(Parameter):
 class RandomNormal(ParamGenerator):
     """N(mean, stddev), then × ``value`` (Keras' ``random_normal``; stddev 0.05)."""
 
+    fills_pieces = True
+
     Config = NormalConf
 
     def fill(self, param: Param, rng: Stream) -> None:
@@ -294,6 +344,8 @@ class RandomNormal(ParamGenerator):
 class TruncatedNormal(ParamGenerator):
     """N(mean, stddev) kept within two stddev of the mean (values beyond are drawn again),
     then × ``value`` (Keras' ``truncated_normal``; stddev 0.05)."""
+
+    fills_pieces = True
 
     Config = NormalConf
 
@@ -323,6 +375,8 @@ class UniformConf(Parameter):
 @register_param_generator("random_uniform")
 class RandomUniform(ParamGenerator):
     """U[minval, maxval), then × ``value`` (Keras' ``random_uniform``; ±0.05)."""
+
+    fills_pieces = True
 
     Config = UniformConf
 
@@ -362,6 +416,8 @@ class _VarianceScaling(ParamGenerator):
     Subclasses fix ``scale``, ``mode`` and ``distribution`` (the Keras names built on it);
     ``variance_scaling`` reads them from its own configuration.
     """
+
+    fills_pieces = True
 
     scale: ClassVar[float] = 1.0
     mode: ClassVar[str] = "fan_in"
@@ -558,4 +614,4 @@ def is_constant(conf: ParamGenConf) -> bool:
 
 
 __all__ = ["FromFile", "FromFileConf", "ParamGenerator", "Stream", "create_param_generator",
-           "is_constant", "read_tensor", "register_param_generator", "stream"]
+           "fill_range", "is_constant", "read_tensor", "register_param_generator", "stream"]

@@ -117,6 +117,7 @@ def job_summary(job: JobConf, net: Any = None) -> dict[str, Any]:
         net = Net(job.neuralnet, seed=job.seed, phases=("kTrain", *job.eval_phases()))
     specs = net.param_specs()
     plan = plan_params(specs)  # sizes and sharing only: no memory for the Params
+    tables = plan.table_names()  # what a training job makes row-sparse tables
     by_name = {s.name: s for s in specs}
     params = []
     warnings = []
@@ -135,8 +136,10 @@ def job_summary(job: JobConf, net: Any = None) -> dict[str, Any]:
                        "init": describe_conf(owner.conf.init),
                        "lr_scale": float(owner.conf.lr_scale),
                        "wd_scale": float(owner.conf.wd_scale),
-                       "share_from": owner.name if owner is not s else None})
+                       "share_from": owner.name if owner is not s else None,
+                       "row_sparse": s.name in tables})
     c = job.cluster
+    sizes, dims = plan.server_sizes()  # as the servers slice them: tables last, by rows
     lr = create_lr_method(job.updater.learning_rate)
     last = max(job.train_steps - 1, 0)
     samples = sorted({0, last // 4, last // 2, 3 * last // 4, last})
@@ -157,7 +160,7 @@ def job_summary(job: JobConf, net: Any = None) -> dict[str, Any]:
                     "consistency": "BSP" if c.nworker_groups == 1 else "Downpour"},
         "servers": [{"server": x.server, "slices": list(x.slice_ids),
                      "values": x.num_values, "share": x.num_values / total}
-                    for x in server_loads(plan.sizes, c)],
+                    for x in server_loads(sizes, c, dims)],
         "warnings": warnings,
     }
 
@@ -166,7 +169,8 @@ def job_report(job: JobConf, net: Any = None) -> str:
     """What ``paramserver check`` prints: Params, updater, cluster and server loads."""
     d = job_summary(job, net)
     j, c = d["job"], job.cluster
-    rows = [[p["name"], p["layer"], "x".join(map(str, p["shape"])) or "()", p["init"],
+    rows = [[p["name"], p["layer"], ("x".join(map(str, p["shape"])) or "()")
+             + (" (row-sparse)" if p["row_sparse"] else ""), p["init"],
              format_number(p["lr_scale"]), format_number(p["wd_scale"]),
              p["share_from"] or ""] for p in d["params"]]
     out = [

@@ -170,6 +170,71 @@ class Updater:
             np.subtract(counts, 1, out=counts)  # refused: nothing else was written
         return nonfinite
 
+    def apply_rows(self, step: int, values: np.ndarray, ids: np.ndarray, rows: np.ndarray,
+                   dim: int, state: UpdaterState, lr_scale: float = 1.0,
+                   wd_scale: float = 1.0, grad_scale: float = 1.0, *,
+                   refuse_nonfinite: bool = False) -> int:
+        """One lazy update of some rows of a table, in place (SPEC §10).
+
+        The table is ``values`` (``num_rows × dim``, flat) and ``state`` its state, of one
+        segment. Only rows ``ids`` of the values and of the per-element state are read and
+        written (:mod:`paramserver.kernels_rows`); the update count goes up by one, as for a
+        dense update of the table. Returns the number of NaN or Inf gradient values.
+
+        Args:
+            step: the training step; the learning rate is ``learning_rate(step)``.
+            values: the table's values, flat (1-D); rows ``ids`` updated in place.
+            ids: strictly increasing row indices (int64).
+            rows: one row of ``dim`` gradient values per id (``len(ids) × dim``); only read.
+            dim: values per row.
+            state: the table's state (one segment covering ``values``).
+            lr_scale, wd_scale, grad_scale: the table's.
+            refuse_nonfinite: read the rows first; if they hold NaN or Inf, write nothing.
+        """
+        if state.num_segments != 1 or values.shape != (state.size,):
+            raise ParamError(f"a row-sparse update needs the state of one table "
+                             f"(values of shape {values.shape}, state {state!r})")
+        odd = [r.name for r in state.roles[1:] if r.per != "element"
+               or r.type_for(state.dtype) != state.dtype]
+        if odd:
+            raise ParamError(f"row-sparse updates keep state of the values' type, one entry per "
+                             f"value; {type(self).__name__}'s roles {odd} are not (low-precision "
+                             f"or block state is not supported with row-sparse gradients yet)")
+        lr = self.lr(step) * float(lr_scale)
+        wd = self.conf.weight_decay * float(wd_scale)
+        counts = state.counts
+        np.add(counts, 1, out=counts)
+        nonfinite = self._run_rows(values, rows, ids, int(dim), state, lr, wd,
+                                   float(grad_scale), refuse_nonfinite)
+        if nonfinite and refuse_nonfinite:
+            np.subtract(counts, 1, out=counts)
+        return nonfinite
+
+    def _run_rows(self, w: np.ndarray, g: np.ndarray, ids: np.ndarray, dim: int,
+                  state: UpdaterState, lr: float, wd: float, gscale: float,
+                  check: bool = False) -> int:
+        """The update of rows ``ids``; by default :meth:`rule` on the gathered rows (values
+        and per-element state), which are then written back: the same lazy semantics."""
+        from .kernels_rows import check_rows
+
+        ids = check_rows(ids, w.size // dim if dim else 0)
+        g = np.asarray(g).reshape(-1)
+        nonfinite = int(g.size - np.count_nonzero(np.isfinite(g)))
+        if check and nonfinite:
+            return nonfinite
+        at = (ids[:, None] * dim + np.arange(dim)).reshape(-1)
+        piece = UpdaterState(state.roles, [0, at.size], state.dtype,
+                             {r.name: (state[r.name][at] if r.per == "element"
+                                       else state[r.name]) for r in state.roles})
+        wr = w[at]
+        self._run(wr, g.astype(w.dtype, copy=False), piece, np.array([lr]), np.array([wd]),
+                  np.array([gscale]))
+        w[at] = wr
+        for r in state.roles:
+            if r.per == "element":
+                state[r.name][at] = piece[r.name]
+        return nonfinite
+
     def grad_sum_squares(self, grads: np.ndarray, offsets: np.ndarray | list[int],
                          grad_scale: np.ndarray | float = 1.0) -> float:
         """This range's part of the squared global norm: ``Σ (clip(g) · grad_scale)²`` over its
@@ -225,7 +290,8 @@ class Updater:
 
     def update_params(self, step: int, params: ParamSet,
                       grad_scale: np.ndarray | float | None = None) -> int:
-        """Update every owner of a ParamSet in one call over its flat buffers; returns the
+        """Update every owner of a ParamSet in one call over its flat buffers (and each
+        row-sparse table on the rows of its gradient, which are then cleared); returns the
         number of NaN or Inf gradient elements.
 
         ``grad_scale`` defaults to ``1 / num_shares`` per owner: the mean of the gradients
@@ -235,10 +301,37 @@ class Updater:
         state = self.state_of(params)
         scale = 1.0 / params.num_shares if grad_scale is None else grad_scale
         grads = params.owner_grads()
-        norm = (math.sqrt(self.grad_sum_squares(grads, params.offsets, scale))
-                if self.conf.clip_norm > 0 else None)
-        nonfinite = self.apply(step, params.values, grads, state,
-                               params.lr_scales, params.wd_scales, scale, grad_norm=norm)
+        if not params.tables:
+            norm = (math.sqrt(self.grad_sum_squares(grads, params.offsets, scale))
+                    if self.conf.clip_norm > 0 else None)
+            nonfinite = self.apply(step, params.values, grads, state,
+                                   params.lr_scales, params.wd_scales, scale, grad_norm=norm)
+        else:  # the dense owners in one call, each table on the rows of its gradient
+            n = len(params.owners)
+            nd = n - len(params.tables)
+            lr, wd = params.lr_scales, params.wd_scales
+            scale = np.broadcast_to(np.asarray(scale, np.float64), (n,))
+            off = params.offsets
+            taken = [t.take_grad_rows() for t in params.tables]
+            norm = None
+            factor = 1.0
+            if self.conf.clip_norm > 0:  # the global norm covers the tables' rows too
+                from .gradnorm import clip_factor
+
+                squares = self.grad_sum_squares(grads, off[:nd + 1], scale[:nd])
+                for i, (_, rows) in enumerate(taken, start=nd):
+                    squares += self.grad_sum_squares(rows.reshape(-1), [0, rows.size],
+                                                     scale[i])
+                norm = math.sqrt(squares)
+                factor = clip_factor(norm, self.conf.clip_norm)
+            nonfinite = self.apply(step, params.values[:params.dense_size], grads,
+                                   state.segments(0, nd), lr[:nd], wd[:nd], scale[:nd],
+                                   grad_norm=norm)
+            for i, (table, (ids, rows)) in enumerate(zip(params.tables, taken, strict=True),
+                                                     start=nd):
+                nonfinite += self.apply_rows(step, params.values[off[i]:off[i + 1]], ids, rows,
+                                             table.dim, state.segments(i, i + 1), lr[i],
+                                             wd[i], scale[i] * factor)
         for p in params.owners:
             p.version += 1
         return nonfinite
@@ -291,6 +384,20 @@ class _Fused(Updater):
             clip_high=self.conf.clip_high, check=check, **kw)
         return nonfinite
 
+    def _run_rows(self, w: np.ndarray, g: np.ndarray, ids: np.ndarray, dim: int,
+                  state: UpdaterState, lr: float, wd: float, gscale: float,
+                  check: bool = False) -> int:
+        from . import kernels_rows
+
+        arrays = [state[r.name] for r in self.roles[1:]]
+        kw = self.extra()
+        if self.counted:
+            kw["step"] = float(state.counts[0])
+        nonfinite: int = getattr(kernels_rows, self.kernel)(
+            w, g, ids, dim, *arrays, lr, wd, gscale, clip_low=self.conf.clip_low,
+            clip_high=self.conf.clip_high, check=check, **kw)
+        return nonfinite
+
 
 class SGDConf(Parameter):
     dampening: float = field(0.0, lower=0.0, upper=1.0,
@@ -325,6 +432,19 @@ class SGD(_Fused):
                            dampening=dampening, torch_form=self.torch_form,
                            clip_low=self.conf.clip_low, clip_high=self.conf.clip_high,
                            check=check)
+
+    def _run_rows(self, w: np.ndarray, g: np.ndarray, ids: np.ndarray, dim: int,
+                  state: UpdaterState, lr: float, wd: float, gscale: float,
+                  check: bool = False) -> int:
+        from . import kernels_rows
+
+        h = state["history"] if "history" in state and self.conf.momentum > 0 else w[:0]
+        damp = self.own.dampening if self.own is not None else 0.0
+        return kernels_rows.sgd(w, g, ids, dim, h, lr, wd, gscale,
+                                momentum=self.conf.momentum,
+                                dampening=0.0 if int(state.counts[0]) == 1 else damp,
+                                torch_form=self.torch_form, clip_low=self.conf.clip_low,
+                                clip_high=self.conf.clip_high, check=check)
 
 
 @register_updater("kNesterov", aliases=("nesterov",))
@@ -379,6 +499,17 @@ class AdaGrad(_Fused):
                 lr = lr / (1.0 + (state.counts - 1) * own.lr_decay)
         return super()._run(w, g, state, lr, wd, gscale, check)
 
+    def _run_rows(self, w: np.ndarray, g: np.ndarray, ids: np.ndarray, dim: int,
+                  state: UpdaterState, lr: float, wd: float, gscale: float,
+                  check: bool = False) -> int:
+        own = self.own  # the table's first update sets every row's sum, as the dense one
+        if own is not None:
+            if own.initial_accumulator_value > 0 and int(state.counts[0]) == 1:
+                state["history"][...] = own.initial_accumulator_value
+            if own.lr_decay > 0:
+                lr = lr / (1.0 + (float(state.counts[0]) - 1) * own.lr_decay)
+        return super()._run_rows(w, g, ids, dim, state, lr, wd, gscale, check)
+
 
 class RMSPropConf(Parameter):
     rho: float = field(0.9, lower=0.0, upper=1.0, doc="Decay of the running mean of g².")
@@ -412,6 +543,19 @@ class RMSProp(_Fused):
                                momentum=momentum,
                                u=state["momentum_buffer"] if momentum > 0 else None,
                                clip_low=c.clip_low, clip_high=c.clip_high, check=check)
+
+    def _run_rows(self, w: np.ndarray, g: np.ndarray, ids: np.ndarray, dim: int,
+                  state: UpdaterState, lr: float, wd: float, gscale: float,
+                  check: bool = False) -> int:
+        from . import kernels_rows
+
+        c = self.conf
+        momentum = c.momentum if self.uses_momentum else 0.0
+        return kernels_rows.rmsprop(w, g, ids, dim, state["history"], lr, wd, gscale,
+                                    rho=self.own.rho, delta=c.delta, torch_form=self.torch_form,
+                                    momentum=momentum,
+                                    u=state["momentum_buffer"] if momentum > 0 else None,
+                                    clip_low=c.clip_low, clip_high=c.clip_high, check=check)
 
 
 class AdaDeltaConf(Parameter):

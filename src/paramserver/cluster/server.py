@@ -21,6 +21,16 @@ Consistency:
   sync to the same server of group 0 (the master), which adds it and answers with its
   values; the server then takes those values (SINGA's scheme, with the server locked
   meanwhile so no update is lost).
+- *row-sparse tables* (SPEC §10): the segments of tables come after the dense ones; an
+  update carries the dense part's gradients and, per table, ``(ids, rows)``. The rows of
+  the step's workers are summed per id in worker order (sorted ids; fixed order, so a
+  synchronous run is reproducible) and the table updated on those rows only
+  (:meth:`Updater.apply_rows <paramserver.updaters.Updater.apply_rows>`, lazy state); a get
+  of some rows answers with those rows, and a worker's get or update reply carries the
+  dense part only.
+- *sum or mean*: a cluster's server updates with the mean of its workers' gradients
+  (``average``), a key-value store's with their sum (MXNet's KVStore).
+- *compression*: a compressed update (:mod:`.compression`) is decoded as it arrives.
 - *global-norm clipping* (the updater's ``clip_norm``): once every update of a step has
   come, the server answers each with :class:`Norm`, its range's part of the squared norm of
   the step's (summed, scaled) gradient, and holds the step; each worker adds the parts of
@@ -28,6 +38,7 @@ Consistency:
   the step is applied once every live worker's clip has come, the gradient scaled by
   :func:`~paramserver.gradnorm.clip_factor` of it. One reduction across the servers per
   step; the norm pass also checks the gradient for ``nonfinite: error`` (no second read).
+  Tables' rows count in the norm as the dense part does (as ``update_params``).
 - *non-finite gradients*: under ``nonfinite: error`` a step whose gradient (or the sum of its
   workers' gradients) holds a NaN or an Inf is refused before anything is written: the
   values and the updater state stay as they were, and every waiter of the step hears why.
@@ -43,7 +54,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +69,9 @@ from ..checkpoint import (
 )
 from ..config import ParamError
 from ..config.job import ClusterConf
+from ..gradnorm import clip_factor
 from ..updaters import Updater
+from .compression import decode, decode_ids
 from .errors import ClusterError
 from .layout import ServerLayout
 from .messages import (
@@ -83,7 +96,7 @@ from .messages import (
     Update,
     Values,
 )
-from .numerics import kernel_guard, nonfinite_counts, sum_into
+from .numerics import kernel_guard, nonfinite_counts, sum_into, sum_rows
 from .transport import Pending, ReplyFn
 
 Send = Callable[[Address, Request, str], Pending]
@@ -95,18 +108,31 @@ KEEP = 2
 _CONTROL = (Put, GetState, SetState, Save, Restore)
 
 
+#: One worker's rows of each table segment: ``(ids, rows)`` per table, in segment order.
+TableRows = list[tuple[np.ndarray, np.ndarray]]
+#: A step's gradients as a server uses them (:meth:`Server._gather`): the dense gradients
+#: sent, their sum, whether all is finite, each table's summed rows, the scale per segment.
+Gathered = tuple[list[np.ndarray], np.ndarray | None, bool, TableRows, np.ndarray]
+
+
 @dataclass
 class _Round:
     """The updates of one step of one worker group, until all have come."""
 
     step: int
     grads: dict[int, np.ndarray | None] = field(default_factory=dict)
+    rows: dict[int, TableRows | None] = field(default_factory=dict)
     replies: list[ReplyFn] = field(default_factory=list)
     #: With ``clip_norm``, once every update came: the summed gradient (None: every push
     #: was dropped) and the workers' clips (their global norms), until every live one came.
     measured: bool = False
-    total: np.ndarray | None = None
+    gathered: Gathered | None = None
     norms: dict[int, float] = field(default_factory=dict)
+
+    def senders(self) -> list[int]:
+        """The workers whose gradients count (not dropped), in worker order."""
+        return [w for w in sorted(self.grads)
+                if self.grads[w] is not None or self.rows.get(w) is not None]
 
 
 def server_name(index: int, group: int, nserver_groups: int) -> str:
@@ -124,6 +150,8 @@ class Server:
         conf: the cluster configuration (groups, ``sync_freq``, ``timeout``, ``nonfinite``).
         group: the server group this server belongs to (0: the master group).
         folder: where :class:`Save` writes its checkpoints (None: it writes none).
+        average: update with the mean of a step's gradients over its workers (a cluster);
+            False: with their sum (a key-value store).
 
     Attributes:
         values: its range of the values (None until the first put).
@@ -132,8 +160,9 @@ class Server:
     """
 
     def __init__(self, layout: ServerLayout, updater: Updater, conf: ClusterConf,
-                 group: int = 0, folder: str | Path | None = None):
+                 group: int = 0, folder: str | Path | None = None, average: bool = True):
         self.layout = layout
+        self.average = average
         self.updater = updater
         self.conf = conf
         self.group = group
@@ -152,7 +181,6 @@ class Server:
         self._rounds: dict[int, _Round] = {}
         self._gets: list[tuple[Get, ReplyFn]] = []
         self._accs: dict[int, np.ndarray] = {}  # per worker group: a sum may wait (clip)
-        self._clips = updater.conf.clip_norm > 0
         self._aborted: str | None = None
         self._send: Send | None = None
         self._last_sync: np.ndarray | None = None
@@ -168,6 +196,12 @@ class Server:
     @property
     def is_master(self) -> bool:
         return self.group == 0
+
+    @property
+    def _clips(self) -> bool:
+        """Whether a step is clipped by the global norm (``clip_norm``; a cluster's servers,
+        whose workers reduce it across them: a key-value store's clients do not)."""
+        return self.average and self.updater.conf.clip_norm > 0
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -192,6 +226,10 @@ class Server:
         if isinstance(request, Update):
             return self._update(request, reply)
         if isinstance(request, Get):
+            if request.lag is not None:  # the asker's own group's clock, less the lag
+                self._check_worker(request.group, request.worker)
+                clock = self._clock[request.group] - request.lag
+                request = replace(request, clock=clock if clock > 0 else None, lag=None)
             self._gets.append((request, reply))
             return self._ready_gets()
         if isinstance(request, Clip):
@@ -252,20 +290,75 @@ class Server:
         self._check_worker(msg.group, msg.worker)
         if self.values is None:
             raise ClusterError("no values yet: the driver has not put them")
-        if msg.grads is not None and (msg.grads.shape != self.values.shape
-                                      or msg.grads.dtype != self.values.dtype):
-            raise ClusterError(f"gradients of shape {msg.grads.shape} and dtype "
-                               f"{msg.grads.dtype}, expected {self.values.shape} "
-                               f"{self.values.dtype}")
-        rnd = self._rounds.setdefault(msg.group, _Round(msg.step))
-        if rnd.step != msg.step or msg.worker in rnd.grads:
+        rnd = self._rounds.get(msg.group)
+        if rnd is not None and ((rnd.step != msg.step and msg.step >= 0)
+                                or msg.worker in rnd.grads):
             what = ("a second update" if rnd.step == msg.step
                     else f"an update while step {rnd.step} is open")
             raise ClusterError(f"{what} of step {msg.step} from worker {msg.worker} of "
                                f"group {msg.group}")
-        rnd.grads[msg.worker] = msg.grads
+        grads, rows = self._gradients(msg)  # checked (and decoded) before the round counts it
+        step = msg.step if msg.step >= 0 else rnd.step if rnd is not None else self._clock[
+            msg.group]  # a key-value client's push: its group's next
+        rnd = self._rounds.setdefault(msg.group, _Round(step))
+        rnd.grads[msg.worker] = grads
+        rnd.rows[msg.worker] = rows
         rnd.replies.append(reply)
         return self._complete(msg.group) if rnd.grads.keys() >= self._live[msg.group] else []
+
+    def _gradients(self, msg: Update) -> tuple[np.ndarray | None, TableRows | None]:
+        """An update's dense gradients and rows per table, decoded and checked."""
+        L = self.layout
+        dtype = L.dtype
+        grads = msg.grads
+        if grads is not None:
+            grads = decode(grads, msg.codec, L.dense_size, dtype, msg.threshold) if (
+                msg.codec or grads.shape == (L.dense_size,)) else grads
+            if grads.shape != (L.dense_size,) or grads.dtype != dtype:
+                raise ClusterError(f"gradients of shape {grads.shape} and dtype {grads.dtype}, "
+                                   f"expected ({L.dense_size},) {np.dtype(dtype)}")
+        if msg.ids is None:
+            if msg.rows is not None:
+                raise ClusterError("an update with rows but no row ids")
+            if L.num_dense < L.num_segments and grads is not None:
+                return grads, [(np.zeros(0, np.int64), np.zeros(0, dtype))
+                               for _ in L.tables]
+            return grads, None
+        if L.num_dense == L.num_segments:
+            raise ClusterError(f"an update with row ids, but {self.name} holds no table")
+        ntab = len(L.tables)
+        splits = (np.array([0, msg.count if msg.codec else len(msg.ids)], np.int64)
+                  if msg.splits is None else np.asarray(msg.splits, np.int64))
+        if splits.shape != (ntab + 1,) or splits[0] != 0 or np.any(np.diff(splits) < 0):
+            raise ClusterError(f"row splits {splits.tolist()} for {ntab} tables")
+        count = int(splits[-1])
+        if msg.codec:
+            ids = decode_ids(msg.ids, count, splits)
+        else:
+            ids = np.asarray(msg.ids)
+            if ids.dtype != np.int64 or ids.shape != (count,):
+                raise ClusterError(f"row ids must be {count} int64, not {ids.size} {ids.dtype}")
+        from ..kernels_rows import check_rows  # loads numba: only for tables
+
+        dims = L.dims
+        width = np.repeat(dims[L.num_dense:], np.diff(splits))
+        total = int(width.sum())
+        if msg.rows is None:
+            raise ClusterError("an update with row ids but no rows")
+        values = decode(msg.rows, msg.codec, total, dtype, msg.threshold)
+        out: TableRows = []
+        at = 0
+        for j, s in enumerate(L.tables):
+            part = ids[splits[j]:splits[j + 1]]
+            dim = int(dims[s])
+            num_rows = int(L.offsets[s + 1] - L.offsets[s]) // dim
+            try:
+                part = check_rows(part, num_rows, f"the row ids of '{L.names[s]}'")
+            except ParamError as e:
+                raise ClusterError(str(e)) from None
+            out.append((part, values[at:at + part.size * dim].reshape(part.size, dim)))
+            at += part.size * dim
+        return grads, out
 
     def _complete(self, group: int) -> list[tuple[ReplyFn, Reply]]:
         """Apply the open step of a worker group once, answer its updates and ready gets;
@@ -288,8 +381,14 @@ class Server:
             error = self._failed(e, rnd, group)
             return [(fn, error) for fn in rnd.replies]
         assert self.values is not None
-        answer = Values(self.values, self.versions.copy(), applied)
+        answer = Values(self._dense(), self.versions.copy(), applied)
         return [*((fn, answer) for fn in rnd.replies), *self._ready_gets()]
+
+    def _dense(self) -> np.ndarray:
+        """What a worker is sent of the values: the dense part (all, without tables)."""
+        assert self.values is not None
+        n = self.layout.dense_size
+        return self.values if n == self.values.size else self.values[:n]
 
     def _failed(self, e: Exception, rnd: _Round, group: int) -> ErrorReply:
         return ErrorReply(f"{self.name}: {e}" if isinstance(e, ClusterError) else
@@ -301,16 +400,22 @@ class Server:
         squared norm as the answer to every update of the step (the step stays open for the
         clips). Under ``nonfinite: error`` a part that is not finite refuses the step: the
         norm pass has read every element, so the update need not read them again."""
-        grads = [g for w in sorted(rnd.grads) if (g := rnd.grads[w]) is not None]
         part = 0.0
-        if grads and self.values is not None and self.layout.size > 0:
-            total, finite = self._total(grads, group)
-            scale = 1.0 / (self.num_shares * len(grads))
+        L = self.layout
+        if rnd.senders() and self.values is not None and L.size > 0:
+            gathered = self._gather(rnd, group)
+            _, total, finite, tables, scale = gathered
+            nd = L.num_dense
             with kernel_guard():
-                part = self.updater.grad_sum_squares(total, self.layout.offsets, scale)
+                if total is not None:
+                    part += self.updater.grad_sum_squares(total, L.offsets[:nd + 1],
+                                                          scale[:nd])
+                for s, (_, rows) in zip(L.tables, tables, strict=True):
+                    part += self.updater.grad_sum_squares(rows.reshape(-1), [0, rows.size],
+                                                          scale[s])
             if (not finite or not np.isfinite(part)) and self.conf.nonfinite == "error":
-                raise ClusterError(self._nonfinite_message(rnd, total, group))
-            rnd.total = total
+                raise ClusterError(self._nonfinite_message(rnd, total, tables, group))
+            rnd.gathered = gathered
         rnd.measured = True
         answer = Norm(float(part))
         replies, rnd.replies = rnd.replies, []
@@ -334,63 +439,97 @@ class Server:
         assert self.values is not None
         key = group if self._clips else 0  # one buffer, unless a sum waits for its clips
         total = self._accs.get(key)
-        if total is None:
-            total = self._accs[key] = np.empty_like(self.values)
+        if total is None or total.shape != grads[0].shape:
+            total = self._accs[key] = np.empty_like(grads[0])
         bad = sum_into(total, grads[0], grads[1])
         for g in grads[2:]:
             bad = sum_into(total, total, g)
         return total, bad == 0
 
+    def _gather(self, rnd: _Round, group: int) -> Gathered:
+        """A step's gradients: the dense part summed in worker order (and whether it is
+        finite), each table's rows summed per id, and the scale per segment."""
+        L = self.layout
+        senders = rnd.senders()
+        grads = [g for w in senders if (g := rnd.grads[w]) is not None]
+        total, finite = self._total(grads, group) if grads and L.dense_size else (None, True)
+        assert self.values is not None
+        tables = [sum_rows([r[j] for w in senders if (r := rnd.rows.get(w)) is not None],
+                           int(L.dims[s]), self.values.dtype)
+                  for j, s in enumerate(L.tables)]
+        finite = finite and all(bool(np.isfinite(rows).all()) for _, rows in tables)
+        scale = 1.0 / (self.num_shares * (len(senders) if self.average else 1))
+        return grads, total, finite, tables, scale
+
     def _apply(self, rnd: _Round, group: int) -> bool:
-        grads = [g for w in sorted(rnd.grads) if (g := rnd.grads[w]) is not None]
-        if not grads or self.values is None or self.layout.size == 0:
+        senders = rnd.senders()
+        if not senders or self.values is None or self.layout.size == 0:
             return False
+        L = self.layout
+        nd = L.num_dense
         norm: float | None = None
-        if rnd.measured:  # clip_norm: summed and checked by _measure
-            if rnd.total is None:
+        if rnd.measured:  # clip_norm: gathered, measured and checked by _measure
+            if rnd.gathered is None:
                 return False
-            total, finite = rnd.total, True
+            grads, total, finite, tables, scale = rnd.gathered
             norms = set(rnd.norms.values())
             if len(norms) != 1:
                 raise ClusterError(f"the workers of group {group} sent different norms for "
                                    f"step {rnd.step}: {sorted(norms)}")
             norm = norms.pop()
         else:
-            total, finite = self._total(grads, group)
+            grads, total, finite, tables, scale = self._gather(rnd, group)
         if not finite:  # refused before anything is written
-            raise ClusterError(self._nonfinite_message(rnd, total, group))
-        L = self.layout
-        scale = 1.0 / (self.num_shares * len(grads))
-        # One gradient under 'error' is read first in the update's own kernel call, which
-        # writes nothing when it holds NaN or Inf (under 'skip' its worker checked it; with
-        # clip_norm the norm's pass did).
-        refuse = len(grads) == 1 and self.conf.nonfinite == "error" and not rnd.measured
-        with kernel_guard():
-            nonfinite = self.updater.apply(rnd.step, self.values, total, self.state,
-                                           L.lr_scale, L.wd_scale, scale,
-                                           refuse_nonfinite=refuse, grad_norm=norm)
-        if nonfinite and refuse:
-            raise ClusterError(self._nonfinite_message(rnd, total, group))
+            raise ClusterError(self._nonfinite_message(rnd, total, tables, group))
+        factor = 1.0 if norm is None else clip_factor(norm, self.updater.conf.clip_norm)
+        if total is not None:
+            # One gradient under 'error' is read first in the update's own kernel call,
+            # which writes nothing when it holds NaN or Inf (under 'skip' its worker
+            # checked it; with clip_norm the norm's pass did).
+            refuse = len(grads) == 1 and self.conf.nonfinite == "error" and not rnd.measured
+            state = self.state if nd == L.num_segments else self.state.segments(0, nd)
+            with kernel_guard():
+                nonfinite = self.updater.apply(rnd.step, self.values[:L.dense_size], total,
+                                               state, L.lr_scale[:nd], L.wd_scale[:nd],
+                                               scale[:nd], refuse_nonfinite=refuse,
+                                               grad_norm=norm)
+            if nonfinite and refuse:
+                raise ClusterError(self._nonfinite_message(rnd, total, tables, group))
+        for s, (ids, rows) in zip(L.tables, tables, strict=True):
+            lo, hi = int(L.offsets[s]), int(L.offsets[s + 1])
+            with kernel_guard():
+                self.updater.apply_rows(rnd.step, self.values[lo:hi], ids, rows,
+                                        int(L.dims[s]), self.state.segments(s, s + 1),
+                                        L.lr_scale[s], L.wd_scale[s], scale[s] * factor)
         self.versions += 1
         self._since_sync += 1
         return True
 
-    def _nonfinite_message(self, rnd: _Round, total: np.ndarray, group: int) -> str:
+    def _nonfinite_message(self, rnd: _Round, total: np.ndarray | None,
+                           tables: list[tuple[np.ndarray, np.ndarray]], group: int) -> str:
         """Which Params and workers sent NaN or Inf (the slow account, on the error path)."""
         L = self.layout
+        parts = [total[L.offsets[i]:L.offsets[i + 1]] if total is not None else None
+                 for i in range(L.num_dense)] + [rows for _, rows in tables]
         params = []
-        for i, name in enumerate(L.names):
-            nan, inf = nonfinite_counts(total[L.offsets[i]:L.offsets[i + 1]])
+        for name, part in zip(L.names, parts, strict=True):
+            nan, inf = nonfinite_counts(part) if part is not None else (0, 0)
             if nan or inf:
                 counts = ", ".join(f"{n} {kind}" for n, kind in ((nan, "NaN"), (inf, "Inf"))
                                    if n)
                 params.append(f"'{name}' ({counts})")
-        senders = [w for w in sorted(rnd.grads) if rnd.grads[w] is not None]
-        workers = [w for w in senders if sum(nonfinite_counts(rnd.grads[w])) > 0]  # type: ignore[arg-type]
+        senders = rnd.senders()
+
+        def bad(w: int) -> bool:
+            g, rows = rnd.grads[w], rnd.rows.get(w) or []
+            return (g is not None and sum(nonfinite_counts(g)) > 0) or any(
+                sum(nonfinite_counts(r)) > 0 for _, r in rows)
+
+        workers = [w for w in senders if bad(w)]
         what = (f"non-finite gradient at step {rnd.step} from workers {workers} of group "
                 f"{group}: Params {', '.join(params)}" if workers else
                 f"the sum of the finite gradients of workers {senders} of group {group} at "
-                f"step {rnd.step} overflowed (float {np.finfo(total.dtype).bits}-bit): "
+                f"step {rnd.step} overflowed (float {np.finfo(L.dtype).bits}-bit): "
                 f"Params {', '.join(params)}")
         return (f"{what}; this step's update is refused and the run stops (the values and "
                 "the updater state are as they were before the step; "
@@ -433,8 +572,36 @@ class Server:
             return []
         self._gets = [(g, fn) for g, fn in self._gets if not self._ready(g)]
         assert self.values is not None
-        answer = Values(self.values, self.versions.copy())
-        return [(fn, answer) for _, fn in ready]
+        versions = self.versions.copy()
+        answers: dict[bool, Values] = {}
+        out: list[tuple[ReplyFn, Reply]] = []
+        for get, fn in ready:
+            if get.ids is not None:
+                out.append((fn, self._rows_answer(get, versions)))
+            else:
+                answer = answers.get(get.whole)
+                if answer is None:
+                    answer = answers[get.whole] = Values(
+                        self.values if get.whole else self._dense(), versions)
+                out.append((fn, answer))
+        return out
+
+    def _rows_answer(self, get: Get, versions: np.ndarray) -> Reply:
+        """Rows ``get.ids`` of table segment ``get.segment`` (a copy), or why not."""
+        assert self.values is not None and get.ids is not None
+        L = self.layout
+        s = get.segment
+        if s not in L.tables:
+            return ErrorReply(f"{self.name}: a get of rows of segment {s}, which is not a "
+                              f"table (its tables: {list(L.tables)})")
+        dim = int(L.dims[s])
+        table = self.values[int(L.offsets[s]):int(L.offsets[s + 1])].reshape(-1, dim)
+        ids = np.asarray(get.ids)
+        if ids.ndim != 1 or (ids.size and (ids.dtype.kind not in "iu" or ids.min() < 0
+                                           or ids.max() >= len(table))):
+            return ErrorReply(f"{self.name}: row ids of '{L.names[s]}' must be integers in "
+                              f"[0, {len(table)})")
+        return Values(table[ids].reshape(-1), versions)
 
     # -- server groups ----------------------------------------------------------------------
 
@@ -465,6 +632,24 @@ class Server:
                                f"{self.values.shape}")
         np.add(self.values, msg.delta, out=self.values)
         return Values(self.values.copy(), self.versions.copy())
+
+    # -- a key-value store's -----------------------------------------------------------------
+
+    def set_updater(self, updater: Updater) -> None:
+        """Update with ``updater`` from now on, its state starting from zero."""
+        with self._lock:
+            self.updater = updater
+            self.state = updater.init_state(self.layout.offsets, self.layout.dtype)
+
+    def revive(self) -> list[tuple[ReplyFn, Reply]]:
+        """Every worker is live again and requests are served (a new run of a key-value
+        store); the waiting requests of the last run hear why they were dropped (the
+        replies to send), the clocks stay."""
+        with self._lock:
+            out = self._drop_waiters("a new run began")
+            self._aborted = None
+            self._live = self._everyone()
+        return out
 
     # -- stopping and diagnosis -------------------------------------------------------------
 

@@ -56,19 +56,24 @@ class BoundTensors:
     lossy: bool = False
 
     def _set_views(self, names: list[str], tensors: list[torch.Tensor],
-                   value_views: list[torch.Tensor], grad_views: list[torch.Tensor], *,
-                   keep_grads: bool) -> None:
+                   value_views: list[torch.Tensor],
+                   grad_views: Sequence[torch.Tensor | None], *, keep_grads: bool) -> None:
         """Point every tensor's ``.data`` and ``.grad`` at its views (a gradient already
-        there is kept when ``keep_grads``)."""
+        there is kept when ``keep_grads``). A row-sparse table's tensor (SPEC §10) has no
+        gradient view (None): a worker's replica computes with the rows of its batch
+        (``torch/_tables.py``)."""
         self.names = names
         self.tensors = tensors
         self._index = {id(t): i for i, t in enumerate(tensors)}
         self._value_views = value_views
-        self._grad_views = grad_views
+        self._grad_views = list(grad_views)
         self._ptrs = [v.data_ptr() for v in value_views]
         with torch.no_grad():
             for t, v, g in zip(tensors, value_views, grad_views, strict=True):
                 old = t.grad
+                if g is None:
+                    attach(t, v, None)
+                    continue
                 if keep_grads and old is not None and old.shape == g.shape:
                     g.copy_(old.detach())  # a gradient already there is kept
                 attach(t, v, g)
@@ -128,7 +133,7 @@ class BoundTensors:
         with torch.no_grad():
             for i, (t, g) in enumerate(zip(self.tensors, self._grad_views, strict=True)):
                 cur = t.grad
-                if cur is g:
+                if cur is g or g is None:
                     continue
                 if cur is None:
                     g.zero_()
@@ -230,7 +235,7 @@ class TorchParams(HostUpdates, BoundTensors):
     def __init__(self, named: Sequence[tuple[str, torch.Tensor]],
                  confs: Mapping[str, ParamConf] | None = None, *,
                  initialise: Collection[str] = (), seed: int = 0,
-                 pset: ParamSet | None = None):
+                 pset: ParamSet | None = None, tables: Collection[str] = ()):
         names = [n for n, _ in named]
         tensors = [t for _, t in named]
         dtype = _check_tensors(names, tensors)
@@ -240,8 +245,8 @@ class TorchParams(HostUpdates, BoundTensors):
         else:
             confs = confs or {}
             specs = [ParamSpec(n, tuple(t.shape), confs.get(n) or ParamConf(name=n),
-                               f"parameter '{n}'") for n, t in named]
-            pset = ParamSet(specs, dtype)
+                               f"parameter '{n}'", n in tables) for n, t in named]
+            pset = ParamSet(specs, dtype, tables=bool(tables))
             by_name = dict(named)
             with torch.no_grad():
                 for p in pset.owners:
@@ -254,7 +259,9 @@ class TorchParams(HostUpdates, BoundTensors):
         # gradients; with their saved copy, :meth:`restore_grads` leaves ``.grad`` as it was.
         self._shared = [(int(pset.offsets[i]), int(pset.offsets[i + 1]))
                         for i, k in enumerate(pset.num_shares) if k > 1]
-        pairs = [views(pset, n) for n in names]
+        held = {t.name for t in pset.tables}
+        pairs = [views(pset, n) if n not in held else (torch.from_numpy(pset[n].data), None)
+                 for n in names]
         self._set_views(names, tensors, [v for v, _ in pairs], [g for _, g in pairs],
                         keep_grads=keep_grads)
         for t in tensors:
@@ -386,7 +393,8 @@ def _init(pset: ParamSet, names: set[str], seed: int) -> None:
 def _check_same(pset: ParamSet, names: list[str], tensors: list[torch.Tensor]) -> None:
     """The tensors are the ParamSet's Params: the same names, shapes and dtype."""
     problems = []
-    if names != pset.names:
+    tables = {t.name for t in pset.tables}
+    if names != pset.names and names != [n for n in pset.names if n not in tables]:
         problems.append(f"the module's parameters {names[:4]}... are not the ParamSet's "
                         f"{pset.names[:4]}...")
     else:
@@ -394,6 +402,9 @@ def _check_same(pset: ParamSet, names: list[str], tensors: list[torch.Tensor]) -
         for n, t in zip(names, tensors, strict=True):
             if t.dtype != want:
                 problems.append(f"parameter '{n}' is {t.dtype}, the ParamSet's {pset.dtype}")
+            elif n in tables and not pset.holds_tables:
+                problems.append(f"parameter '{n}' is a row-sparse table that this ParamSet "
+                                "does not hold (a worker's): bind a module without it")
             elif tuple(t.shape) != pset[n].shape:
                 problems.append(f"parameter '{n}' has shape {tuple(t.shape)}, the ParamSet's "
                                 f"{pset[n].shape}")
