@@ -301,3 +301,22 @@ def test_a_torch_table_trains_the_same_on_ray(ray_session: Any) -> None:
         got[backend] = {k: v.numpy().copy() for k, v in model.state_dict().items()}
     for name, value in got["local"].items():
         np.testing.assert_array_equal(got["ray"][name], value)
+
+
+def test_clip_norm_counts_the_tables_rows_across_the_servers() -> None:
+    """clip_norm with a table: the servers' parts of the norm cover the rows pushed, so the
+    run equals the dense one (plain SGD; clipped: the norm is well above 0.05)."""
+    clip = {**SGD, "clip_norm": 0.05}
+    conf = ClusterConf(nworkers_per_group=2, nservers_per_group=2, timeout=20)
+    sparse = start(ParamSet(specs(), tables=True))
+    dense = start(ParamSet(specs()))
+    unclipped = start(ParamSet(specs()))
+    with Cluster(conf, sparse, clip) as c:
+        c.run(sparse_fn, 4)
+    with Cluster(conf, dense, clip) as c:
+        c.run(dense_fn, 4)
+    with Cluster(conf, unclipped, SGD) as c:
+        c.run(dense_fn, 4)
+    for name in ("emb", "w", "b"):
+        np.testing.assert_allclose(sparse[name].data, dense[name].data, rtol=1e-6, atol=1e-7)
+    assert np.abs(unclipped["w"].data - dense["w"].data).max() > 1e-3
