@@ -28,6 +28,7 @@ from .config import ParamError, Parameter, field
 from .config.components import updaters
 from .config.job import UpdaterConf, conf_from
 from .config.types import format_number
+from . import quant
 from .params import Param, ParamSet
 from .schedules import create_lr_method
 from .state import COUNT, Role, UpdaterState, roles_of
@@ -46,11 +47,17 @@ class Updater:
 
     Config: ClassVar[type[Parameter] | None] = None
     state_roles: ClassVar[tuple[str | Role, ...]] = ()
+    #: Whether the method can keep its state in bfloat16 or 8-bit codes (``state_dtype``).
+    low_precision_state: ClassVar[bool] = False
 
     def __init__(self, conf: UpdaterConf):
         self.conf = conf
         self.own: Any = conf.own
         self.lr = create_lr_method(conf.learning_rate)
+        if conf.state_dtype != "float32" and not self.low_precision_state:
+            raise ParamError(f"state_dtype {conf.state_dtype}: {type(self).__name__} keeps "
+                             "its state as it declares it; bfloat16 and int8 state are for "
+                             "the built-in methods")
 
     # -- state ------------------------------------------------------------------------------
 
@@ -69,8 +76,12 @@ class Updater:
 
     def check_dtype(self, dtype: Any) -> None:
         """Refuse values of ``dtype`` where ``delta`` is 0 (1e-300 in float32): every
-        division it guards would give Inf or NaN."""
+        division it guards would give Inf or NaN; and other values than float32 for
+        bfloat16 or int8 state."""
         dt = np.dtype(dtype)
+        if self.conf.state_dtype != "float32" and dt != np.float32:
+            raise ParamError(f"state_dtype {self.conf.state_dtype} is for float32 Params; "
+                             f"these are {dt.name} (keep state_dtype: float32 for them)")
         if dt.kind == "f" and not dt.type(self.conf.delta) > 0:
             raise ParamError(
                 f"value {format_number(self.conf.delta)} for Parameter delta should be greater "
@@ -230,7 +241,11 @@ def create_updater(x: UpdaterConf | dict[str, Any] | str) -> Updater:
 class _Fused(Updater):
     """Built-ins: ``_run`` is one call of the method's kernel in :mod:`paramserver.kernels`."""
 
+    #: The kernel function (``kernels.adam``) and the per-element rule it runs
+    #: (``quant.SIGNED_STATE`` says which of the rule's state may be negative).
     kernel: ClassVar[str]
+    rule: ClassVar[str]
+    low_precision_state = True
 
     def extra(self) -> dict[str, Any]:
         """The method's hyper-parameters, as the kernel takes them."""
@@ -239,17 +254,34 @@ class _Fused(Updater):
     #: Whether the kernel takes the update counts (as ``step``).
     counted: ClassVar[bool] = False
 
+    @property
+    def roles(self) -> tuple[Role, ...]:
+        """The roles of this method's state, the update count first: each per-element
+        array kept as ``state_dtype`` says (:func:`paramserver.quant.roles`)."""
+        names = [str(r) for r in self.state_roles]
+        return roles_of(quant.roles(names, self.conf.state_dtype,
+                                    quant.SIGNED_STATE[self.rule][:len(names)]))
+
+    def state_arrays(self, state: UpdaterState) -> list[Any]:
+        """The state as the kernel takes it: arrays, or (codes, scales) of 8-bit state."""
+        out: list[Any] = []
+        for r in self.state_roles:
+            a = state[str(r)]
+            scales = str(r) + quant.SCALE
+            out.append((a, state[scales]) if a.dtype.itemsize == 1 and scales in state else a)
+        return out
+
     def _run(self, w: np.ndarray, g: np.ndarray, state: UpdaterState, lr: np.ndarray,
              wd: np.ndarray, gscale: np.ndarray, check: bool = False) -> int:
         from . import kernels
 
-        arrays = [state[r.name] for r in self.roles[1:]]
         kw = self.extra()
-        if self.counted:
-            kw["step"] = state.counts.astype(np.float64)
+        if self.counted or self.conf.stochastic_rounding:
+            kw["step"] = state.counts
         nonfinite: int = getattr(kernels, self.kernel)(
-            w, g, *arrays, state.offsets, lr, wd, gscale, clip_low=self.conf.clip_low,
-            clip_high=self.conf.clip_high, check=check, **kw)
+            w, g, *self.state_arrays(state), state.offsets, lr, wd, gscale,
+            clip_low=self.conf.clip_low, clip_high=self.conf.clip_high, check=check,
+            stochastic=self.conf.stochastic_rounding, **kw)
         return nonfinite
 
 
@@ -260,17 +292,19 @@ class SGD(_Fused):
     kernel = "sgd"
 
     @property
+    def rule(self) -> str:  # type: ignore[override]
+        return "momentum" if self.conf.momentum > 0 else "sgd"
+
+    @property
     def state_roles(self) -> tuple[str, ...]:  # type: ignore[override]
         return ("history",) if self.conf.momentum > 0 else ()
 
-    def _run(self, w: np.ndarray, g: np.ndarray, state: UpdaterState, lr: np.ndarray,
-             wd: np.ndarray, gscale: np.ndarray, check: bool = False) -> int:
-        from . import kernels
+    def extra(self) -> dict[str, Any]:
+        return {"momentum": self.conf.momentum}
 
-        h = state["history"] if "history" in state and self.conf.momentum > 0 else w[:0]
-        return kernels.sgd(w, g, h, state.offsets, lr, wd, gscale,
-                           momentum=self.conf.momentum, clip_low=self.conf.clip_low,
-                           clip_high=self.conf.clip_high, check=check)
+    def state_arrays(self, state: UpdaterState) -> list[Any]:
+        # Without momentum the kernel takes an empty history (and leaves any held alone).
+        return super().state_arrays(state) or [np.zeros(0, state.dtype)]
 
 
 @register_updater("kNesterov", aliases=("nesterov",))
@@ -278,6 +312,7 @@ class Nesterov(_Fused):
     """``h0 = h; h = momentum·h + lr·g; w = w − ((1 + momentum)·h − momentum·h0)``."""
 
     kernel = "nesterov"
+    rule = "nesterov"
     state_roles = ("history",)
 
     def extra(self) -> dict[str, Any]:
@@ -289,6 +324,7 @@ class AdaGrad(_Fused):
     """``h = h + g²; w = w − lr·g / sqrt(h + delta)`` (momentum not used)."""
 
     kernel = "adagrad"
+    rule = "adagrad"
     state_roles = ("history",)
 
     def extra(self) -> dict[str, Any]:
@@ -305,6 +341,7 @@ class RMSProp(_Fused):
 
     Config = RMSPropConf
     kernel = "rmsprop"
+    rule = "rmsprop"
     state_roles = ("history",)
 
     def extra(self) -> dict[str, Any]:
@@ -323,6 +360,7 @@ class AdaDelta(_Fused):
 
     Config = AdaDeltaConf
     kernel = "adadelta"
+    rule = "adadelta"
     state_roles = ("history", "update")
 
     def extra(self) -> dict[str, Any]:
@@ -352,6 +390,7 @@ class Adam(_Fused):
 
     Config = AdamConf
     kernel = "adam"
+    rule = "adam"
     state_roles = ("m", "v")
     counted = True
     decoupled = False
@@ -392,6 +431,7 @@ class AdamMax(_Fused):
 
     Config = AdamMaxConf
     kernel = "adamax"
+    rule = "adamax"
     state_roles = ("m", "u")
     counted = True
 

@@ -24,6 +24,9 @@ from .parameter import Parameter, field
 from .singa_enums import ALG_TYPE, PARAM_TYPE, PHASE, UNROLL_CONN_TYPE
 from .tree import Block, Scalar
 
+#: How an updater may keep its per-element state (paramserver.quant).
+STATE_DTYPES = ("float32", "bfloat16", "int8")
+
 #: The phases a net is built for (SINGA's NeuralNet::Create): training, validation, test.
 NET_PHASES = ("kTrain", "kVal", "kTest")
 
@@ -109,6 +112,19 @@ class UpdaterConf(ComponentConf):
                                 "clip_high > clip_low; -inf or inf clips on one side only "
                                 "(clip_low: -inf clip_high: 5).")
     clip_high: float = field(0.0, not_nan=True, doc="See clip_low.")
+    state_dtype: str = field("float32", enum=STATE_DTYPES,
+                             doc="How the method keeps its per-element state (histories, "
+                                 "moments): float32 (as the values), bfloat16 (half the "
+                                 "bytes), or int8 (8-bit codes with a float32 scale per "
+                                 "block of 256: about a quarter). Smaller state is a faster "
+                                 "step and a larger model per server; beyond SINGA. Needs "
+                                 "float32 Params and a built-in method.")
+    stochastic_rounding: bool = field(False, doc="Round bfloat16 and int8 state "
+                                                 "stochastically (up with the probability "
+                                                 "of the distance, so that small changes "
+                                                 "are kept on average) instead of to "
+                                                 "nearest; reproducible (drawn from the "
+                                                 "update count).")
 
 
 class CDConf(Parameter):
