@@ -5,16 +5,17 @@ checkpoints and bit-exact resumes; the configuration around it."""
 
 from __future__ import annotations
 
+import itertools
 import zlib
 from typing import Any
 
 import numpy as np
 import pytest
-from test_kernels import METHODS, reference_step
 
 from paramserver import ParamError, ParamSet, create_updater, kernels, quant
 from paramserver.config.components import updaters
 from paramserver.state import UpdaterState
+from test_kernels import METHODS, reference_step
 
 # Segments of odd lengths (partial blocks, an empty segment), all within one chunk (the
 # serial kernels); TestParallel runs the parallel ones.
@@ -193,7 +194,7 @@ def test_parallel_kernel_is_the_serial_one(kind: str) -> None:
     for t in range(1, 4):
         g = rng.standard_normal(n).astype(np.float32)
         kernels.adam(w_par, g, *par, offsets, 1e-2, step=t, stochastic=True)
-        for i, (a, b) in enumerate(zip(offsets[:-1], offsets[1:])):
+        for i, (a, b) in enumerate(itertools.pairwise(offsets)):
             if t == 1:
                 one = state_of(kind, (True, False), b - a, np.array([0, b - a]))
                 if i == 0:
@@ -202,7 +203,7 @@ def test_parallel_kernel_is_the_serial_one(kind: str) -> None:
             ws, one = serial[i]
             # Each segment alone: one chunk or more, but the same rule and random bits.
             kernels.adam(ws, g[a:b], *one, np.array([0, b - a]), 1e-2, step=t, stochastic=True)
-    for i, (a, b) in enumerate(zip(offsets[:-1], offsets[1:])):
+    for i, (a, b) in enumerate(itertools.pairwise(offsets)):
         ws, one = serial[i]
         np.testing.assert_array_equal(w_par[a:b], ws)
         for role in range(2):
@@ -256,7 +257,7 @@ def test_checkpoint_round_trip_is_exact_and_resume_bit_exact(method: str, kind: 
     for r in up.roles[1:]:
         if r.per == "element":
             assert state[r.name].dtype == {"bfloat16": np.uint16, "int8": (
-                np.int8 if quant.SIGNED_STATE[up.rule][up.state_roles.index(r.name)]
+                np.int8 if quant.SIGNED_STATE[up.kernel_rule][up.state_roles.index(r.name)]
                 else np.uint8)}[kind]
     w = np.random.default_rng(0).standard_normal(N).astype(np.float32)
     run(up, state, w, range(3), seed=1)

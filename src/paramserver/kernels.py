@@ -180,8 +180,7 @@ def _nonfinite_in(g, lo, hi):  # type: ignore[no-untyped-def]
 # branches trips its SSA checks).
 
 
-@intrinsic
-def _bits_of(typingctx, x):  # type: ignore[no-untyped-def]
+def _bits_of_float32(typingctx, x):  # type: ignore[no-untyped-def]
     """The bit pattern of a float32, as uint32."""
     if x != types.float32:
         return None
@@ -192,21 +191,25 @@ def _bits_of(typingctx, x):  # type: ignore[no-untyped-def]
     return types.uint32(x), codegen
 
 
-@intrinsic
-def _float_of(typingctx, x):  # type: ignore[no-untyped-def]
+def _float32_of_bits(typingctx, x):  # type: ignore[no-untyped-def]
     """The float32 whose bit pattern is the low 32 bits of an integer."""
     if not isinstance(x, types.Integer):
         return None
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
         v = args[0]
-        if x.bitwidth > 32:
+        width = getattr(x, "bitwidth", 32)
+        if width > 32:
             v = builder.trunc(v, llvm_ir.IntType(32))
-        elif x.bitwidth < 32:
+        elif width < 32:
             v = builder.zext(v, llvm_ir.IntType(32))
         return builder.bitcast(v, llvm_ir.FloatType())
 
     return types.float32(x), codegen
+
+
+_bits_of: Any = intrinsic(_bits_of_float32)
+_float_of: Any = intrinsic(_float32_of_bits)
 
 
 _U = np.uint32
@@ -566,12 +569,13 @@ _RULES: dict[str, Callable[..., Any]] = {
     "adamax": _adamax_rule,
 }
 
-_LOADS = {"int8": _s8_load, "uint8": _u8_load}
-_MAGNITUDE_BITS = {"int8": _abs_bits, "uint8": _bits_of}
+_LOADS: dict[str, Any] = {"int8": _s8_load, "uint8": _u8_load}
+_MAGNITUDE_BITS: dict[str, Any] = {"int8": _abs_bits, "uint8": _bits_of}
 _BIASES = {"int8": _S_BIAS, "uint8": _N_BIAS}
-_STORES = {("bfloat16", False): _bf16_nearest, ("bfloat16", True): _bf16_stochastic,
-           ("int8", False): _s8_nearest, ("int8", True): _s8_stochastic,
-           ("uint8", False): _u8_nearest, ("uint8", True): _u8_stochastic}
+_STORES: dict[tuple[str, bool], Any] = {
+    ("bfloat16", False): _bf16_nearest, ("bfloat16", True): _bf16_stochastic,
+    ("int8", False): _s8_nearest, ("int8", True): _s8_stochastic,
+    ("uint8", False): _u8_nearest, ("uint8", True): _u8_stochastic}
 _made: dict[tuple[Any, ...], Any] = {}
 _making = threading.Lock()
 
@@ -614,7 +618,7 @@ def _make(rule: str, codes: tuple[str, ...], stochastic: bool, parallel: bool) -
 # ---------------------------------------------------------------------------------------------
 # The Python side: check the buffers, round the coefficients to the data type, launch.
 
-State = Union[np.ndarray, tuple[np.ndarray, np.ndarray]]
+State = Union[np.ndarray, tuple[np.ndarray, np.ndarray]]  # noqa: UP007 (a runtime alias)
 """A state array as a kernel takes it: float values of ``w``'s type, bfloat16 bit patterns
 (``uint16``), or 8-bit codes with their block scales, ``(codes, scales)``: ``int8`` codes
 for state that may be negative, ``uint8`` for non-negative state, ``float32`` scales, one

@@ -25,17 +25,19 @@ updater's per-element state (histories, moments) is kept small.
   ``int8``, a sign and 4 exponent bits (magnitudes down to 2^-15 of the scale, below that
   0); state that may not (squared-gradient means, AdaDelta's updates, AdaMax's norm) is
   ``uint8``, 5 exponent bits (down to 2^-31 of the scale, and never below: a denominator
-  must not fall to 0 where its numerator does not). The stored type alone says which (:func:`decode`). Each block's new values are
-  held in L1 while the scale is found: the step is still one pass over memory.
+  must not fall to 0 where its numerator does not). The stored type alone says which
+  (:func:`decode`). Each block's new values are held in L1 while the scale is found: the
+  step is still one pass over memory.
 
 Rounding. A value is rounded on the grid of its binade: to nearest (bfloat16: ties to even;
 8-bit codes: halves up, one integer operation fewer, and exact halves are rare), or
 stochastically: up exactly when the fraction of the way to the next grid point, in units of
 2^-k, is at least ``2^k - (r mod 2^k)``, ``r`` being 32 random bits, ``k`` 20 for 8-bit
 codes and 16 for bfloat16 (the bits float32 drops). A magnitude that rounds below the
-lowest binade of an 8-bit code is 0 (signed) or that binade's first value (non-negative). The random bits are a hash (:func:`mix32`) of the
-segment's update count, the role and the element's index in its segment, so a step is a
-pure function of the state and the gradient, and a resumed run draws them again exactly.
+lowest binade of an 8-bit code is 0 (signed) or that binade's first value (non-negative).
+The random bits are a hash (:func:`mix32`) of the segment's update count, the role and the
+element's index in its segment, so a step is a pure function of the state and the gradient,
+and a resumed run draws them again exactly.
 
 The kernels (:mod:`paramserver.kernels`) encode and decode with integer operations on float32
 bit patterns, in numba; the functions here are the NumPy reference of the same scheme
@@ -343,8 +345,32 @@ def decode(arrays: Mapping[str, np.ndarray], name: str, offsets: np.ndarray) -> 
     return a
 
 
-__all__ = ["BLOCK", "SCALE", "SCALE_MAX", "SCALE_MIN", "SIGNED", "SIGNED_STATE", "STATE_DTYPES", "UNSIGNED",
-           "Code8", "bf16_decode", "bf16_encode", "block_decode", "block_encode",
-           "block_scales", "blocks_of", "check_state_dtype", "code8_decode", "code8_encode",
-           "code_of", "decode", "mix32", "num_blocks", "random_bits", "round_bits", "round_key",
-           "roles", "state_bytes"]
+__all__ = [
+    "BLOCK",
+    "SCALE",
+    "SCALE_MAX",
+    "SCALE_MIN",
+    "SIGNED",
+    "SIGNED_STATE",
+    "STATE_DTYPES",
+    "UNSIGNED",
+    "Code8",
+    "bf16_decode",
+    "bf16_encode",
+    "block_decode",
+    "block_encode",
+    "block_scales",
+    "blocks_of",
+    "check_state_dtype",
+    "code8_decode",
+    "code8_encode",
+    "code_of",
+    "decode",
+    "mix32",
+    "num_blocks",
+    "random_bits",
+    "roles",
+    "round_bits",
+    "round_key",
+    "state_bytes",
+]

@@ -24,11 +24,11 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
+from . import quant
 from .config import ParamError, Parameter, field
 from .config.components import updaters
 from .config.job import UpdaterConf, conf_from
 from .config.types import format_number
-from . import quant
 from .params import Param, ParamSet
 from .schedules import create_lr_method
 from .state import COUNT, Role, UpdaterState, roles_of
@@ -244,7 +244,7 @@ class _Fused(Updater):
     #: The kernel function (``kernels.adam``) and the per-element rule it runs
     #: (``quant.SIGNED_STATE`` says which of the rule's state may be negative).
     kernel: ClassVar[str]
-    rule: ClassVar[str]
+    kernel_rule: ClassVar[str]
     low_precision_state = True
 
     def extra(self) -> dict[str, Any]:
@@ -260,7 +260,7 @@ class _Fused(Updater):
         array kept as ``state_dtype`` says (:func:`paramserver.quant.roles`)."""
         names = [str(r) for r in self.state_roles]
         return roles_of(quant.roles(names, self.conf.state_dtype,
-                                    quant.SIGNED_STATE[self.rule][:len(names)]))
+                                    quant.SIGNED_STATE[self.kernel_rule][:len(names)]))
 
     def state_arrays(self, state: UpdaterState) -> list[Any]:
         """The state as the kernel takes it: arrays, or (codes, scales) of 8-bit state."""
@@ -292,7 +292,7 @@ class SGD(_Fused):
     kernel = "sgd"
 
     @property
-    def rule(self) -> str:  # type: ignore[override]
+    def kernel_rule(self) -> str:  # type: ignore[override]
         return "momentum" if self.conf.momentum > 0 else "sgd"
 
     @property
@@ -312,7 +312,7 @@ class Nesterov(_Fused):
     """``h0 = h; h = momentum·h + lr·g; w = w − ((1 + momentum)·h − momentum·h0)``."""
 
     kernel = "nesterov"
-    rule = "nesterov"
+    kernel_rule = "nesterov"
     state_roles = ("history",)
 
     def extra(self) -> dict[str, Any]:
@@ -324,7 +324,7 @@ class AdaGrad(_Fused):
     """``h = h + g²; w = w − lr·g / sqrt(h + delta)`` (momentum not used)."""
 
     kernel = "adagrad"
-    rule = "adagrad"
+    kernel_rule = "adagrad"
     state_roles = ("history",)
 
     def extra(self) -> dict[str, Any]:
@@ -341,7 +341,7 @@ class RMSProp(_Fused):
 
     Config = RMSPropConf
     kernel = "rmsprop"
-    rule = "rmsprop"
+    kernel_rule = "rmsprop"
     state_roles = ("history",)
 
     def extra(self) -> dict[str, Any]:
@@ -360,7 +360,7 @@ class AdaDelta(_Fused):
 
     Config = AdaDeltaConf
     kernel = "adadelta"
-    rule = "adadelta"
+    kernel_rule = "adadelta"
     state_roles = ("history", "update")
 
     def extra(self) -> dict[str, Any]:
@@ -390,7 +390,7 @@ class Adam(_Fused):
 
     Config = AdamConf
     kernel = "adam"
-    rule = "adam"
+    kernel_rule = "adam"
     state_roles = ("m", "v")
     counted = True
     decoupled = False
@@ -431,7 +431,7 @@ class AdamMax(_Fused):
 
     Config = AdamMaxConf
     kernel = "adamax"
-    rule = "adamax"
+    kernel_rule = "adamax"
     state_roles = ("m", "u")
     counted = True
 
