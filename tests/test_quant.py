@@ -365,3 +365,93 @@ def test_wrong_state_arrays_are_refused() -> None:
     with pytest.raises(ParamError, match="stochastic rounding needs step"):
         kernels.sgd(w, w.copy(), np.zeros(300, np.uint16), off, 0.1, momentum=0.9,
                     stochastic=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Training: servers hold the quantised state of their slices; a resumed run is the same run.
+
+JOB = """
+name: "tiny-quant"
+train_steps: {steps}
+test_freq: 10
+test_steps: 2
+checkpoint_freq: 20
+workspace: "{ws}"
+seed: 5
+updater {{
+  type: kAdam weight_decay: 0.001 {state}
+  learning_rate {{ type: kStep base_lr: 0.01 step_conf {{ change_freq: 15 gamma: 0.5 }} }}
+}}
+neuralnet {{
+  layer {{ name: "data" type: kData data_conf {{ source: "digits" batchsize: 16 }} }}
+  layer {{ name: "fc1" type: kInnerProduct srclayers: "data"
+          innerproduct_conf {{ num_output: 16 }} }}
+  layer {{ name: "act" type: kTanh srclayers: "fc1" }}
+  layer {{ name: "fc2" type: kInnerProduct srclayers: "act"
+          innerproduct_conf {{ num_output: 10 }} }}
+  layer {{ name: "loss" type: kSoftmaxLoss srclayers: "fc2" srclayers: "data" }}
+}}
+cluster {{ nworkers_per_group: 2 nservers_per_group: 2 timeout: 30 }}
+"""
+
+
+@pytest.mark.parametrize("state", ["state_dtype: bfloat16",
+                                   "state_dtype: int8 stochastic_rounding: true"])
+def test_training_resumes_exactly(tmp_path: Any, state: str) -> None:
+    from paramserver.checkpoint import checkpoint_name, load_checkpoint
+    from paramserver.config.job import parse_job
+    from paramserver.train.trainer import Trainer
+
+    def job(ws: Any, steps: int) -> Any:
+        return parse_job(JOB.format(steps=steps, ws=ws, state=state))
+
+    straight = Trainer(job(tmp_path / "a", 40), progress=False)
+    straight.train()
+    Trainer(job(tmp_path / "b", 20), progress=False).train()
+    second = Trainer(job(tmp_path / "b", 40), progress=False)
+    second.train(resume=True)
+    assert np.array_equal(straight.params.values, second.params.values)
+    a, _ = load_checkpoint(tmp_path / "a" / "checkpoints" / checkpoint_name(40))
+    b, _ = load_checkpoint(tmp_path / "b" / "checkpoints" / checkpoint_name(40))
+    assert a.keys() == b.keys()
+    kinds = {a[k].dtype for k in a if "/state/" in k and not k.endswith("/count")}
+    assert kinds == ({np.dtype(np.uint16)} if "bfloat16" in state else
+                     {np.dtype(np.int8), np.dtype(np.uint8), np.dtype(np.float32)})
+    for key in a:
+        assert np.array_equal(a[key], b[key]), key
+
+
+def test_torch_optimizer_keeps_quantised_state() -> None:
+    torch = pytest.importorskip("torch")
+    import paramserver.torch as pst
+
+    def make() -> tuple[Any, Any]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(20, 300), torch.nn.Linear(300, 3))
+        opt = pst.Optimizer(model.named_parameters(), "type: kAdam state_dtype: int8 "
+                            "stochastic_rounding: true learning_rate { base_lr: 0.01 }")
+        return model, opt
+
+    x = torch.randn(64, 20, generator=torch.Generator().manual_seed(1))
+
+    def step(model: Any, opt: Any) -> None:
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+
+    model, opt = make()
+    for _ in range(3):
+        step(model, opt)
+    saved = opt.state_dict()
+    assert saved["state"][0]["m"].dtype == torch.int8 and saved["state"][0]["m"].shape == (300, 20)
+    assert saved["state"][0]["v"].dtype == torch.uint8
+    assert saved["state"][0]["m_scale"].shape == (-(-6000 // quant.BLOCK),)
+    model2, opt2 = make()
+    with torch.no_grad():
+        for p, q in zip(model2.parameters(), model.parameters()):
+            p.copy_(q)
+    opt2.load_state_dict(saved)
+    step(model, opt)
+    step(model2, opt2)
+    for p, q in zip(model.parameters(), model2.parameters()):
+        assert torch.equal(p, q)
