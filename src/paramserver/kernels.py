@@ -250,6 +250,13 @@ def _bf16_stochastic(x, key, index):  # type: ignore[no-untyped-def]
     return _bf16(x, _U(_U(_round_bits(key, index)) & _U(0xFFFF)))
 
 
+@register_jitable
+def _bf16_value(x):  # type: ignore[no-untyped-def]
+    """``x`` rounded to bfloat16 (nearest, ties to even), as a float32: a value workers read
+    when the updater keeps a float32 master copy (``value_dtype: bfloat16``)."""
+    return _bf16_load(_bf16_nearest(x, 0, 0))
+
+
 # The two 8-bit codes (paramserver.quant.Code8). A block's scale is a power of two, 2^E, so a
 # magnitude code m in a block is the float32 with pattern (m + bias + 8E) << 20, and
 # encoding rounds a value's pattern at bit 20 and takes off the same offset: integer
@@ -350,11 +357,12 @@ def _u8_stochastic(y, offset, key, index):  # type: ignore[no-untyped-def]
 # ---------------------------------------------------------------------------------------------
 # The drivers. ``_fused_kernel(rule, nstate, name)`` makes a kernel
 #
-#     kernel(w, g, h, u, hs, us, offsets, counts, seg, hyp, clip, check) -> int
+#     kernel(w, wv, g, h, u, hs, us, offsets, counts, seg, hyp, clip, check) -> int
 #
 # with ``seg[:, s] = (gscale, wd, k0, k1, k2)`` for segment ``s`` and
 # ``hyp = (clip_low, clip_high, p0, ..., p4)``, all of the data type; ``h``, ``u`` the state
-# as stored, ``hs``, ``us`` the block scales of 8-bit state (else unused), ``counts`` the
+# as stored, ``wv`` (a kernel made with ``master``) the values to write with the bfloat16
+# rounding of the new ``w`` (then the float32 master copy; else unused), ``hs``, ``us`` the block scales of 8-bit state (else unused), ``counts`` the
 # segments' update counts (for the random bits of stochastic rounding; else unused). It first
 # checks that ``offsets`` never decrease (returning -1, before writing anything, if they do:
 # the walk below relies on it to stay inside the arrays), and for 8-bit state that the scales
@@ -381,11 +389,12 @@ def _u8_stochastic(y, offset, key, index):  # type: ignore[no-untyped-def]
 
 def _fused_kernel(rule: Callable[..., Any], nstate: int, name: str,
                   load: Callable[..., Any] = _as_is, store: Callable[..., Any] = _as_is_store,
-                  stochastic: bool = False, parallel: bool = True) -> Any:
+                  stochastic: bool = False, parallel: bool = True, master: bool = False) -> Any:
     """The kernel of ``rule`` with ``nstate`` state arrays, stored through ``load`` and
-    ``store`` (float state by default); see above."""
+    ``store`` (float state by default); with ``master``, ``w`` is the float32 master copy and
+    ``wv`` gets its bfloat16 rounding; see above."""
 
-    def kernel(w, g, h, u, hs, us, offsets, counts, seg, hyp, clip, check):  # type: ignore[no-untyped-def]
+    def kernel(w, wv, g, h, u, hs, us, offsets, counts, seg, hyp, clip, check):  # type: ignore[no-untyped-def]
         for s in range(offsets.shape[0] - 1):
             if offsets[s + 1] < offsets[s]:
                 return -1
@@ -415,6 +424,7 @@ def _fused_kernel(rule: Callable[..., Any], nstate: int, name: str,
                 key1 = _round_key(counts[s], 1) if stochastic else np.uint64(0)
                 first = pos - offsets[s]
                 ws = w[pos:end]
+                vs = wv[pos:end] if master else wv
                 gs = g[pos:end]
                 hs_ = h[pos:end] if nstate >= 1 else h
                 us_ = u[pos:end] if nstate >= 2 else u
@@ -433,6 +443,8 @@ def _fused_kernel(rule: Callable[..., Any], nstate: int, name: str,
                     ui = load(us_[i]) if nstate >= 2 else gi
                     wi, hi, ui = rule(wi, gi, hi, ui, k, p)
                     ws[i] = wi
+                    if master:
+                        vs[i] = _bf16_value(wi)
                     if nstate >= 1:
                         hs_[i] = store(hi, key0, first + i)
                     if nstate >= 2:
@@ -447,7 +459,7 @@ def _fused_kernel(rule: Callable[..., Any], nstate: int, name: str,
 
 def _blockwise_kernel(rule: Callable[..., Any], nstate: int, name: str,
                       code0: str, code1: str, stochastic: bool = False,
-                      parallel: bool = True) -> Any:
+                      parallel: bool = True, master: bool = False) -> Any:
     """The kernel of ``rule`` over 8-bit block-wise state kept as ``code0`` and ``code1``
     (``"int8"`` or ``"uint8"``); see above."""
     load0, load1 = _LOADS[code0], _LOADS[code1]
@@ -455,7 +467,7 @@ def _blockwise_kernel(rule: Callable[..., Any], nstate: int, name: str,
     bias0, bias1 = _BIASES[code0], _BIASES[code1]
     abs0, abs1 = _MAGNITUDE_BITS[code0], _MAGNITUDE_BITS[code1]
 
-    def kernel(w, g, h, u, hs, us, offsets, counts, seg, hyp, clip, check):  # type: ignore[no-untyped-def]
+    def kernel(w, wv, g, h, u, hs, us, offsets, counts, seg, hyp, clip, check):  # type: ignore[no-untyped-def]
         nseg = offsets.shape[0] - 1
         for s in range(nseg):
             if offsets[s + 1] < offsets[s]:
@@ -500,6 +512,7 @@ def _blockwise_kernel(rule: Callable[..., Any], nstate: int, name: str,
                     e0 = _exponent_of_scale(hs[b])
                     e1 = _exponent_of_scale(us[b]) if nstate >= 2 else e0
                     ws = w[pos:bend]
+                    vs = wv[pos:bend] if master else wv
                     gs = g[pos:bend]
                     hb = h[pos:bend]
                     ub = u[pos:bend] if nstate >= 2 else u
@@ -521,6 +534,8 @@ def _blockwise_kernel(rule: Callable[..., Any], nstate: int, name: str,
                         ui = load1(ub[i], off1) if nstate >= 2 else gi
                         wi, hi, ui = rule(wi, gi, hi, ui, k, p)
                         ws[i] = wi
+                        if master:
+                            vs[i] = _bf16_value(wi)
                         buf0[i] = hi
                         amax0 = max(amax0, abs0(hi))
                         if nstate >= 2:
@@ -587,10 +602,11 @@ def signed_state(rule: str) -> tuple[bool, ...]:
 
 
 def kernel_for(rule: str, codes: tuple[str, ...] = (), stochastic: bool = False,
-               parallel: bool = True) -> Any:
+               parallel: bool = True, master: bool = False) -> Any:
     """The compiled-on-first-use kernel of ``rule`` for state stored as ``codes`` (one per
-    state array: ``"float"``, ``"bfloat16"``, ``"int8"`` or ``"uint8"``)."""
-    key = (rule, codes, stochastic and codes[0] != "float", parallel)
+    state array: ``"float"``, ``"bfloat16"``, ``"int8"`` or ``"uint8"``); with ``master``,
+    the one that also writes the bfloat16 rounding of the values it updates."""
+    key = (rule, codes, stochastic and bool(codes) and codes[0] != "float", parallel, master)
     found = _made.get(key)
     if found is not None:
         return found
@@ -601,18 +617,19 @@ def kernel_for(rule: str, codes: tuple[str, ...] = (), stochastic: bool = False,
     return found
 
 
-def _make(rule: str, codes: tuple[str, ...], stochastic: bool, parallel: bool) -> Any:
+def _make(rule: str, codes: tuple[str, ...], stochastic: bool, parallel: bool,
+          master: bool) -> Any:
     fn = _RULES[rule]
     nstate = len(codes)
-    name = f"_{rule}_kernel"
+    name = f"_{rule}_kernel" + ("_master" if master else "")
     if not codes or codes[0] == "float":
-        return _fused_kernel(fn, nstate, name, parallel=parallel)
+        return _fused_kernel(fn, nstate, name, parallel=parallel, master=master)
     suffix = "_".join(dict.fromkeys(codes)) + ("_sr" if stochastic else "")
     if codes[0] == "bfloat16":
         return _fused_kernel(fn, nstate, f"{name}_{suffix}", _bf16_load,
-                             _STORES["bfloat16", stochastic], stochastic, parallel)
+                             _STORES["bfloat16", stochastic], stochastic, parallel, master)
     return _blockwise_kernel(fn, nstate, f"{name}_{suffix}", codes[0], codes[-1], stochastic,
-                             parallel)
+                             parallel, master)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -672,9 +689,23 @@ def _launch(
     check: bool = False,
     stochastic: bool = False,
     step: PerSegment | None = None,
+    bf16_values: np.ndarray | None = None,
 ) -> int:
     if not isinstance(w, np.ndarray) or w.dtype not in (np.float32, np.float64):
         raise ParamError(f"w must be a float32 or float64 numpy array, not {_describe(w)}")
+    master = bf16_values is not None
+    if master:
+        if not isinstance(bf16_values, np.ndarray) or bf16_values.dtype != np.float32 \
+                or w.dtype != np.float32:
+            raise ParamError("bf16_values (the values read beside a float32 master copy w) "
+                             f"and w must be float32 numpy arrays, not "
+                             f"{_describe(bf16_values)} and {_describe(w)}")
+        if bf16_values.shape != w.shape or not bf16_values.flags.c_contiguous \
+                or not bf16_values.flags.writeable:
+            raise ParamError(f"bf16_values must be writeable, 1-D, C-contiguous and of w's "
+                             f"length {w.shape[0]}, got shape {bf16_values.shape}")
+        if np.shares_memory(bf16_values, w):
+            raise ParamError("bf16_values and the master copy w must not overlap")
     dtype = w.dtype
     if not isinstance(g, np.ndarray) or g.dtype != dtype:
         raise ParamError(f"g must be a {dtype} numpy array like w, not {_describe(g)}")
@@ -724,8 +755,8 @@ def _launch(
     scales = [sc for _, _, sc in found if sc is not None] + [_NO_SCALES, _NO_SCALES]
     n = w.shape[0]
     parallel = n > CHUNK
-    kernel = kernel_for(rule, codes, stochastic, parallel)
-    args = (w, gv, arrays[0], arrays[1], scales[0], scales[1], offsets, counts, seg, hyp,
+    kernel = kernel_for(rule, codes, stochastic, parallel, master)
+    args = (w, bf16_values if bf16_values is not None else w[:0], gv, arrays[0], arrays[1], scales[0], scales[1], offsets, counts, seg, hyp,
             bool(clip_high > clip_low), bool(check))
     if parallel:
         with threads_for(n):
@@ -800,6 +831,7 @@ def sgd(
     clip_high: float = 0.0,
     check: bool = False,
     stochastic: bool = False,
+    bf16_values: np.ndarray | None = None,
     step: PerSegment | None = None,
 ) -> int:
     """SGD: ``h = momentum*h - lr*g; w = w + h``, or ``w = w - lr*g`` when momentum is 0.
@@ -816,6 +848,8 @@ def sgd(
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
       check: read the gradient first, and write nothing if it holds NaN or Inf.
       stochastic: round bfloat16 and 8-bit state stochastically (else to nearest).
+      bf16_values: with a float32 master copy as ``w``, the values read (float32, w's
+        length), written with the new ``w`` rounded to bfloat16 (nearest, ties to even).
       step: per segment, the number ``t >= 1`` of this update (the key of the random bits
         of stochastic rounding).
     """
@@ -835,10 +869,12 @@ def sgd(
             check,
             stochastic,
             step,
+            bf16_values,
         )
     else:
         return _launch(
-            "sgd", w, g, {}, offsets, gscale, wd, (lr,), (), clip_low, clip_high, check
+            "sgd", w, g, {}, offsets, gscale, wd, (lr,), (), clip_low, clip_high, check,
+            bf16_values=bf16_values,
         )
 
 
@@ -856,6 +892,7 @@ def nesterov(
     clip_high: float = 0.0,
     check: bool = False,
     stochastic: bool = False,
+    bf16_values: np.ndarray | None = None,
     step: PerSegment | None = None,
 ) -> int:
     """Nesterov: ``h0 = h; h = momentum*h + lr*g; w = w - ((1+momentum)*h - momentum*h0)``.
@@ -872,6 +909,8 @@ def nesterov(
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
       check: read the gradient first, and write nothing if it holds NaN or Inf.
       stochastic: round bfloat16 and 8-bit state stochastically (else to nearest).
+      bf16_values: with a float32 master copy as ``w``, the values read (float32, w's
+        length), written with the new ``w`` rounded to bfloat16 (nearest, ties to even).
       step: per segment, the number ``t >= 1`` of this update (the key of the random bits
         of stochastic rounding).
     """
@@ -890,6 +929,7 @@ def nesterov(
         check,
         stochastic,
         step,
+        bf16_values,
     )
 
 
@@ -907,6 +947,7 @@ def adagrad(
     clip_high: float = 0.0,
     check: bool = False,
     stochastic: bool = False,
+    bf16_values: np.ndarray | None = None,
     step: PerSegment | None = None,
 ) -> int:
     """AdaGrad: ``h = h + g*g; w = w - lr*g/sqrt(h + delta)``.
@@ -923,6 +964,8 @@ def adagrad(
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
       check: read the gradient first, and write nothing if it holds NaN or Inf.
       stochastic: round bfloat16 and 8-bit state stochastically (else to nearest).
+      bf16_values: with a float32 master copy as ``w``, the values read (float32, w's
+        length), written with the new ``w`` rounded to bfloat16 (nearest, ties to even).
       step: per segment, the number ``t >= 1`` of this update (the key of the random bits
         of stochastic rounding).
     """
@@ -941,6 +984,7 @@ def adagrad(
         check,
         stochastic,
         step,
+        bf16_values,
     )
 
 
@@ -959,6 +1003,7 @@ def rmsprop(
     clip_high: float = 0.0,
     check: bool = False,
     stochastic: bool = False,
+    bf16_values: np.ndarray | None = None,
     step: PerSegment | None = None,
 ) -> int:
     """RMSProp: ``h = rho*h + (1-rho)*g*g; w = w - lr*g/sqrt(h + delta)``.
@@ -976,6 +1021,8 @@ def rmsprop(
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
       check: read the gradient first, and write nothing if it holds NaN or Inf.
       stochastic: round bfloat16 and 8-bit state stochastically (else to nearest).
+      bf16_values: with a float32 master copy as ``w``, the values read (float32, w's
+        length), written with the new ``w`` rounded to bfloat16 (nearest, ties to even).
       step: per segment, the number ``t >= 1`` of this update (the key of the random bits
         of stochastic rounding).
     """
@@ -994,6 +1041,7 @@ def rmsprop(
         check,
         stochastic,
         step,
+        bf16_values,
     )
 
 
@@ -1013,6 +1061,7 @@ def adadelta(
     clip_high: float = 0.0,
     check: bool = False,
     stochastic: bool = False,
+    bf16_values: np.ndarray | None = None,
     step: PerSegment | None = None,
 ) -> int:
     """AdaDelta: ``h = rho*h + (1-rho)*g*g; t = g*sqrt(u + delta)/sqrt(h + delta);
@@ -1032,6 +1081,8 @@ def adadelta(
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
       check: read the gradient first, and write nothing if it holds NaN or Inf.
       stochastic: round bfloat16 and 8-bit state stochastically (else to nearest).
+      bf16_values: with a float32 master copy as ``w``, the values read (float32, w's
+        length), written with the new ``w`` rounded to bfloat16 (nearest, ties to even).
       step: per segment, the number ``t >= 1`` of this update (the key of the random bits
         of stochastic rounding).
     """
@@ -1050,6 +1101,7 @@ def adadelta(
         check,
         stochastic,
         step,
+        bf16_values,
     )
 
 
@@ -1073,6 +1125,7 @@ def adam(
     clip_high: float = 0.0,
     check: bool = False,
     stochastic: bool = False,
+    bf16_values: np.ndarray | None = None,
 ) -> int:
     """Adam (or AdamW with ``decoupled=True``) with bias correction.
 
@@ -1104,6 +1157,8 @@ def adam(
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
       check: read the gradient first, and write nothing if it holds NaN or Inf.
       stochastic: round bfloat16 and 8-bit state stochastically (else to nearest).
+      bf16_values: with a float32 master copy as ``w``, the values read (float32, w's
+        length), written with the new ``w`` rounded to bfloat16 (nearest, ties to even).
     """
     lr64 = _f64(lr)
     if bias_correction:
@@ -1132,6 +1187,7 @@ def adam(
         check,
         stochastic,
         step,
+        bf16_values,
     )
 
 
@@ -1154,6 +1210,7 @@ def adamax(
     clip_high: float = 0.0,
     check: bool = False,
     stochastic: bool = False,
+    bf16_values: np.ndarray | None = None,
 ) -> int:
     """AdaMax, the infinity-norm variant of Adam (Kingma & Ba 2015, section 7.1).
 
@@ -1179,6 +1236,8 @@ def adamax(
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
       check: read the gradient first, and write nothing if it holds NaN or Inf.
       stochastic: round bfloat16 and 8-bit state stochastically (else to nearest).
+      bf16_values: with a float32 master copy as ``w``, the values read (float32, w's
+        length), written with the new ``w`` rounded to bfloat16 (nearest, ties to even).
     """
     lr64 = _f64(lr)
     if bias_correction:
@@ -1202,6 +1261,7 @@ def adamax(
         check,
         stochastic,
         step,
+        bf16_values,
     )
 
 

@@ -35,6 +35,9 @@ from .state import COUNT, Role, UpdaterState, roles_of
 
 T = TypeVar("T", bound=type)
 
+#: The role of the float32 master copy of the values (``value_dtype: bfloat16``).
+MASTER = "master"
+
 
 class Updater:
     """Base of every update method; see the module docstring.
@@ -63,8 +66,38 @@ class Updater:
 
     @property
     def roles(self) -> tuple[Role, ...]:
-        """The roles of this method's state, the update count first."""
-        return roles_of(self.state_roles)
+        """The roles of this method's state, the update count first (and the master copy of
+        the values last, with ``value_dtype: bfloat16``)."""
+        return roles_of((*self.state_roles, *self._master_role()))
+
+    @property
+    def keeps_master(self) -> bool:
+        """Whether the values are bfloat16 roundings of a float32 master copy in the state
+        (``value_dtype: bfloat16``)."""
+        return bool(self.conf.value_dtype == "bfloat16")
+
+    def _master_role(self) -> tuple[Role, ...]:
+        return (Role(MASTER, "float32"),) if self.keeps_master else ()
+
+    def adopt(self, values: np.ndarray, state: UpdaterState) -> None:
+        """With a master copy: round the values of every segment not yet updated (update
+        count 0) to bfloat16 in place and take them as its master, so that what workers read
+        is the master's rounding from the first pull on (a server adopts the values it is
+        put; :meth:`apply` the values it is given). Idempotent. Without a master: nothing."""
+        if not self.keeps_master:
+            return
+        master = state[MASTER]
+        fresh = state.counts == 0
+        if not fresh.any():
+            return
+        if fresh.all():
+            parts = [(0, state.size)]
+        else:
+            off = state.offsets
+            parts = [(int(off[i]), int(off[i + 1])) for i in np.flatnonzero(fresh)]
+        for lo, hi in parts:
+            values[lo:hi] = quant.bf16_decode(quant.bf16_encode(values[lo:hi]))
+            np.copyto(master[lo:hi], values[lo:hi])
 
     def init_state(self, offsets: np.ndarray | list[int], dtype: Any) -> UpdaterState:
         """Zeroed state for a range of values cut into segments at ``offsets``.
@@ -79,6 +112,9 @@ class Updater:
         division it guards would give Inf or NaN; and other values than float32 for
         bfloat16 or int8 state."""
         dt = np.dtype(dtype)
+        if self.keeps_master and dt != np.float32:
+            raise ParamError(f"value_dtype bfloat16 (with a float32 master copy) is for "
+                             f"float32 Params; these are {dt.name}")
         if self.conf.state_dtype != "float32" and dt != np.float32:
             raise ParamError(f"state_dtype {self.conf.state_dtype} is for float32 Params; "
                              f"these are {dt.name} (keep state_dtype: float32 for them)")
@@ -148,18 +184,24 @@ class Updater:
         lr = self.lr(step) * _per_segment(lr_scale, n)
         wd = self.conf.weight_decay * _per_segment(wd_scale, n)
         counts = state.counts
+        w, out = values, None
+        if self.keeps_master:  # the update runs on the master; the values get its rounding
+            self.adopt(values, state)
+            w, out = state[MASTER], values
         np.add(counts, 1, out=counts)  # this update's number, as the rule sees it
-        nonfinite = self._run(values, grads, state, lr, wd, _per_segment(grad_scale, n),
-                              refuse_nonfinite)
+        nonfinite = self._run(w, grads, state, lr, wd, _per_segment(grad_scale, n),
+                              refuse_nonfinite, out)
         if nonfinite and refuse_nonfinite:
             np.subtract(counts, 1, out=counts)  # refused: nothing else was written
         return nonfinite
 
     def _run(self, w: np.ndarray, g: np.ndarray, state: UpdaterState, lr: np.ndarray,
-             wd: np.ndarray, gscale: np.ndarray, check: bool = False) -> int:
+             wd: np.ndarray, gscale: np.ndarray, check: bool = False,
+             bf16_values: np.ndarray | None = None) -> int:
         """The update over segments; by default :meth:`rule` on each segment, in NumPy.
         Returns the number of non-finite gradient elements; with ``check``, writes nothing
-        when there are any."""
+        when there are any. With ``bf16_values``, ``w`` is the master copy and
+        ``bf16_values`` gets its new values rounded to bfloat16."""
         c = self.conf
         offsets = state.offsets
         nonfinite = int(g.size - np.count_nonzero(np.isfinite(g)))
@@ -174,6 +216,8 @@ class Updater:
             if wd[i] > 0:
                 gi += w.dtype.type(wd[i]) * w[lo:hi]
             self.rule(w[lo:hi], gi, state.segment(i), float(lr[i]))
+        if bf16_values is not None:
+            bf16_values[...] = quant.bf16_decode(quant.bf16_encode(w))
         return nonfinite
 
     def rule(self, w: np.ndarray, g: np.ndarray, state: dict[str, np.ndarray],
@@ -259,8 +303,9 @@ class _Fused(Updater):
         """The roles of this method's state, the update count first: each per-element
         array kept as ``state_dtype`` says (:func:`paramserver.quant.roles`)."""
         names = [str(r) for r in self.state_roles]
-        return roles_of(quant.roles(names, self.conf.state_dtype,
-                                    quant.SIGNED_STATE[self.kernel_rule][:len(names)]))
+        return roles_of((*quant.roles(names, self.conf.state_dtype,
+                                      quant.SIGNED_STATE[self.kernel_rule][:len(names)]),
+                         *self._master_role()))
 
     def state_arrays(self, state: UpdaterState) -> list[Any]:
         """The state as the kernel takes it: arrays, or (codes, scales) of 8-bit state."""
@@ -272,10 +317,13 @@ class _Fused(Updater):
         return out
 
     def _run(self, w: np.ndarray, g: np.ndarray, state: UpdaterState, lr: np.ndarray,
-             wd: np.ndarray, gscale: np.ndarray, check: bool = False) -> int:
+             wd: np.ndarray, gscale: np.ndarray, check: bool = False,
+             bf16_values: np.ndarray | None = None) -> int:
         from . import kernels
 
         kw = self.extra()
+        if bf16_values is not None:
+            kw["bf16_values"] = bf16_values
         if self.counted or self.conf.stochastic_rounding:
             kw["step"] = state.counts
         nonfinite: int = getattr(kernels, self.kernel)(

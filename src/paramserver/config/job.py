@@ -26,6 +26,8 @@ from .tree import Block, Scalar
 
 #: How an updater may keep its per-element state (paramserver.quant).
 STATE_DTYPES = ("float32", "bfloat16", "int8")
+#: What the values workers read may be (a bfloat16 one keeps a float32 master copy).
+VALUE_DTYPES = ("float32", "bfloat16")
 
 #: The phases a net is built for (SINGA's NeuralNet::Create): training, validation, test.
 NET_PHASES = ("kTrain", "kVal", "kTest")
@@ -125,6 +127,13 @@ class UpdaterConf(ComponentConf):
                                                  "are kept on average) instead of to "
                                                  "nearest; reproducible (drawn from the "
                                                  "update count).")
+    value_dtype: str = field("float32", enum=VALUE_DTYPES,
+                             doc="The values workers read: float32, or bfloat16 with a float32 "
+                                 "master copy kept in the updater's state (role 'master'): "
+                                 "the update runs on the master, and the values become its "
+                                 "rounding to bfloat16 (nearest, ties to even), in the same "
+                                 "pass. Needs float32 Params and one server group; beyond "
+                                 "SINGA.")
 
 
 class CDConf(Parameter):
