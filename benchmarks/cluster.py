@@ -15,7 +15,9 @@ Both are timed in the same worker thread, step after step, as pairs:
   ``nonfinite: error``), the replies, the versions.
 
 Pairs taken a few milliseconds apart see the same load on the machine, so the median of the
-per-step ratios is steady even where the times themselves are not.
+per-step ratios is steady even where the times themselves are not. The configurations run in
+interleaved rounds (at least 5); the table gives min / median / max over the rounds and the
+load average (benchmarks/_timing.py).
 ``--nonfinite skip`` measures the other policy, whose workers read their gradients once more
 before sending (a push must be dropped before anything is written). Run:
 ``python benchmarks/cluster.py [--params-m 16] [--rounds 5] [--steps 20] [--nonfinite skip]``.
@@ -25,9 +27,14 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _timing import Spread, load_average, rounds_arg
 
 from paramserver.cluster import Cluster, Worker
 from paramserver.config.job import ClusterConf
@@ -51,7 +58,7 @@ def model(million: int) -> ParamSet:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--params-m", type=int, default=16, help="model size in 2^20 values")
-    ap.add_argument("--rounds", type=int, default=5, help="rounds over the configurations")
+    rounds_arg(ap)
     ap.add_argument("--steps", type=int, default=20, help="steps per round and config")
     ap.add_argument("--nonfinite", choices=("error", "skip"), default="error",
                     help="the cluster's policy for NaN and Inf gradients (default: error, "
@@ -88,24 +95,28 @@ def main() -> None:
 
     for c in clusters.values():  # warm-up: compile or load kernels, touch every page
         pairs(c, 3)
-    samples: dict[str, tuple[list[float], list[float]]] = {n: ([], []) for n in CONFIGS}
+    # Per config and round: the round's median bare time, step time and step/bare ratio.
+    per_round: dict[str, list[tuple[float, float, float]]] = {n: [] for n in CONFIGS}
+    load_before = load_average()
     for _ in range(args.rounds):
         for name, c in clusters.items():
             bare, step = pairs(c, args.steps)
-            samples[name][0].extend(bare)
-            samples[name][1].extend(step)
+            per_round[name].append((float(np.median(bare)), float(np.median(step)),
+                                    float(np.median(np.array(step) / np.array(bare)))))
 
     print(f"model: {ps.values.size:,} float32 parameters in {len(ps.owners)} Params; "
-          f"updater kSGD momentum 0.9; {args.rounds} x {args.steps} paired steps each; "
-          f"nonfinite: {args.nonfinite}")
-    print(f"{'':23}{'bare ms':>9}{'step ms':>9}{'ratio':>7}   target")
-    for name, (bare, step) in samples.items():
-        ratio = float(np.median(np.array(step) / np.array(bare)))
-        verdict = (f"<= {TARGET}: {'ok' if ratio <= TARGET else 'MISSED'}"
+          f"updater kSGD momentum 0.9; {args.rounds} interleaved rounds of {args.steps} paired "
+          f"steps each; nonfinite: {args.nonfinite}; load average before: {load_before}, "
+          f"after: {load_average()}")
+    print(f"{'':23}{'bare ms':>20}{'step ms':>20}{'ratio':>24}   target")
+    for name, rows in per_round.items():
+        bare_s, step_s, ratio_s = (Spread.of([r[i] for r in rows]) for i in range(3))
+        verdict = (f"<= {TARGET}: {'met' if ratio_s.median <= TARGET else 'MISSED'}"
                    if name.startswith("1 worker") else "(information)")
-        print(f"{name:23}{np.median(bare) * 1e3:9.2f}{np.median(step) * 1e3:9.2f}"
-              f"{ratio:7.3f}   {verdict}")
-
+        print(f"{name:23}{bare_s.scaled(1e3).fmt():>20}{step_s.scaled(1e3).fmt():>20}"
+              f"{ratio_s.fmt(3):>24}   {verdict}")
+    print("\nmedian [min–max] over the rounds of each round's median (ratio: of the per-step "
+          "ratios step / bare).")
 
 if __name__ == "__main__":
     main()
