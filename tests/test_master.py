@@ -158,3 +158,40 @@ def test_training_pulls_the_masters_rounding_and_resumes_exactly(tmp_path: Any) 
         master = np.concatenate(masters)
         assert not np.array_equal(master, bf16(master))
         np.testing.assert_array_equal(np.sort(a[prefix + "values"]), np.sort(bf16(master)))
+
+
+def test_torch_optimizer_keeps_the_master_and_resumes_exactly() -> None:
+    torch = pytest.importorskip("torch")
+    import paramserver.torch as pst
+
+    def make() -> tuple[Any, Any]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(20, 30), torch.nn.Linear(30, 3))
+        opt = pst.Optimizer(model.named_parameters(), "type: kAdam value_dtype: bfloat16 "
+                            "state_dtype: int8 learning_rate { base_lr: 0.01 }")
+        return model, opt
+
+    x = torch.randn(64, 20, generator=torch.Generator().manual_seed(1))
+
+    def step(model: Any, opt: Any) -> None:
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+
+    model, opt = make()
+    for _ in range(3):
+        step(model, opt)
+    saved = opt.state_dict()
+    w = model[0].weight.detach().numpy().ravel()
+    master = saved["state"][0]["master"].numpy().ravel()
+    assert saved["state"][0]["master"].dtype == torch.float32
+    np.testing.assert_array_equal(w, bf16(master))
+    model2, opt2 = make()
+    with torch.no_grad():
+        for p, q in zip(model2.parameters(), model.parameters()):
+            p.copy_(q)
+    opt2.load_state_dict(saved)
+    step(model, opt)
+    step(model2, opt2)
+    for p, q in zip(model.parameters(), model2.parameters()):
+        assert torch.equal(p, q)
