@@ -11,7 +11,7 @@ import pytest
 
 from paramserver import ParamError, ParamSet, Updater, create_updater, kernels, quant
 from paramserver.config.components import updaters
-from test_quant import CONFS, JOB, N, OFFSETS
+from test_quant import CONFS, JOB, OFFSETS, N
 
 
 def bf16(x: np.ndarray) -> np.ndarray:
@@ -106,12 +106,12 @@ def test_configuration_is_checked() -> None:
                                          r"\{'bfloat16', 'float32'\}"):
         create_updater("type: kAdam value_dtype: float16")
     up = create_updater("type: kAdam value_dtype: bfloat16")
-    with pytest.raises(ParamError, match="value_dtype bfloat16 .* is for float32 Params"):
+    with pytest.raises(ParamError, match=r"value_dtype bfloat16 .* is for float32 Params"):
         up.init_state([0, 4], np.float64)
     w = np.zeros(10, np.float32)
     with pytest.raises(ParamError, match="must not overlap"):
         kernels.sgd(w, w.copy(), w[:0], [0, 10], 0.1, bf16_values=w)
-    with pytest.raises(ParamError, match="bf16_values .* must be float32"):
+    with pytest.raises(ParamError, match=r"bf16_values .* must be float32"):
         kernels.sgd(w, w.copy(), w[:0], [0, 10], 0.1, bf16_values=np.zeros(10))
 
 
@@ -122,7 +122,7 @@ def test_one_server_group_only() -> None:
 
     (layout,) = plan_servers(ParamSet([("a", (10,))]), 1)
     up = create_updater("type: kSGD value_dtype: bfloat16")
-    with pytest.raises(ParamError, match="needs cluster.nserver_groups 1, not 2"):
+    with pytest.raises(ParamError, match=r"needs cluster\.nserver_groups 1, not 2"):
         Server(layout, up, ClusterConf(nserver_groups=2, nworker_groups=2))
 
 

@@ -359,23 +359,23 @@ def _u8_stochastic(y, offset, key, index):  # type: ignore[no-untyped-def]
 #
 #     kernel(w, wv, g, h, u, hs, us, offsets, counts, seg, hyp, clip, check) -> int
 #
-# with ``seg[:, s] = (gscale, wd, k0, k1, k2)`` for segment ``s`` and
-# ``hyp = (clip_low, clip_high, p0, ..., p4)``, all of the data type; ``h``, ``u`` the state
-# as stored, ``wv`` (a kernel made with ``master``) the values to write with the bfloat16
-# rounding of the new ``w`` (then the float32 master copy; else unused), ``hs``, ``us`` the block scales of 8-bit state (else unused), ``counts`` the
-# segments' update counts (for the random bits of stochastic rounding; else unused). It first
-# checks that ``offsets`` never decrease (returning -1, before writing anything, if they do:
-# the walk below relies on it to stay inside the arrays), and for 8-bit state that the scales
-# have one entry per block (-2). Then chunks of CHUNK elements run in parallel; each finds
-# its first segment by binary search over ``offsets`` and walks forward. The inner loop runs
-# over views of one segment's part of the chunk, with an index from 0, so that LLVM sees
-# non-negative unit-stride indices and vectorises it. ``rule``, ``nstate`` and the codec are
-# closure constants: numba compiles the rule into the loop, the unused state branches vanish,
-# and the cache key (which hashes the closure: module-level functions and ints) is the same
-# in every process. ``error_model="numpy"``: a division by zero gives inf or nan, as in
-# NumPy, instead of raising from inside the loop. With ``check``, a first pass reads the
-# gradient only and returns its number of NaN and Inf, writing nothing, when there are any:
-# the step is refused whole (the second pass follows at once, its threads still awake).
+# with ``seg[:, s] = (gscale, wd, k0, k1, k2)`` for segment ``s`` and ``hyp = (clip_low, clip_high,
+# p0, ..., p4)``, all of the data type; ``h``, ``u`` the state as stored, ``wv`` (a kernel made with
+# ``master``) the values to write with the bfloat16 rounding of the new ``w`` (then the float32
+# master copy; else unused), ``hs``, ``us`` the block scales of 8-bit state (else unused),
+# ``counts`` the segments' update counts (for the random bits of stochastic rounding; else unused).
+# It first checks that ``offsets`` never decrease (returning -1, before writing anything, if they
+# do: the walk below relies on it to stay inside the arrays), and for 8-bit state that the scales
+# have one entry per block (-2). Then chunks of CHUNK elements run in parallel; each finds its first
+# segment by binary search over ``offsets`` and walks forward. The inner loop runs over views of one
+# segment's part of the chunk, with an index from 0, so that LLVM sees non-negative unit-stride
+# indices and vectorises it. ``rule``, ``nstate`` and the codec are closure constants: numba
+# compiles the rule into the loop, the unused state branches vanish, and the cache key (which hashes
+# the closure: module-level functions and ints) is the same in every process.
+# ``error_model="numpy"``: a division by zero gives inf or nan, as in NumPy, instead of raising from
+# inside the loop. With ``check``, a first pass reads the gradient only and returns its number of
+# NaN and Inf, writing nothing, when there are any: the step is refused whole (the second pass
+# follows at once, its threads still awake).
 #
 # Each kernel is made twice: parallel, and serial for calls of one chunk (a parallel region
 # waits for every thread it wakes, and on a busy machine a thread with nothing to do may not
@@ -756,7 +756,8 @@ def _launch(
     n = w.shape[0]
     parallel = n > CHUNK
     kernel = kernel_for(rule, codes, stochastic, parallel, master)
-    args = (w, bf16_values if bf16_values is not None else w[:0], gv, arrays[0], arrays[1], scales[0], scales[1], offsets, counts, seg, hyp,
+    wv = bf16_values if bf16_values is not None else w[:0]
+    args = (w, wv, gv, arrays[0], arrays[1], scales[0], scales[1], offsets, counts, seg, hyp,
             bool(clip_high > clip_low), bool(check))
     if parallel:
         with threads_for(n):
