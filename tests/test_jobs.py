@@ -113,7 +113,7 @@ def test_many_mistakes_are_reported_in_one_run() -> None:
     ("train_steps: 1\nneuralnet { }\nupdater { delta: 0 }", "f.conf:3:11",
      "value 0 for Parameter delta should be greater than 0"),
     ("neuralnet { }\ntrain_steps: t", "f.conf:2:1",
-     "Invalid Parameter format for train_steps expect int but value='True'"),
+     "Invalid Parameter format for train_steps expect int but value='t'"),
     ("train_steps: 1\nneuralnet { }\nupdater { type: kSGD rmsprop_conf { rho: 0.5 } }",
      "f.conf:3:22", "rmsprop_conf is given but the updater is 'kSGD', which has no *_conf"),
     ("train_steps: 1\nneuralnet { }\nupdater { learning_rate { type: kStep "

@@ -1,21 +1,33 @@
-"""Layers: values, gradients against central differences, shape checks, configuration."""
+"""Layers: values, gradients against central differences, shape checks, configuration.
+
+Every layer type's backward pass (hand-written, or autograd's of its forward) is checked
+against central differences in float64 (:func:`layer_tools.check_gradients`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from paramserver import ParamError
-from paramserver.config.components import layers
-from paramserver.config.job import LayerConf, parse_job
-from paramserver.params import Param
-from paramserver.train.data import Batch
-from paramserver.train.layers import (
-    DataLayer,
+torch = pytest.importorskip("torch")
+
+from layer_tools import (  # noqa: E402
+    F64,
+    Source,
+    check_gradients,
+    data_layer,
+    make,
+    randn,
+    run,
+)
+from paramserver import ParamError  # noqa: E402
+from paramserver.config.components import layers  # noqa: E402
+from paramserver.config.job import LayerConf, parse_job  # noqa: E402
+from paramserver.params import Param  # noqa: E402
+from paramserver.train.data import Batch  # noqa: E402
+from paramserver.train.layers import (  # noqa: E402
     DropoutLayer,
     EmbeddingLayer,
     InnerProductLayer,
@@ -23,99 +35,9 @@ from paramserver.train.layers import (
     SoftmaxLossLayer,
 )
 
-F64 = np.float64
 
-
-class Source(Layer):
-    """A layer whose output is set by the test."""
-
-    min_srcs = 0
-    max_srcs = 0
-
-    def __init__(self, data: np.ndarray, name: str = "src", *, needs_grad: bool = True):
-        super().__init__(LayerConf.parse({"name": name, "type": "kReLU"}), [],
-                         dtype=data.dtype if data.dtype.kind == "f" else F64)
-        self.data = data
-        self.out_shape = tuple(data.shape[1:])
-        self.int_output = data.dtype.kind in "iu"
-        self.grad = np.zeros(data.shape, self.dtype) if needs_grad and not self.int_output \
-            else None
-
-    def forward(self, phase: str, rng: np.random.Generator | None) -> None:
-        pass
-
-
-def make(type_: str, srcs: list[Layer], name: str = "l", *, params: bool = True,
-         dtype: Any = F64, **own: Any) -> Layer:
-    """A set-up layer of ``type_`` reading ``srcs``; its Params (if any) random."""
-    conf = LayerConf.parse({"name": name, "type": type_,
-                            "srclayers": [s.name for s in srcs], **own})
-    layer: Layer = layers.get(type_)(conf, srcs, dtype=dtype)
-    layer.setup()
-    if params:
-        rng = np.random.default_rng(7)
-        ps = [Param(f"{name}_{i}", shape, dtype) for i, shape in
-              enumerate(layer.param_shapes())]
-        for p in ps:
-            p.data[...] = rng.standard_normal(p.shape)
-        layer.bind(ps)
-    return layer
-
-
-def data_layer(tmp_path: Path, x: np.ndarray, y: np.ndarray, name: str = "data",
-               **own: Any) -> DataLayer:
-    path = tmp_path / f"{name}.npz"
-    np.savez(path, x=x, y=y)
-    own.setdefault("batchsize", 2)
-    own.setdefault("test_fraction", 0.0)
-    layer = make("kData", [], name, source=str(path), **own)
-    assert isinstance(layer, DataLayer)
-    return layer
-
-
-def numeric_grad(f: Callable[[], float], arr: np.ndarray, eps: float = 1e-6) -> np.ndarray:
-    out = np.zeros(arr.shape)
-    flat, g = arr.reshape(-1), out.reshape(-1)
-    for i in range(flat.size):
-        old = flat[i]
-        flat[i] = old + eps
-        hi = f()
-        flat[i] = old - eps
-        lo = f()
-        flat[i] = old
-        g[i] = (hi - lo) / (2 * eps)
-    return out
-
-
-def check_gradients(layer: Layer, phase: str = "train", seed: int = 3) -> None:
-    """``backward`` against central differences of ``sum(data × r)`` (or a loss layer's loss),
-    for every float source and every Param."""
-    def objective() -> float:
-        layer.forward(phase, np.random.default_rng(seed))
-        if isinstance(layer, SoftmaxLossLayer):
-            return layer.loss
-        return float(np.sum(layer.data * r))
-
-    layer.forward(phase, np.random.default_rng(seed))
-    r = np.random.default_rng(1).standard_normal(np.shape(layer.data))
-    for s in layer.srcs:
-        if s.grad is not None:
-            s.grad[...] = 0
-    for p in layer.params:
-        p.grad[...] = 0
-    layer.grad = r.copy()
-    layer.backward()
-    for s in layer.srcs:
-        if s.grad is not None:
-            np.testing.assert_allclose(s.grad, numeric_grad(objective, s.data),
-                                       rtol=1e-6, atol=1e-8, err_msg=f"source {s.name}")
-    for p in layer.params:
-        np.testing.assert_allclose(p.grad, numeric_grad(objective, p.data), rtol=1e-6,
-                                   atol=1e-8, err_msg=f"param {p.name}")
-
-
-def randn(*shape: int, seed: int = 0) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal(shape)
+def arr(t: Any) -> np.ndarray:
+    return t.detach().numpy() if hasattr(t, "detach") else np.asarray(t)
 
 
 # -- registration and configuration ---------------------------------------------------------
@@ -188,15 +110,15 @@ def test_inner_product_layout_and_values() -> None:
     fc = make("kInnerProduct", [x], num_output=2)
     assert fc.param_shapes() == [(2, 3), (2,)]
     assert fc.params[0].fan_in == 3 and fc.params[0].fan_out == 2
-    fc.forward("train", None)
+    run(fc)
     w, b = fc.params[0].data, fc.params[1].data
-    np.testing.assert_allclose(fc.data, x.data @ w.T + b)
+    np.testing.assert_allclose(arr(fc.data), x.arr @ w.T + b)
     assert fc.out_shape == (2,)
 
     t = make("kInnerProduct", [x], num_output=2, transpose=True, bias_term=False)
     assert t.param_shapes() == [(3, 2)]
-    t.forward("train", None)
-    np.testing.assert_allclose(t.data, x.data @ t.params[0].data)
+    run(t)
+    np.testing.assert_allclose(arr(t.data), x.arr @ t.params[0].data)
 
 
 @pytest.mark.parametrize("transpose", [False, True])
@@ -229,9 +151,9 @@ def test_bind_checks_shapes() -> None:
     fc = make("kInnerProduct", [Source(randn(2, 3))], "fc1", params=False, num_output=2)
     with pytest.raises(ParamError, match=r"layer 'fc1' .*Param 0 \('w'\) has shape \(3, 2\), "
                                          r"expected \(2, 3\)"):
-        fc.bind([Param("w", (3, 2), F64), Param("b", (2,), F64)])
+        fc.bind([Param("w", (3, 2), F64), Param("b", (2,), F64)], [None, None])
     with pytest.raises(ParamError, match="needs 2 Params, 1 given"):
-        fc.bind([Param("w", (2, 3), F64)])
+        fc.bind([Param("w", (2, 3), F64)], [None])
 
 
 def test_wrong_number_of_srclayers() -> None:
@@ -245,54 +167,60 @@ def test_wrong_number_of_srclayers() -> None:
         make("kData", [a], "d")
 
 
-# -- activations and dropout ----------------------------------------------------------------
+# -- activations, dropout, softmax --------------------------------------------------------
 
-def test_activation_values() -> None:
-    x = np.array([[-2.0, -0.5, 0.5, 3.0]])
-    src = Source(x)
-    expected = {
-        "kReLU": np.maximum(x, 0),
-        "kSigmoid": 1 / (1 + np.exp(-x)),
-        "kTanh": np.tanh(x),
-        "kSTanh": 1.7159047 * np.tanh(2 * x / 3),
-    }
-    for type_, want in expected.items():
-        layer = make(type_, [src])
-        layer.forward("train", None)
-        np.testing.assert_allclose(layer.data, want, rtol=1e-12)
-        assert layer.out_shape == (4,)
+ACTIVATIONS = {
+    "kReLU": lambda x: np.maximum(x, 0),
+    "kSigmoid": lambda x: 1 / (1 + np.exp(-x)),
+    "kTanh": np.tanh,
+    "kSTanh": lambda x: 1.7159047 * np.tanh(2 * x / 3),
+}
+
+
+@pytest.mark.parametrize("type_", sorted(ACTIVATIONS))
+def test_activation_values_and_gradients(type_: str) -> None:
+    x = randn(3, 2, 4)
+    x[np.abs(x) < 0.05] = 0.5  # keep away from ReLU's kink
+    layer = make(type_, [Source(x)])
+    run(layer)
+    np.testing.assert_allclose(arr(layer.data), ACTIVATIONS[type_](x), rtol=1e-12)
+    assert layer.out_shape == (2, 4)
+    check_gradients(layer)
+
+
+@pytest.mark.parametrize("function", ["RELU", "SIGMOID", "TANH", "STANH"])
+@pytest.mark.parametrize("type_", ["kActivation", "kCudnnActivation"])
+def test_activation_chosen_by_its_conf(type_: str, function: str) -> None:
+    x = randn(2, 5) + 0.01
+    layer = make(type_, [Source(x)], activation_conf={"type": function})
+    run(layer)
+    name = {"RELU": "kReLU", "SIGMOID": "kSigmoid", "TANH": "kTanh", "STANH": "kSTanh"}
+    np.testing.assert_allclose(arr(layer.data), ACTIVATIONS[name[function]](x), rtol=1e-12)
+    check_gradients(layer)
 
 
 def test_sigmoid_does_not_overflow() -> None:
     layer = make("kSigmoid", [Source(np.array([[-1000.0, 1000.0]], np.float32))],
                  dtype=np.float32)
-    with np.errstate(all="raise"):
-        layer.forward("train", None)
-    np.testing.assert_array_equal(layer.data, [[0.0, 1.0]])
-
-
-@pytest.mark.parametrize("type_", ["kReLU", "kSigmoid", "kTanh", "kSTanh"])
-def test_activation_gradients(type_: str) -> None:
-    x = randn(3, 2, 4)
-    x[np.abs(x) < 0.05] = 0.5  # keep away from ReLU's kink
-    check_gradients(make(type_, [Source(x)]))
+    run(layer)
+    np.testing.assert_array_equal(arr(layer.data), [[0.0, 1.0]])
 
 
 def test_dropout_train_and_test() -> None:
     x = np.ones((200, 50))
     drop = make("kDropout", [Source(x)], dropout_ratio=0.3)
     assert isinstance(drop, DropoutLayer)
-    drop.forward("train", np.random.default_rng(5))
-    kept = drop.data != 0
+    run(drop, seed=5)
+    kept = arr(drop.data) != 0
     assert abs(kept.mean() - 0.7) < 0.02
-    np.testing.assert_allclose(drop.data[kept], 1 / 0.7)  # inverted: the mean is kept
-    first = drop.data.copy()
-    drop.forward("train", np.random.default_rng(5))
-    np.testing.assert_array_equal(drop.data, first)  # the mask is the generator's
-    drop.forward("train", np.random.default_rng(6))
-    assert not np.array_equal(drop.data, first)
-    drop.forward("test", None)
-    np.testing.assert_array_equal(drop.data, x)
+    np.testing.assert_allclose(arr(drop.data)[kept], 1 / 0.7)  # inverted: the mean is kept
+    first = arr(drop.data).copy()
+    run(drop, seed=5)
+    np.testing.assert_array_equal(arr(drop.data), first)  # the mask is the generator's
+    run(drop, seed=6)
+    assert not np.array_equal(arr(drop.data), first)
+    run(drop, "test")
+    np.testing.assert_array_equal(arr(drop.data), x)
     with pytest.raises(ParamError, match="needs a random generator"):
         drop.forward("train", None)
 
@@ -302,58 +230,68 @@ def test_dropout_gradients() -> None:
     check_gradients(make("kDropout", [Source(randn(4, 6))], dropout_ratio=0.5), phase="test")
 
 
-# -- softmax loss ---------------------------------------------------------------------------
+@pytest.mark.parametrize("type_", ["kSoftmax", "kCudnnSoftmax"])
+def test_softmax_groups(type_: str) -> None:
+    x = randn(3, 2, 3)
+    layer = make(type_, [Source(x)], softmax_conf={"num_softmax_per_instance": 2})
+    run(layer)
+    e = np.exp(x - x.max(axis=2, keepdims=True))
+    np.testing.assert_allclose(arr(layer.data), e / e.sum(axis=2, keepdims=True))
+    check_gradients(layer)
+    with pytest.raises(ParamError, match="num_softmax_per_instance 4 does not divide the 6"):
+        make(type_, [Source(x)], softmax_conf={"num_softmax_per_instance": 4})
 
-def loss_layer(tmp_path: Path, logits: np.ndarray, labels: list[int], classes: int = 3,
+
+# -- loss and output layers -----------------------------------------------------------------
+
+def loss_layer(logits: np.ndarray, labels: list[int], type_: str = "kSoftmaxLoss",
                **own: Any) -> SoftmaxLossLayer:
     n = len(labels)
-    data = data_layer(tmp_path, np.zeros((max(n, classes), 2)),
-                      np.arange(max(n, classes)) % classes)
-    data.feed(Batch(np.zeros((n, 2)), np.array(labels), 0))
-    layer = make("kSoftmaxLoss", [Source(logits), data], "loss", **own)
+    data = Source(np.zeros((n, 2)), "data", needs_grad=False, labels=np.array(labels))
+    layer = make(type_, [Source(logits), data], "loss", **own)
     assert isinstance(layer, SoftmaxLossLayer)
     return layer
 
 
-def test_softmax_loss_hand_example(tmp_path: Path) -> None:
+def test_softmax_loss_hand_example() -> None:
     logits = np.array([[1.0, 2.0, 3.0], [1.0, 0.0, 0.0]])
-    layer = loss_layer(tmp_path, logits, [2, 1])
-    layer.forward("train", None)
+    layer = loss_layer(logits, [2, 1])
+    run(layer)
     p0 = np.exp([1, 2, 3]) / np.exp([1, 2, 3]).sum()
     p1 = np.exp([1, 0, 0]) / np.exp([1, 0, 0]).sum()
-    np.testing.assert_allclose(layer.data, [p0, p1])
-    assert layer.loss == pytest.approx((-np.log(p0[2]) - np.log(p1[1])) / 2)
-    assert layer.accuracy == 0.5  # row 0 right, row 1: class 0 scores higher than label 1
-    assert layer.metrics() == {"loss": layer.loss, "accuracy": 0.5}
-    grad = layer.srcs[0].grad
-    assert grad is not None
-    grad[...] = 0
-    layer.backward()
-    np.testing.assert_allclose(grad, (np.array([p0, p1]) - [[0, 0, 1], [0, 1, 0]]) / 2)
+    np.testing.assert_allclose(arr(layer.data), [p0, p1])
+    assert float(layer.loss) == pytest.approx((-np.log(p0[2]) - np.log(p1[1])) / 2)
+    assert float(layer.accuracy) == 0.5  # row 0 right; row 1: class 0 scores above label 1
+    assert layer.metrics() == {"loss": pytest.approx(float(layer.loss)), "accuracy": 0.5}
+    layer.srcs[0].grad = None
+    with torch.no_grad():
+        layer.backward()
+    np.testing.assert_allclose(arr(layer.srcs[0].grad),
+                               (np.array([p0, p1]) - [[0, 0, 1], [0, 1, 0]]) / 2)
 
 
-def test_softmax_loss_topk_ties_and_scale(tmp_path: Path) -> None:
+def test_softmax_loss_topk_ties_and_scale() -> None:
     logits = np.array([[1.0, 0.0, 0.0], [0.0, 5.0, 5.0], [3.0, 2.0, 1.0]])
-    top2 = loss_layer(tmp_path, logits, [1, 2, 2], topk=2, scale=2.0)
-    top2.forward("train", None)
+    top2 = loss_layer(logits, [1, 2, 2], topk=2, scale=2.0)
+    run(top2)
     # label 1 of row 0 ties for second: fewer than 2 score strictly higher; row 1 ties for
     # first; row 2's label is third
-    assert top2.accuracy == pytest.approx(2 / 3)
-    top1 = loss_layer(tmp_path, logits, [1, 2, 2])
-    top1.forward("train", None)
-    assert top1.accuracy == pytest.approx(1 / 3)
-    assert top2.loss == pytest.approx(2 * top1.loss)
+    assert float(top2.accuracy) == pytest.approx(2 / 3)
+    top1 = loss_layer(logits, [1, 2, 2])
+    run(top1)
+    assert float(top1.accuracy) == pytest.approx(1 / 3)
+    assert float(top2.loss) == pytest.approx(2 * float(top1.loss))
 
 
-def test_softmax_loss_is_stable_for_large_logits(tmp_path: Path) -> None:
-    layer = loss_layer(tmp_path, np.array([[1000.0, 0.0, -1000.0]]), [0])
-    with np.errstate(over="raise", invalid="raise", divide="raise"):
-        layer.forward("train", None)
-    assert layer.loss == 0.0 and layer.accuracy == 1.0
+def test_softmax_loss_is_stable_for_large_logits() -> None:
+    layer = loss_layer(np.array([[1000.0, 0.0, -1000.0]]), [0])
+    run(layer)
+    assert float(layer.loss) == 0.0 and float(layer.accuracy) == 1.0
 
 
-def test_softmax_loss_gradients(tmp_path: Path) -> None:
-    check_gradients(loss_layer(tmp_path, randn(4, 3), [0, 2, 1, 2], scale=1.5))
+@pytest.mark.parametrize("type_", ["kSoftmaxLoss", "kCudnnSoftmaxLoss"])
+def test_softmax_loss_gradients(type_: str) -> None:
+    check_gradients(loss_layer(randn(4, 3), [0, 2, 1, 2], type_, scale=1.5))
 
 
 def test_softmax_loss_shape_errors(tmp_path: Path) -> None:
@@ -368,19 +306,174 @@ def test_softmax_loss_shape_errors(tmp_path: Path) -> None:
         make("kSoftmaxLoss", [Source(randn(2, 4, 2)), data], "loss")
     with pytest.raises(ParamError, match="topk 5 is more than the 4 classes"):
         make("kSoftmaxLoss", [Source(randn(2, 4)), data], "loss", topk=5)
-    with pytest.raises(ParamError, match="the second srclayer gives the labels and must be a "
-                                         "data layer; 'other' is kReLU"):
+    with pytest.raises(ParamError, match="srclayer 'other' \\(kReLU\\) gives no labels"):
         make("kSoftmaxLoss", [Source(randn(2, 4)), Source(randn(2, 4), "other")], "loss")
     with pytest.raises(ParamError, match="cannot tell where the labels come from: srclayer "
-                                         "'src' depends on data layers none"):
+                                         "'src' depends on layers giving labels none"):
         make("kSoftmaxLoss", [Source(randn(2, 4))], "loss")
 
 
-def test_softmax_loss_finds_the_data_layer_upstream(tmp_path: Path) -> None:
+def test_softmax_loss_finds_the_labels_upstream(tmp_path: Path) -> None:
     data = data_layer(tmp_path, np.zeros((6, 2)), np.arange(6) % 3)
     fc = make("kInnerProduct", [data], "fc", num_output=3)
     loss = make("kSoftmaxLoss", [fc], "loss")
     assert isinstance(loss, SoftmaxLossLayer) and loss.label_layer is data
+
+
+def test_euclidean_loss_values_and_gradient() -> None:
+    a, b = randn(3, 4), randn(3, 2, 2, seed=1)
+    layer = make("kEuclideanLoss", [Source(a, "a"), Source(b, "b")])
+    run(layer)
+    assert float(layer.loss) == pytest.approx(((a - b.reshape(3, 4)) ** 2).sum() / 3)
+    # SINGA's gradient is that of half the loss, and the second source gets none
+    layer.srcs[0].grad = layer.srcs[1].grad = None
+    with torch.no_grad():
+        layer.backward()
+    np.testing.assert_allclose(arr(layer.srcs[0].grad), (a - b.reshape(3, 4)) / 3)
+    assert layer.srcs[1].grad is None
+    with pytest.raises(ParamError, match="srclayer 'a' gives 4 values per sample but 'b' 5"):
+        make("kEuclideanLoss", [Source(a, "a"), Source(randn(3, 5), "b")])
+
+
+def test_argsort_and_accuracy() -> None:
+    scores = np.array([[0.1, 0.7, 0.2], [0.5, 0.5, 0.0], [0.0, 0.1, 0.9]])
+    top2 = make("kArgSort", [Source(scores)], argsort_conf={"topk": 2})
+    run(top2)
+    np.testing.assert_array_equal(arr(top2.data), [[1, 2], [0, 1], [2, 1]])
+    assert top2.int_output and top2.out_shape == (2,)
+    labels = Source(np.zeros((3, 1)), "data", needs_grad=False, labels=np.array([2, 1, 0]))
+    acc = make("kAccuracy", [Source(scores), labels], argsort_conf={"topk": 2})
+    run(acc)
+    assert acc.metrics() == {"accuracy": pytest.approx(2 / 3)}
+    with pytest.raises(ParamError, match="topk 4 is more than the 3 scores"):
+        make("kArgSort", [Source(scores)], argsort_conf={"topk": 4})
+
+
+def test_csv_and_record_output(tmp_path: Path) -> None:
+    from paramserver.singa import stores
+
+    src = Source(np.array([[0.5, 1.0], [2.0, -3.0]]), labels=np.array([1, 0]))
+    csv = make("kCSVOutput", [src], store_conf={"path": str(tmp_path / "out.csv")})
+    run(csv, "test")
+    run(csv, "test")
+    lines = (tmp_path / "out.csv").read_text().splitlines()
+    assert lines == ["1,0.5,1.0", "0,2.0,-3.0"] * 2
+    rec = make("kRecordOutput", [src], store_conf={"path": str(tmp_path / "out.bin")})
+    run(rec, "test")
+    run(rec, "test")
+    samples = stores.read_records(tmp_path / "out.bin")
+    np.testing.assert_array_equal(samples.x, np.array([[0.5, 1.0], [2.0, -3.0]] * 2))
+    np.testing.assert_array_equal(samples.y, [1, 0, 1, 0])
+
+
+# -- convolution, pooling, LRN --------------------------------------------------------------
+
+@pytest.mark.parametrize("type_", ["kConvolution", "kCConvolution", "kCudnnConv"])
+def test_convolution_layout_values_and_gradients(type_: str) -> None:
+    x = randn(2, 2, 5, 4)
+    conv = make(type_, [Source(x)], convolution_conf={"num_filters": 3, "kernel": 3,
+                                                      "pad": 1, "stride": 2})
+    assert conv.param_shapes() == [(3, 2 * 3 * 3), (3,)]  # SINGA's (filters, c·k·k)
+    assert conv.out_shape == (3, 3, 2)  # (5 + 2 - 3) // 2 + 1, (4 + 2 - 3) // 2 + 1
+    run(conv)
+    w = conv.params[0].data.reshape(3, 2, 3, 3)
+    b = conv.params[1].data
+    padded = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    want = np.zeros((2, 3, 3, 2))
+    for n in range(2):
+        for f in range(3):
+            for i in range(3):
+                for j in range(2):
+                    patch = padded[n, :, 2 * i:2 * i + 3, 2 * j:2 * j + 3]
+                    want[n, f, i, j] = (patch * w[f]).sum() + b[f]
+    np.testing.assert_allclose(arr(conv.data), want, rtol=1e-10)
+    check_gradients(conv)
+
+
+def test_convolution_kernel_x_y_and_no_bias() -> None:
+    conv = make("kConvolution", [Source(randn(1, 6, 7))],
+                convolution_conf={"num_filters": 2, "kernel_x": 3, "kernel_y": 2,
+                                  "bias_term": False})
+    assert conv.param_shapes() == [(2, 1 * 2 * 3)]
+    assert conv.out_shape == (2, 5, 5)
+    check_gradients(conv)
+    with pytest.raises(ParamError, match="num_filters must be set"):
+        make("kConvolution", [Source(randn(1, 2, 6, 6))], convolution_conf={"kernel": 3})
+    with pytest.raises(ParamError, match=r"the height 2 .* is smaller than the kernel 3"):
+        make("kConvolution", [Source(randn(1, 1, 2, 6))],
+             convolution_conf={"num_filters": 1, "kernel": 3})
+
+
+@pytest.mark.parametrize("type_", ["kPooling", "kCPooling", "kCudnnPool"])
+@pytest.mark.parametrize("pool", ["MAX", "AVG"])
+def test_pooling_values_and_gradients(type_: str, pool: str) -> None:
+    x = randn(2, 3, 7, 7)
+    layer = make(type_, [Source(x)], pooling_conf={"pool": pool, "kernel": 3, "stride": 2})
+    assert layer.out_shape == (3, 3, 3)  # (7 - 3) // 2 + 1
+    run(layer)
+    windows = np.stack([[x[:, :, 2 * i:2 * i + 3, 2 * j:2 * j + 3] for j in range(3)]
+                        for i in range(3)])  # (3, 3, n, c, 3, 3)
+    reduce = np.max if pool == "MAX" else np.mean
+    want = reduce(windows, axis=(4, 5)).transpose(2, 3, 0, 1)
+    np.testing.assert_allclose(arr(layer.data), want, rtol=1e-12)
+    check_gradients(layer)
+
+
+def test_pooling_padding_counts_zeros_in_averages() -> None:
+    x = np.ones((1, 1, 2, 2))
+    layer = make("kPooling", [Source(x)], pooling_conf={"pool": "AVG", "kernel": 2, "stride": 2,
+                                                        "pad": 1})
+    run(layer)
+    np.testing.assert_allclose(arr(layer.data), np.full((1, 1, 2, 2), 0.25))
+
+
+@pytest.mark.parametrize("type_", ["kLRN", "kCudnnLRN"])
+def test_lrn_values_and_gradients(type_: str) -> None:
+    x = randn(2, 5, 3, 3)
+    layer = make(type_, [Source(x)], lrn_conf={"local_size": 3, "alpha": 0.5, "beta": 0.75,
+                                               "knorm": 2.0})
+    run(layer)
+    sq = np.pad(x ** 2, ((0, 0), (1, 1), (0, 0), (0, 0)))
+    window = sq[:, :-2] + sq[:, 1:-1] + sq[:, 2:]
+    np.testing.assert_allclose(arr(layer.data), x / (2.0 + 0.5 / 3 * window) ** 0.75,
+                               rtol=1e-10)
+    check_gradients(layer)
+
+
+# -- connection layers ----------------------------------------------------------------------
+
+def test_concate_values_and_gradients() -> None:
+    a, b = Source(randn(2, 3, 2), "a"), Source(randn(2, 1, 2, seed=1), "b")
+    cat = make("kConcate", [a, b], concate_conf={"concate_dim": 1, "num_concates": 2})
+    assert cat.out_shape == (4, 2)
+    run(cat)
+    np.testing.assert_array_equal(arr(cat.data), np.concatenate([a.arr, b.arr], 1))
+    check_gradients(cat)
+    batch = make("kConcate", [a, Source(randn(3, 3, 2), "c")],
+                 concate_conf={"concate_dim": 0, "num_concates": 2})
+    run(batch)
+    assert tuple(batch.data.shape) == (5, 3, 2)
+    with pytest.raises(ParamError, match="num_concates is 3 but it reads 2 srclayers"):
+        make("kConcate", [a, b], concate_conf={"concate_dim": 1, "num_concates": 3})
+    with pytest.raises(ParamError, match="does not join"):
+        make("kConcate", [a, Source(randn(2, 3, 3), "d")],
+             concate_conf={"concate_dim": 1, "num_concates": 2})
+
+
+@pytest.mark.parametrize("type_", ["kSplit", "kBridgeSrc", "kBridgeDst"])
+def test_identity_connections(type_: str) -> None:
+    layer = make(type_, [Source(randn(2, 3))])
+    run(layer)
+    np.testing.assert_array_equal(arr(layer.data), randn(2, 3))
+    check_gradients(layer)
+
+
+def test_dummy_layer() -> None:
+    dummy = make("kDummy", [], dummy_conf={"input": True, "shape": [4, 3]})
+    run(dummy)
+    assert tuple(dummy.data.shape) == (4, 3) and dummy.out_shape == (3,)
+    passing = make("kDummy", [Source(randn(2, 3))])
+    check_gradients(passing)
 
 
 # -- embedding ------------------------------------------------------------------------------
@@ -390,12 +483,13 @@ def test_embedding_lookup_and_gradient() -> None:
     emb = make("kEmbedding", [ids], "emb", vocab_size=5, feature_dim=2)
     assert isinstance(emb, EmbeddingLayer)
     assert emb.param_shapes() == [(5, 2)] and emb.out_shape == (3, 2)
-    emb.forward("train", None)
+    run(emb)
     table = emb.params[0].data
-    np.testing.assert_array_equal(emb.data, table[[[0, 3, 3], [2, 0, 3]]])
+    np.testing.assert_array_equal(arr(emb.data), table[[[0, 3, 3], [2, 0, 3]]])
     emb.params[0].grad[...] = 0
-    emb.grad = np.ones((2, 3, 2))
-    emb.backward()
+    emb.grad = torch.ones((2, 3, 2), dtype=torch.float64)
+    with torch.no_grad():
+        emb.backward()
     np.testing.assert_array_equal(emb.params[0].grad[:, 0], [2, 0, 1, 3, 0])  # repeats add
     check_gradients(emb)
 
@@ -410,7 +504,7 @@ def test_embedding_checks_its_input(tmp_path: Path) -> None:
         make("kEmbedding", [data], "emb", vocab_size=5, feature_dim=2)
     emb = make("kEmbedding", [Source(np.array([[1, 9]]))], "emb", vocab_size=5, feature_dim=2)
     with pytest.raises(ParamError, match=r"layer 'emb' \(kEmbedding\): an id is outside"):
-        emb.forward("train", None)
+        run(emb)
 
 
 def test_embedding_default_init() -> None:
@@ -428,9 +522,9 @@ def test_data_layer_feeds_batches(tmp_path: Path) -> None:
     assert data.dataset.num_train == 8 and data.dataset.num_test == 2
     batch = data.batch(0)
     data.feed(batch)
-    data.forward("train", None)
-    np.testing.assert_array_equal(data.data, batch.x)
-    np.testing.assert_array_equal(data.labels, batch.y)
+    run(data)
+    np.testing.assert_array_equal(arr(data.data), batch.x)
+    np.testing.assert_array_equal(arr(data.labels), batch.y)
     with pytest.raises(ParamError, match=r"fed samples of shape \(3,\)"):
         data.feed(Batch(np.zeros((2, 3)), np.zeros(2, np.int64), 0))
 
@@ -459,13 +553,8 @@ def test_a_user_layer_in_a_net() -> None:
         class Config(Parameter):
             factor: float = field(2.0, doc="The factor.")
 
-        def forward(self, phase: str, rng: np.random.Generator | None) -> None:
-            self.data = self._input() * self.own.factor
-
-        def backward(self) -> None:
-            assert self.grad is not None
-            if self.srcs[0].grad is not None:
-                self.srcs[0].grad += self.grad * self.own.factor
+        def compute(self, x: Any) -> Any:  # its gradient is autograd's
+            return x * self.own.factor
 
     try:
         job = parse_job("""train_steps: 1 neuralnet {
@@ -475,13 +564,13 @@ def test_a_user_layer_in_a_net() -> None:
             layer { name: "s" type: Scale srclayers: "fc" [scale_conf] { factor: 3 } }
             layer { name: "loss" type: kSoftmaxLoss srclayers: "s" } }""")
         net = Net(job.neuralnet, dtype=F64)
-        assert net["s"].own.factor == 3.0
+        assert net["s"].own.factor == 3.0 and net["s"].type == "user:Scale"
         pset = net.make_params()
         net.train_step(0)
         g = pset.grads.copy()
-        fc_out = net["fc"].data
-        np.testing.assert_array_equal(net["s"].data, 3 * fc_out)
+        np.testing.assert_array_equal(arr(net["s"].data), 3 * arr(net["fc"].data))
         assert np.any(g != 0)
+        check_gradients(make("Scale", [Source(randn(2, 3))], scale_conf={"factor": 3}))
     finally:
         layers.remove("Scale")
 
@@ -489,10 +578,22 @@ def test_a_user_layer_in_a_net() -> None:
 def test_docs_describe_every_layer_and_field() -> None:
     text = (Path(__file__).parents[1] / "docs" / "layers.md").read_text(encoding="utf-8")
     for name, cls in layers.items():
-        if cls.__module__ != "paramserver.train.layers":
+        if not cls.__module__.startswith("paramserver.train.layers") or not cls.built:
             continue
         assert f"`{name}`" in text, name
         if cls.Config is not None:
             assert f"`{layers.conf_name(name)}`" in text, name
             for field_name in cls.Config.fields():
                 assert f"`{field_name}`" in text, (name, field_name)
+
+
+def test_every_built_layer_is_gradient_checked() -> None:
+    """Each built layer type appears in a gradient or reference test of this suite."""
+    import re
+
+    here = Path(__file__).parent
+    text = "".join(p.read_text(encoding="utf-8") for p in here.glob("test_*.py"))
+    missing = [name for name, cls in layers.items()
+               if cls.__module__.startswith("paramserver.train.layers") and cls.built
+               and not re.search(rf"\b{name}\b", text)]
+    assert not missing

@@ -80,15 +80,17 @@ def test_net_from_a_dict() -> None:
     ('layer { name: "a" type: kReLU srclayers: "a" }', "layer 'a' reads itself"),
     ('layer { name: "data" type: kData } layer { name: "fc" type: kInnerProduct '
      'innerproduct_conf { num_output: 10 } srclayers: "data" }',
-     "a net needs exactly one loss layer (kSoftmaxLoss); found 0"),
+     "a net needs a loss layer (kSoftmaxLoss, kEuclideanLoss, ...) in phase kTrain to train "
+     "by kBP; found none"),
     ('layer { name: "d1" type: kData } layer { name: "d2" type: kData }'
      'layer { name: "fc" type: kInnerProduct innerproduct_conf { num_output: 10 } '
      'srclayers: "d1" } layer { name: "loss" type: kSoftmaxLoss srclayers: ["fc", "d1"] }',
-     "a net needs exactly one data layer (kData); found 2: 'd1', 'd2'"),
+     "a net needs exactly one input layer (kData, kRecordInput, kShardData, kCSVInput, "
+     "kCharRNN, ...); found 2: 'd1', 'd2' in phase kTrain"),
 ])
 def test_structure_errors(layers: str, message: str) -> None:
     with pytest.raises(ParamError) as info:
-        Net(net_conf(layers))
+        Net(net_conf(layers)).check_trainable()
     assert message in str(info.value)
 
 
@@ -212,7 +214,7 @@ def test_train_step_zeroes_gradients_first() -> None:
     net.train_step(0)
     np.testing.assert_array_equal(pset.grads, first)
     net.train_step(0, zero_grads=False)
-    np.testing.assert_allclose(pset.grads, 2 * first, rtol=1e-6)
+    np.testing.assert_allclose(pset.grads, 2 * first, rtol=1e-6, atol=1e-9)
 
 
 def test_evaluate_whole_split_or_some_batches() -> None:

@@ -151,11 +151,13 @@ def test_a_test_only_param_is_refused(tmp_path: Path) -> None:
 
 def test_unbuilt_algorithms_and_layers_are_refused_by_train(tmp_path: Path) -> None:
     conf = job(tmp_path, 2)
-    conf.train_one_batch.update({"alg": "kCD"})
-    with pytest.raises(ParamError, match="training algorithm kCD: train_one_batch"):
+    conf.train_one_batch.update({"alg": "kUserAlg", "user_alg": "MyAlg"})
+    with pytest.raises(ParamError, match="user training algorithm 'MyAlg' \\(kUserAlg\\): "
+                                         "train_one_batch"):
         Trainer(conf, progress=False)
-    text = 'neuralnet { layer { name: "c" type: kConvolution } }'
-    with pytest.raises(ParamError, match="layer type kConvolution: layer 'c'"):
+    text = 'neuralnet { layer { name: "c" type: kLMDBData lmdbdata_conf { path: "x" ' \
+           'batchsize: 1 } } }'
+    with pytest.raises(ParamError, match="layer type kLMDBData: layer 'c'"):
         Trainer(parse_job(text), progress=False)
 
 

@@ -523,3 +523,14 @@ def test_written_tree_reads_back(fields: list[tuple[str, Value]], quote: str) ->
     original = Block([Entry(k, v) for k, v in fields])
     text = write(original, quote)[1:-1]  # the top level has no braces
     assert tree(parse_text(text)) == tree(original)
+
+
+def test_short_booleans_are_words_where_no_boolean_is_read() -> None:
+    """protobuf's bare ``t``/``f`` read as booleans by boolean fields only: a tree written
+    with the word ``f`` reads back as that word (the round trip above found it)."""
+    block = parse_text("a: f\nb: t\n")
+    assert [e.value.raw for e in block.entries] == ["f", "t"]
+    from paramserver.config.job import ClusterConf
+
+    assert ClusterConf.parse(parse_text("share_memory: f")).share_memory is False
+    assert ClusterConf.parse(parse_text("share_memory: t")).share_memory is True

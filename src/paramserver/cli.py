@@ -139,6 +139,11 @@ def _parser() -> argparse.ArgumentParser:
                        help="where servers and workers run (default: the job's, local)")
     train.add_argument("--address", help="with --backend ray: address of an existing Ray "
                        "cluster (default: start a local one on 127.0.0.1)")
+    train.add_argument("--set", dest="settings", action="append", default=[],
+                       metavar="PATH=VALUE",
+                       help="set a field of the job, e.g. --set "
+                       "neuralnet.layer[data].store_conf.batchsize=8 (repeatable; "
+                       "docs/cli.md)")
     train.add_argument("--quiet", action="store_true",
                        help="no progress display and no messages but warnings")
     train.add_argument("--no-tensorboard", dest="tensorboard", action="store_false",
@@ -217,7 +222,7 @@ def _doc(args: argparse.Namespace) -> int:
 # -- train ----------------------------------------------------------------------------------
 
 def _train(args: argparse.Namespace) -> int:
-    from .train.jobfile import read_job_file
+    from .train.jobfile import apply_setting, read_job_file
     from .train.trainer import Trainer
 
     job_file = read_job_file(args.job)
@@ -235,6 +240,11 @@ def _train(args: argparse.Namespace) -> int:
             conf.update({key: value}, allow_unknown=False)
         except ParamError as e:
             problems.append(f"{option} {value}: {e}")
+    for setting in args.settings:
+        try:
+            apply_setting(job, setting)
+        except ParamError as e:
+            problems += [p.message for p in e.problems]
     if problems:
         raise ParamError(problems)
     with job_file.placing():

@@ -36,13 +36,37 @@ class ComponentRegistry(Registry[Any]):
     """
 
     def __init__(self, kind: str, builtins: tuple[str, ...] = (),
-                 numbers: dict[str, int] | None = None, user_sentinel: str | None = None):
+                 numbers: dict[str, int] | None = None, user_sentinel: str | None = None,
+                 user_namespace: bool = False):
         super().__init__(kind)
         self._builtins = builtins
         self._loading = False
         self.user_sentinel = user_sentinel
+        self.user_namespace = user_namespace
         if numbers:
             self.set_numbers({n: name for name, n in numbers.items()})
+
+    # -- users' components in their own namespace -------------------------------------------
+    #
+    # With ``user_namespace`` (the layers), a class registered from outside paramserver's own
+    # modules is kept under ``user:<name>``: SINGA's user layers live apart from its built-in
+    # ones (rnnlm's ``kData`` is not the built-in kData), so a user may register any name.
+    # ``user_type`` finds only these; ``type`` finds a built-in first, then a user's.
+
+    def register(self, name: str, *, aliases: tuple[str, ...] = ()) -> Any:
+        def decorate(obj: Any) -> Any:
+            if self.user_namespace and is_users(obj):
+                self.add(USER + name, obj, aliases=tuple(USER + a for a in aliases))
+            else:
+                self.add(name, obj, aliases=aliases)
+            return obj
+
+        return decorate
+
+    def remove(self, name: str) -> None:
+        if self.user_namespace and not name.startswith(USER) and self.user_lookup(name):
+            name = USER + name
+        super().remove(name)
 
     def is_sentinel(self, name: object) -> bool:
         """Whether ``name`` is the enum value meaning "see user_type" (``kUserLayer``)."""
@@ -52,12 +76,18 @@ class ComponentRegistry(Registry[Any]):
     def user_lookup(self, name: str) -> str | None:
         """The canonical name of a component registered by a user (outside paramserver's own
         modules) under ``name``; None if there is none. SINGA's ``user_type`` names these:
-        its built-in and user components live apart."""
+        its built-in and user components live apart (in a registry with ``user_namespace``
+        they are registered as ``user:<name>``)."""
+        if not isinstance(name, str):
+            return None
+        self.load()
+        if self.user_namespace:
+            key = name if name.startswith(USER) else USER + name
+            return Registry.lookup(self, key) if Registry.__contains__(self, key) else None
         if name not in self:
             return None
         canonical = self.lookup(name)
-        module = getattr(self.get(canonical), "__module__", "") or ""
-        return None if module.split(".")[0] == "paramserver" else canonical
+        return canonical if is_users(self.get(canonical)) else None
 
     def load(self) -> None:
         if self._builtins and not self._loading:
@@ -71,6 +101,10 @@ class ComponentRegistry(Registry[Any]):
 
     def lookup(self, name: str) -> str:
         self.load()
+        if self.user_namespace and isinstance(name, str) and not super().__contains__(name):
+            user = self.user_lookup(name)
+            if user is not None:
+                return user
         return super().lookup(name)
 
     def names(self) -> list[str]:
@@ -79,7 +113,9 @@ class ComponentRegistry(Registry[Any]):
 
     def __contains__(self, name: object) -> bool:
         self.load()
-        return super().__contains__(name)
+        return super().__contains__(name) or (
+            self.user_namespace and isinstance(name, str)
+            and super().__contains__(USER + name))
 
     def items(self) -> Iterator[tuple[str, Any]]:
         self.load()
@@ -95,7 +131,7 @@ class ComponentRegistry(Registry[Any]):
         if getattr(component, "Config", None) is None:
             return None
         explicit: str | None = getattr(component, "conf_name", None)
-        canonical = self.lookup(name)
+        canonical = self.lookup(name).removeprefix(USER)
         if len(canonical) > 1 and canonical[0] == "k" and canonical[1].isupper():
             canonical = canonical[1:]
         return explicit or self.extension_name(canonical)
@@ -107,6 +143,16 @@ class ComponentRegistry(Registry[Any]):
         return None
 
 
+#: The prefix of users' components in a registry with a user namespace.
+USER = "user:"
+
+
+def is_users(obj: Any) -> bool:
+    """Whether ``obj`` was defined outside paramserver's own modules (a user's component)."""
+    module = getattr(obj, "__module__", "") or ""
+    return module.split(".")[0] != "paramserver"
+
+
 param_generators = ComponentRegistry("init method", ("paramserver.init",),
                                      INIT_METHOD, "kUserInit")
 updaters = ComponentRegistry("updater", ("paramserver.updaters",), UPDATER_TYPE,
@@ -116,7 +162,7 @@ lr_methods = ComponentRegistry("learning-rate method", ("paramserver.schedules",
 #: Layers: paramserver's own, then every other SINGA layer type, registered as not built yet
 #: (see :mod:`paramserver.singa.layers`; the layers issue replaces them one by one).
 layers = ComponentRegistry("layer", ("paramserver.train.layers", "paramserver.singa.layers"),
-                           user_sentinel="kUserLayer")
+                           user_sentinel="kUserLayer", user_namespace=True)
 layers.set_numbers({**{n: name for name, n in LAYER_TYPE_V010.items()},
                     **{n: name for name, n in LAYER_TYPE.items()}})
 
@@ -171,6 +217,14 @@ class ComponentConf(Parameter):
                ) -> P:
         extensions = [e for e in block.entries if e.extension]
         known = [e for e in block.entries if not e.extension]
+        # A user's component may read a block named like a built-in one's (rnnlm's kData
+        # reads data_conf): written without brackets (a dict in Python), it is the selected
+        # component's, as its bracketed extension block would be.
+        selected = cls._selected_component(known)
+        key = cls.registry.conf_name(selected) if selected is not None else None
+        if key is not None and cls.registry.by_conf_name(key) != selected:
+            extensions += [Entry(e.key, e.value, e.where, True) for e in known if e.key == key]
+            known = [e for e in known if e.key != key]
         loose: dict[str, Any] = {}
         try:
             obj = super()._build(Block(known, block.where), loose)
@@ -242,6 +296,20 @@ class ComponentConf(Parameter):
         return obj
 
     @classmethod
+    def _selected_component(cls, entries: list[Entry]) -> str | None:
+        """The component ``user_type`` (a user's) or ``type`` selects, if registered."""
+        for key in ("user_type", "type"):
+            entry = next((e for e in entries if e.key == key), None)
+            if entry is None or not isinstance(entry.value, Scalar) or not isinstance(
+                    entry.value.raw, str):
+                continue
+            raw = entry.value.raw
+            if key == "user_type" and cls.registry.user_namespace:
+                return cls.registry.user_lookup(raw)
+            return cls.registry.lookup(raw) if raw in cls.registry else None
+        return None
+
+    @classmethod
     def _named_component(cls, entries: list[Entry]) -> str | None:
         """The registered component that ``user_type`` or ``type`` names, if either does."""
         for key in ("user_type", "type"):
@@ -292,5 +360,5 @@ def _wrap(value: Any, where: Any) -> Any:
     return out
 
 
-__all__ = ["ComponentConf", "ComponentRegistry", "layers", "lr_methods", "param_generators",
-           "updaters"]
+__all__ = ["USER", "ComponentConf", "ComponentRegistry", "is_users", "layers", "lr_methods",
+           "param_generators", "updaters"]

@@ -150,8 +150,8 @@ class TrainOneBatchConf(Parameter):
                      doc="kBP (back-propagation), kCD (contrastive divergence, for RBMs; also "
                          "written kContrastiveDivergence), kBPTT (back-propagation through "
                          "time, for unrolled RNNs) or kUserAlg (user_alg). SINGA's default is "
-                         "kUserAlg; here kBP. kCD, kBPTT and user algorithms are not built "
-                         "yet: check lists them, train refuses them.")
+                         "kUserAlg; here kBP. User algorithms are not built: check lists "
+                         "them, train refuses them.")
     user_alg: str | None = field(None, doc="A user's algorithm (alg: kUserAlg); not built.")
     cd_conf: CDConf = field(factory=CDConf, doc="Configuration of kCD.")
 
@@ -159,8 +159,6 @@ class TrainOneBatchConf(Parameter):
         """What of this algorithm is not built yet, or None."""
         if self.alg == "kUserAlg" or self.user_alg is not None:
             return f"user training algorithm {self.user_alg!r} (kUserAlg)"
-        if self.alg != "kBP":
-            return f"training algorithm {self.alg}"
         return None
 
 
@@ -187,20 +185,27 @@ class LayerConf(ComponentConf):
                                    "or exclude.")
     share_src_blobs: bool = field(False, doc="Share data memory with the source layer; no "
                                              "effect on values (a memory saving of SINGA's).")
-    unroll_len: int = field(1, lower=1, doc="Copies of the layer when an RNN is unrolled "
-                                            "(kBPTT; not built yet).")
+    unroll_len: int | None = field(None, lower=1, doc="Copies of the layer when the net is "
+                                                      "unrolled (kBPTT); None: the net's "
+                                                      "unroll_len (SINGA's rule).")
     unroll_index: int = field(0, lower=0, doc="Set internally by SINGA when unrolling; no "
                                               "effect.")
     unroll_conn_type: list[str] = field(factory=list, enum=UNROLL_CONN_TYPE,
-                                        doc="How each unrolled copy connects to each source "
-                                            "(kBPTT; not built yet).")
-    shift: list[int] = field(factory=list, doc="Per source, the unrolled step it reads "
-                                               "(kUnrollOneToOne; kBPTT, not built yet).")
+                                        doc="Per source, how each unrolled copy connects to "
+                                            "the source's copies: kUnrollOneToOne (default: "
+                                            "copy t reads copy t - shift), kUnrollOneToAll "
+                                            "(every copy), kUnrollFirstToLast (copy 0 reads "
+                                            "the last). kUnrollCustomized is refused, as "
+                                            "SINGA never built it.")
+    shift: list[int] = field(factory=list, lower=0,
+                             doc="Per source, how many steps back a kUnrollOneToOne copy "
+                                 "reads (copies before it read nothing from that source).")
     partition_dim: int = field(-1, lower=-1, upper=1,
-                               doc="Partition this layer over the workers of a group on "
-                                   "the batch (0) or the features (1); -1: the net's. Values "
-                                   "are the same either way; here each worker computes its "
-                                   "share of the batch.")
+                               doc="How the workers of a group share this layer: 0, the "
+                                   "batch (each computes its rows, with all the Params); 1, "
+                                   "the features (each computes its part of the outputs for "
+                                   "the whole batch, with its part of the Params); -1: the "
+                                   "net's. Input and loss layers always take the batch.")
     partition_id: int = field(0, lower=0, doc="Set internally by SINGA; no effect.")
     num_partitions: int = field(1, lower=1, doc="Set internally by SINGA; no effect.")
 
@@ -233,6 +238,10 @@ class LayerConf(ComponentConf):
         if self.type is None and self.user_type is None:
             problems.append(f"layer '{self.name}' needs a type (or a user_type); known types: "
                             f"{layers.choices()}")
+        if "kUnrollCustomized" in self.unroll_conn_type:
+            problems.append(f"layer '{self.name}': unroll_conn_type kUnrollCustomized is not "
+                            "built, in SINGA either; use kUnrollOneToOne, kUnrollOneToAll or "
+                            "kUnrollFirstToLast")
         if self.include and self.exclude:
             problems.append(f"layer '{self.name}' has both include and exclude; SINGA refuses "
                             "that too: give the phases it runs in (include) or those it does "
@@ -270,14 +279,14 @@ class NetConf(Parameter):
     layer: list[LayerConf] = field(factory=list, doc="The layers.")
     partition_dim: int = field(0, lower=-1, upper=1,
                                doc="Default partition_dim of the layers: 0 (the batch), 1 (the "
-                                   "features) or -1 (none). Values are the same either way; "
-                                   "here each worker of a group computes its share of the "
-                                   "batch.")
+                                   "features) or -1 (the batch as well: with several workers "
+                                   "in a group every layer is partitioned).")
     layer_group: list[LayerGroupConf] = field(factory=list, doc="Groups of layers unrolled "
-                                                                "together (kBPTT; not built "
-                                                                "yet).")
-    unroll_len: int = field(1, lower=1, doc="Default unroll_len of the layers (kBPTT; not "
-                                            "built yet).")
+                                                                "together; no effect, as in "
+                                                                "SINGA, which reads it "
+                                                                "nowhere.")
+    unroll_len: int = field(1, lower=1, doc="Copies of every layer that does not give its "
+                                            "own unroll_len when the net is unrolled (kBPTT).")
 
     def phase_layers(self, phase: str) -> list[LayerConf]:
         """The layers of the net built for ``phase``, in file order."""
@@ -393,8 +402,9 @@ class JobConf(Parameter):
     disp_after: int = field(0, lower=0, doc="First step of the progress reports; then every "
                                             "disp_freq steps.")
     gpu: list[int] = field(factory=list, lower=0,
-                           doc="SINGA's GPU device ids, one per worker of a process; no "
-                               "effect yet: layers compute on the CPU.")
+                           doc="SINGA's GPU device ids, one per worker (in turn): each "
+                               "worker's net computes on cuda:<id> when torch sees that GPU, "
+                               "else on the CPU (with a warning). Tests run on the first.")
     test_freq: int = field(0, lower=0, doc="Steps between tests, from test_after (0: no tests "
                                            "during training). With test_freq or test_steps "
                                            "a test runs at the end too.")
@@ -431,10 +441,13 @@ class JobConf(Parameter):
                                                 "checkpoint's versions (false); these "
                                                 "versions are written into SINGA "
                                                 "checkpoints.")
-    num_openblas_threads: int = field(1, lower=1, doc="SINGA's OpenBLAS threads; no effect "
-                                                      "(NumPy's BLAS threads are set by its "
-                                                      "environment variables, e.g. "
-                                                      "OPENBLAS_NUM_THREADS).")
+    num_openblas_threads: int = field(1, lower=1, doc="Threads of each worker's layer "
+                                                      "computation (SINGA's OpenBLAS "
+                                                      "threads; here PyTorch's intra-op "
+                                                      "threads, set for the run). 1, "
+                                                      "SINGA's default, is fastest for "
+                                                      "small layers; give more for large "
+                                                      "convolutions.")
     resume: bool = field(False, doc="Go on from the newest checkpoint in the workspace, as "
                                     "--resume does.")
     step: int = field(0, lower=0, doc="The first step of a new run (SINGA sets it when it "

@@ -8,7 +8,8 @@ text parsing (SPEC section 1, the dmlc path) does, and hands those on typed:
 * hexadecimal and octal integers (``0x10``, ``-0x10``, ``010`` = 8) become integers
   (:class:`WrittenInt`, which keeps its spelling for messages); a decimal integer with a
   leading zero and a digit 8 or 9 (``08``) is an error, as protobuf says;
-* the booleans ``t`` and ``f`` become ``True`` and ``False``.
+* the booleans ``t`` and ``f`` become :class:`~paramserver.config.tree.WrittenBool`: ``True``
+  and ``False`` where a boolean field reads them, the words themselves elsewhere.
 
 Everything else (decimal numbers, enum names or numbers, ``true``/``false``) stays text
 exactly as written, so that one set of conversions and messages serves files and Python
@@ -41,7 +42,7 @@ from typing import NamedTuple
 from google.protobuf import text_encoding
 
 from paramserver.config.errors import Location, ParamError, Problem
-from paramserver.config.tree import Block, Entry, ListValue, Scalar, Value
+from paramserver.config.tree import Block, Entry, ListValue, Scalar, Value, WrittenBool
 
 __all__ = ["MAX_DEPTH", "MAX_PROBLEMS", "WrittenInt", "parse_text", "paused_gc"]
 
@@ -69,7 +70,7 @@ _TERMINATED = {q: re.compile(rf"{q}(?:[^{q}\\\n]|\\.)*{q}\Z") for q in _QUOTES}
 _HEX = re.compile(r"([+-]?)0[xX]([0-9a-fA-F]+)\Z")
 _OCTAL = re.compile(r"([+-]?)0([0-7]+)\Z")
 _LEADING_ZERO = re.compile(r"[+-]?0[0-9]+\Z")
-_BOOLS = {"t": True, "f": False}
+_BOOLS = {"t": WrittenBool("t"), "f": WrittenBool("f")}
 _ESCAPE = re.compile(r"\\(?:[0-7]{1,3}|x[0-9A-Fa-f]{1,2}|u[0-9A-Fa-f]{4}|U[0-9A-Fa-f]{8}|.?)")
 _SIMPLE_ESCAPES = frozenset("abfnrtv\\'\"?")
 

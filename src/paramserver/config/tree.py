@@ -17,6 +17,18 @@ from .errors import Location
 Value = Union["Scalar", "Block", "ListValue"]
 
 
+class WrittenBool(str):
+    """protobuf's short booleans ``t`` and ``f`` as a job file writes them bare: a boolean
+    where a boolean field reads it, the word itself anywhere else (an enum or name ``f``)."""
+
+    value: bool
+
+    def __new__(cls, text: str) -> WrittenBool:
+        obj = super().__new__(cls, text)
+        obj.value = text == "t"
+        return obj
+
+
 @dataclass
 class Scalar:
     """One value. ``raw`` is text from a file (strings already unquoted) or a Python object.

@@ -16,7 +16,7 @@ import typing
 from typing import Any
 
 from .errors import Error, ParamError
-from .tree import Block, ListValue, Scalar, Value
+from .tree import Block, ListValue, Scalar, Value, WrittenBool
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -164,6 +164,8 @@ class BoolType(FieldType):
 
     def convert(self, value: Value) -> bool:
         raw = self.scalar(value).raw
+        if isinstance(raw, WrittenBool):
+            return raw.value
         if isinstance(raw, str):
             out = self._TEXT.get(raw.strip().lower())
             if out is None:

@@ -24,13 +24,15 @@ import argparse
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from ..config import ParamError
 from . import stores
 
-FORMATS = {"kvfile": "kvfile", "shard": "shard", "csv": "textfile", "textfile": "textfile"}
+FORMATS = {"kvfile": "kvfile", "shard": "shard", "csv": "textfile", "textfile": "textfile",
+           "text": "text", "words": "words"}
 SPLITS = ("train", "test", "val", "all")
 #: The digits' pixel values are 0..16; pixel records hold 0..255.
 DIGITS_SCALE = 255.0 / 16.0
@@ -77,6 +79,8 @@ def write_dataset(source: str, output: str | Path, *, fmt: str = "kvfile",
     from ..train.data import DIGITS, load_dataset
 
     backend = FORMATS.get(fmt)
+    if backend in ("text", "words"):
+        raise ParamError(f"--format {fmt} writes text (write_text), not samples")
     if backend is None:
         raise ParamError(f"Invalid Input: '{fmt}', valid values are: "
                          + "{" + ", ".join(repr(f) for f in FORMATS) + "}")
@@ -202,11 +206,13 @@ def parse_shape(text: str) -> tuple[int, ...]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``paramserver data``."""
     p.add_argument("source", help="'digits' (scikit-learn's 8x8 digits) or an .npz file "
-                   "with arrays x and y")
+                   "with arrays x and y; for --format text and words, 'pydoc' (Python's "
+                   "bundled help text) or a text file")
     p.add_argument("output", help="the store to write (a folder for --format shard)")
     p.add_argument("--format", dest="fmt", default="kvfile", choices=list(FORMATS),
                    help="kvfile (SINGA v0.2+, kRecordInput), shard (v0.1's DataShard, "
-                   "kShardData) or csv (kCSVInput); default kvfile")
+                   "kShardData), csv (kCSVInput), text (kCharRNN) or words (the rnnlm "
+                   "example's WordRecords); default kvfile")
     p.add_argument("--split", default="train", choices=SPLITS,
                    help="which samples (the split kData makes; default train)")
     p.add_argument("--test-fraction", type=float, default=0.2, help="default 0.2")
@@ -222,10 +228,44 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--x-key", default="x", help="the features of an .npz (default x)")
     p.add_argument("--y-key", default="y", help="the labels of an .npz (default y)")
     p.add_argument("--separator", default=",", help="CSV separator (default ',')")
+    p.add_argument("--vocab", help="--format text: also write the vocabulary file here")
+    p.add_argument("--vocab-size", type=int, help="--format text: keep the N most frequent "
+                   "characters; words: the N-1 most frequent words and <unk>")
+    p.add_argument("--classes", type=int, default=100,
+                   help="--format words: word classes (default 100)")
+
+
+def write_text(source: str, output: str | Path, *, fmt: str = "text", split: str = "train",
+               test_fraction: float = 0.2, val_fraction: float = 0.0,
+               vocab: str | Path | None = None, vocab_size: int | None = None,
+               classes: int = 100) -> Any:
+    """Write one split of a text for char-rnn (``text``) or rnnlm (``words``); see
+    :mod:`paramserver.singa.text`."""
+    from . import text
+
+    if split not in SPLITS:
+        raise ParamError(f"Invalid Input: '{split}', valid values are: "
+                         + "{" + ", ".join(repr(s) for s in SPLITS) + "}")
+    whole = text.load_text(source)
+    part = text.split_lines(whole, split, test_fraction, val_fraction)
+    train = text.split_lines(whole, "train", test_fraction, val_fraction)
+    if fmt == "text":
+        return text.write_chars(part, train, output, vocab, vocab_size)
+    return text.write_words(part, train, output, classes, vocab_size)
 
 
 def run(args: argparse.Namespace) -> int:
     """``paramserver data``: write the store and say what was written."""
+    if FORMATS.get(args.fmt) in ("text", "words"):
+        t = write_text(args.source, args.output, fmt=args.fmt, split=args.split,
+                       test_fraction=args.test_fraction, val_fraction=args.val_fraction,
+                       vocab=args.vocab, vocab_size=args.vocab_size, classes=args.classes)
+        what = "characters" if args.fmt == "text" else "word records"
+        print(f"{t.path}: {t.count} {what} ({t.vocab} in the vocabulary; the {args.split} "
+              f"split of {args.source})")
+        if t.vocab_path is not None:
+            print(f"{t.vocab_path}: the vocabulary")
+        return 0
     w = write_dataset(args.source, args.output, fmt=args.fmt, split=args.split,
                       test_fraction=args.test_fraction, val_fraction=args.val_fraction,
                       seed=args.seed, shape=args.shape, encoding=args.encoding,
@@ -240,4 +280,4 @@ def run(args: argparse.Namespace) -> int:
 
 
 __all__ = ["FORMATS", "SPLITS", "Written", "add_arguments", "resample", "run",
-           "write_dataset"]
+           "write_dataset", "write_text"]

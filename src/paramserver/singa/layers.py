@@ -8,7 +8,8 @@ layers) registers every type of the table that no module has built yet as a
 check`` lists it as not built yet and ``paramserver train`` refuses it with the same words.
 
 A module that builds one of these types registers its class under the SINGA name with the
-``Config`` given here (checked when this module is imported) before this module is loaded.
+``Config`` given here (checked when this module is imported) before this module is loaded;
+the name of its block (``convolution_conf`` for kCConvolution too) is taken from here.
 """
 
 from __future__ import annotations
@@ -136,6 +137,8 @@ def _register_unbuilt() -> None:
             if getattr(cls, "Config", None) is not spec.conf:
                 problems.append(f"{cls.__qualname__} builds {name} with Config "
                                 f"{getattr(cls, 'Config', None)}; SINGA's is {spec.conf}")
+            elif spec.conf_name is not None and "conf_name" not in vars(cls):
+                cls.conf_name = spec.conf_name  # the table is the one home of the names
             elif spec.conf_name is not None and layers.conf_name(name) != spec.conf_name:
                 problems.append(f"{cls.__qualname__} reads {layers.conf_name(name)}; SINGA's "
                                 f"{name} reads {spec.conf_name}")

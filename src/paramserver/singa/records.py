@@ -12,7 +12,9 @@ without hand-written wire code. Parsing a message runs no code of the file's.
   file;
 * ``Record`` (type kSingleLabelImage, the ``image``): v0.1.0's DataShard records;
 * ``CaffeBlob`` (Caffe's ``.binaryproto`` mean images) and ``CaffeDatum`` (LMDB records):
-  what SINGA imported from Caffe.
+  what SINGA imported from Caffe;
+* ``WordRecord`` (word, its index, its class and the class's range of indexes): the records
+  of SINGA's rnnlm example (``examples/rnnlm/rnnlm.proto``).
 """
 
 from __future__ import annotations
@@ -53,6 +55,11 @@ _MESSAGES: dict[str, list[tuple[str, int, int, str, bool]]] = {
                    ("label", 5, _OPTIONAL, "int32", False),
                    ("float_data", 6, _REPEATED, "float", False),
                    ("encoded", 7, _OPTIONAL, "bool", False)],
+    "WordRecord": [("word", 1, _OPTIONAL, "string", False),
+                   ("word_index", 2, _OPTIONAL, "int32", False),
+                   ("class_index", 3, _OPTIONAL, "int32", False),
+                   ("class_start", 4, _OPTIONAL, "int32", False),
+                   ("class_end", 5, _OPTIONAL, "int32", False)],
     "CaffeBlob": [("num", 1, _OPTIONAL, "int32", False),
                   ("channels", 2, _OPTIONAL, "int32", False),
                   ("height", 3, _OPTIONAL, "int32", False),
@@ -102,6 +109,7 @@ SingleLabelImageRecord = RecordProto
 Record = message_class("Record")
 CaffeDatum = message_class("CaffeDatum")
 CaffeBlob = message_class("CaffeBlob")
+WordRecord = message_class("WordRecord")
 
 
 def parse(cls: Any, data: bytes, what: str) -> Any:
@@ -130,4 +138,4 @@ def _has_unknown(msg: Message) -> bool:
 
 
 __all__ = ["BlobProto", "BlobProtos", "CaffeBlob", "CaffeDatum", "Record", "RecordProto",
-           "SingleLabelImageRecord", "message_class", "parse"]
+           "SingleLabelImageRecord", "WordRecord", "message_class", "parse"]

@@ -23,6 +23,7 @@ from ..config import ParamError
 from ..config.errors import Problem
 from ..config.job import ParamConf
 from ..params import Param, ParamSet, ParamSpec
+from ..tensors import attach, views
 from ._rules import RulesLike, parse_rules, resolve
 
 NamedParams = Iterable[tuple[str, torch.Tensor]]
@@ -75,8 +76,9 @@ class TorchParams:
         self._index = {id(t): i for i, t in enumerate(tensors)}
         self.values = torch.from_numpy(pset.values)
         self.grads = torch.from_numpy(pset.grads)
-        self._value_views = [torch.from_numpy(pset[n].data) for n in names]
-        self._grad_views = [torch.from_numpy(pset[n].grad) for n in names]
+        pairs = [views(pset, n) for n in names]
+        self._value_views = [v for v, _ in pairs]
+        self._grad_views = [g for _, g in pairs]
         self._ptrs = [v.data_ptr() for v in self._value_views]
         # The owners whose gradients the sharers' are added into, by range of the owner
         # gradients; with their saved copy, :meth:`restore_grads` leaves ``.grad`` as it was.
@@ -87,8 +89,7 @@ class TorchParams:
                 old = t.grad
                 if keep_grads and old is not None and old.shape == g.shape:
                     g.copy_(old.detach())  # a gradient already there is kept
-                t.data = v
-                t.grad = g
+                attach(t, v, g)
         for t in tensors:
             _BOUND[t] = self
 

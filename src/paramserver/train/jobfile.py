@@ -9,14 +9,16 @@ the same run, not one fix later.
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from ..config import Location, ParamError, Problem
+from ..config import Location, ParamError, Parameter, Problem
 from ..config.job import JobConf, NetConf, read_job_text, unbuilt_error
 from ..config.textformat import parse_text, paused_gc
 from ..config.tree import Block, Entry, Scalar
@@ -52,8 +54,11 @@ class JobFile:
         if unbuilt:
             raise unbuilt_error(unbuilt)
         with self.placing():
-            return Net(self.job.neuralnet, seed=self.job.seed, base_dir=self.base_dir,
-                       phases=("kTrain", *self.job.eval_phases()))
+            net = Net(self.job.neuralnet, seed=self.job.seed, base_dir=self.base_dir,
+                      phases=("kTrain", *self.job.eval_phases()))
+            if self.job.train_steps > self.job.step:
+                net.check_trainable(self.job.train_one_batch.alg)
+            return net
 
     def check_params(self, net: Net) -> None:
         """Make and initialise the net's Params as training would (an init method that does
@@ -94,6 +99,73 @@ def read_job_file(path: str | os.PathLike[str]) -> JobFile:
         problems.sort(key=_order)
         raise ParamError(problems) from None
     return JobFile(job, tree, path)
+
+
+_PART = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?:\[([^\]]+)\])?$")
+
+
+def apply_setting(job: JobConf, setting: str) -> None:
+    """Set one field of a read job from the command line: ``PATH=VALUE`` (``--set``).
+
+    ``PATH`` is the field's place, its parts joined by dots; a repeated block is picked by
+    its index or, for ``layer`` and ``param``, by name (every layer of that name, in every
+    phase): ``train_steps=20``, ``updater.momentum=0.5``,
+    ``neuralnet.layer[data].store_conf.batchsize=8``, ``cluster.nworkers_per_group=2``.
+    ``VALUE`` is read as the field reads text in a job file. Nothing changes on an error.
+
+    Raises:
+        ParamError: naming the setting, and the fields or names there are at the place
+            that is wrong.
+    """
+    path, sep, value = setting.partition("=")
+    where = f"--set {setting}"
+    if not sep or not path.strip():
+        raise ParamError(f"{where}: expected PATH=VALUE, e.g. "
+                         "neuralnet.layer[data].store_conf.batchsize=8")
+    parts = path.strip().split(".")
+    targets: list[Any] = [job]
+    for depth, part in enumerate(parts[:-1]):
+        m = _PART.match(part)
+        if m is None:
+            raise ParamError(f"{where}: '{part}' is not a field name (or name[index])")
+        name, pick = m.groups()
+        found: list[Any] = []
+        for target in targets:
+            if name not in target.__dict__:
+                known = sorted(k for k, v in target.__dict__.items()
+                               if isinstance(v, (Parameter, list)))
+                raise ParamError(f"{where}: {'.'.join(parts[:depth]) or 'the job'} has no "
+                                 f"block '{name}'; its blocks: {', '.join(known)}")
+            value_ = target.__dict__[name]
+            if isinstance(value_, list):
+                if pick is None:
+                    raise ParamError(f"{where}: '{name}' is repeated: pick one with "
+                                     f"{name}[index] or {name}[name]")
+                chosen = ([value_[int(pick)]] if pick.isdigit() and int(pick) < len(value_)
+                          else [v for v in value_ if getattr(v, "name", None) == pick])
+                if not chosen:
+                    names = [str(getattr(v, "name", i)) for i, v in enumerate(value_)]
+                    raise ParamError(f"{where}: no {name} '{pick}'; there are: "
+                                     f"{', '.join(names)}")
+                found += chosen
+            elif isinstance(value_, Parameter) and pick is None:
+                found.append(value_)
+            else:
+                raise ParamError(f"{where}: '{part}' is not a block")
+        targets = found
+    key = parts[-1]
+    trials = [copy.deepcopy(t) for t in targets]
+    try:
+        # The value as a job file writes it (a list as [a, b], a string quoted or not).
+        text = value.strip()
+        block = parse_text(f"{key}: {text}", "--set") if text[:1] == "[" else \
+            {key: text}
+        for trial in trials:
+            trial.update(block, allow_unknown=False)
+    except ParamError as e:
+        raise ParamError([f"{where}: {p}" for p in e.problems]) from None
+    for target, trial in zip(targets, trials, strict=True):
+        target.__dict__.update(trial.__dict__)
 
 
 def place_net_problems(error: ParamError, tree: Block) -> ParamError:
@@ -170,4 +242,4 @@ def _order(problem: Problem) -> tuple[int, int, int]:
     return (1, 0, 0)
 
 
-__all__ = ["JobFile", "place_net_problems", "read_job_file"]
+__all__ = ["JobFile", "apply_setting", "place_net_problems", "read_job_file"]

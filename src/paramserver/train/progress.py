@@ -127,7 +127,8 @@ class Progress:
         self.step = step
         rate = self._rate.add(step)
         eta = (self.total - step) / rate if rate > 0 else None
-        metrics = f"loss {loss:.4f}  acc {accuracy:6.2%}  lr {lr:.3g}"
+        acc = f"{accuracy:6.2%}" if accuracy == accuracy else "     -"
+        metrics = f"loss {loss:.4f}  acc {acc}  lr {lr:.3g}"
         if self._live is not None:
             self._fields = {"metrics": metrics, "rate": f"{rate_text(rate)} steps/s",
                             "eta": clock_text(eta)}

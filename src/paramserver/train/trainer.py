@@ -25,7 +25,9 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Mapping
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -47,8 +49,11 @@ from ..faults import marker
 from ..init import init_params
 from ..params import ParamSet, physical_memory, plan_params
 from ..singa import checkpoints as singa_checkpoints
+from . import algorithms
+from .layers.base import require_torch
 from .metrics import MetricsLog, Row
 from .net import Net
+from .partition import Comm, group_exchange
 from .progress import Progress, Rate
 from .tensorboard import FOLDER as TENSORBOARD_FOLDER
 from .tensorboard import TensorBoardLog
@@ -116,6 +121,7 @@ class Trainer:
         unbuilt = job.unbuilt()
         if unbuilt:
             raise unbuilt_error(unbuilt)
+        require_torch()
         self.tensorboard = tensorboard
         self.workspace = check_workspace(job.workspace_dir)  # before anything is built
         self.show = progress
@@ -127,8 +133,10 @@ class Trainer:
         self.nets: list[Net] = []
         c = job.cluster
         try:
-            self.params = self._make_params(Net(job.neuralnet, seed=job.seed,
-                                                base_dir=base_dir, phases=("kTrain",)))
+            net = Net(job.neuralnet, seed=job.seed, base_dir=base_dir, phases=("kTrain",))
+            if job.train_steps > job.step:
+                net.check_trainable(job.train_one_batch.alg)
+            self.params = self._make_params(net)
             folder = self.workspace / "checkpoints" / "servers"
             self.cluster = Cluster(job, self.params,
                                    **{"checkpoint_dir": folder, **dict(cluster_options or {})})
@@ -138,12 +146,15 @@ class Trainer:
             raise ParamError(plan.too_big(np.float32, physical_memory()) + (
                 f"; every worker ({c.nworker_groups * c.nworkers_per_group}) holds its own "
                 "gradients, and the updater its state")) from None
+        # The workers of a group that share this process exchange the parts of layers
+        # partitioned on the features through this run's exchanges (partition.py).
         self._step_fn = RemoteGradFn(f"{__name__}:net_grad_fn", {
-            "job": job.to_json(), "base_dir": os.path.abspath(base_dir or os.getcwd())})
+            "job": job.to_json(), "base_dir": os.path.abspath(base_dir or os.getcwd()),
+            "run": uuid.uuid4().hex})
         self.eval_net: Net | None = None
         if self.eval_phases:
             self.eval_net = Net(job.neuralnet, seed=job.seed, base_dir=base_dir,
-                                phases=self.eval_phases)
+                                phases=self.eval_phases, device=worker_device(job, 0))
             self._check_eval_params(self.eval_net)
             self.eval_net.bind(self.params)
             for phase in self.eval_phases:  # a split to evaluate on: refused now, not later
@@ -154,10 +165,20 @@ class Trainer:
 
     def _make_params(self, net: Net) -> ParamSet:
         """The job's Params: initialised from the seed, then (``checkpoint_path``) loaded
-        from SINGA checkpoints; records the versions SINGA checkpoints count from."""
-        params = ParamSet(net.param_specs())
-        init_params(params, self.job.seed)
+        from SINGA checkpoints; records the versions SINGA checkpoints count from. The
+        Params that the job's algorithm does not train (kCD: those below the RBM) are
+        frozen: ``lr_scale`` and ``wd_scale`` 0 for the run."""
         job = self.job
+        frozen = algorithms.frozen_params(net, job.train_one_batch)
+        specs = []
+        for spec in net.param_specs():
+            if spec.name in frozen and spec.conf.share_from is None:
+                conf = spec.conf.copy()
+                conf.__dict__.update(lr_scale=0.0, wd_scale=0.0)
+                spec = type(spec)(spec.name, spec.shape, conf, spec.place)
+            specs.append(spec)
+        params = ParamSet(specs)
+        init_params(params, self.job.seed)
         loaded = singa_checkpoints.load_checkpoints(params, job.checkpoint_path)
         self._base_versions = {
             p.name: (loaded[p.name] if p.name in loaded and not job.reset_param_version
@@ -229,7 +250,8 @@ class Trainer:
         checkpoints = self._checkpoint_steps(start)
         board = TensorBoardLog(self.workspace / TENSORBOARD_FOLDER, start, checkpoints,
                                enabled=self.tensorboard and start < job.train_steps)
-        with Progress(job.train_steps, start, self.stream, self.show) as progress, board:
+        with Progress(job.train_steps, start, self.stream, self.show) as progress, board, \
+                torch_threads(job.num_openblas_threads):
             step, test = self._run(start, set(checkpoints), progress, board)
         self.log.write()
         plot = self.log.plot(self.workspace / "metrics.png", f"{job.name}")
@@ -240,6 +262,13 @@ class Trainer:
         return TrainResult(step, None if test is None else test["loss"],
                            None if test is None else test["accuracy"], seconds,
                            self.workspace)
+
+    def run_steps(self, steps: int, start: int = 0) -> list[list[Mapping[str, Any] | None]]:
+        """Run ``steps`` training steps from ``start`` on the cluster and nothing else: no
+        evaluation, display, file or checkpoint (what ``benchmarks/train.py`` times).
+        Returns each step's metrics by worker."""
+        with torch_threads(self.job.num_openblas_threads):
+            return self.cluster.run(self._step_fn, steps, start_step=start)
 
     def _run(self, start: int, checkpoints: set[int], progress: Progress,
              board: TensorBoardLog) -> tuple[int, dict[str, float] | None]:
@@ -252,8 +281,8 @@ class Trainer:
 
         def on_step(step: int, metrics: list[Mapping[str, Any] | None]) -> None:
             live = [m for m in metrics if m is not None]
-            window.append([float(np.mean([m["loss"] for m in live])),
-                           float(np.mean([m["accuracy"] for m in live]))])
+            window.append([float(np.mean([m.get("loss", math.nan) for m in live])),
+                           float(np.mean([m.get("accuracy", math.nan) for m in live]))])
             done = step + 1
             marker("step", done)
             shown = due(done, self.disp_freq, job.disp_after)
@@ -310,17 +339,16 @@ class Trainer:
             result = net.evaluate(steps=steps, phase=phase)
             seconds = time.perf_counter() - t
             progress.set_phase("train")
-            last[phase] = result
-            split = net.data_layer_of(phase).dataset.split(row)[1].shape[0]
-            batches = -(-split // net.data_layer_of(phase).batchsize)
-            if steps:
-                batches = min(batches, steps)
-            self.log.add(Row(step, row, result["loss"], result["accuracy"], lr))
-            board.scalars(row, step, {"loss": result["loss"], "accuracy": result["accuracy"],
+            loss, acc = result.get("loss", math.nan), result.get("accuracy", math.nan)
+            last[phase] = {**result, "loss": loss, "accuracy": acc}
+            batches = net.eval_count(phase, steps=steps)
+            self.log.add(Row(step, row, loss, acc, lr))
+            board.scalars(row, step, {"loss": loss, "accuracy": acc,
                                       "steps_per_second": batches / max(seconds, 1e-9)})
             what = "validation" if row == "val" else "test"
-            log.info("step %d: %s loss %.4f, accuracy %.2f%%", step, what, result["loss"],
-                     100 * result["accuracy"])
+            log.info("step %d: %s %s", step, what, ", ".join(
+                f"{k} {100 * v:.2f}%" if k == "accuracy" else f"{k} {v:.4f}"
+                for k, v in result.items()) or f"{batches} batches, no metrics")
 
     def _checkpoint_steps(self, start: int) -> list[int]:
         """The steps after ``start`` that write a checkpoint."""
@@ -454,23 +482,73 @@ def due(step: int, freq: int, after: int) -> bool:
 
 
 def _train_step(net: Net, job: JobConf, worker: Worker, step: int) -> Mapping[str, Any]:
-    """One worker's step: its shard of the step's batch, forward and backward."""
+    """One worker's step: its shard of the step's batch, and its gradients by the job's
+    algorithm (:mod:`paramserver.train.algorithms`)."""
     c = job.cluster
     # Groups read different data: group g takes batch step * G + g of the data order.
     batch = net.batch(step * c.nworker_groups + worker.group, rank=worker.index,
                       num_workers=c.nworkers_per_group)
-    return net.train_step(batch, net.step_rng(step, worker.rank))
+    return algorithms.train_step(net, job.train_one_batch, batch,
+                                 net.step_rng(step, worker.rank))
 
 
-def net_grad_fn(job: str, base_dir: str | None = None) -> Callable[[Worker, int], Any]:
-    """The gradient function of a Ray worker actor: its own Net, built from the job's JSON
-    (:class:`~paramserver.cluster.gradfn.RemoteGradFn` data) and bound to the worker's
-    replica on the first step."""
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """PyTorch's intra-op threads set to ``n`` (``num_openblas_threads``) for a run, and
+    put back after. Tiny layers run fastest on one thread (a parallel region costs more
+    than their arithmetic, and much more when other processes load the cores)."""
+    torch = require_torch()
+    before = torch.get_num_threads()
+    torch.set_num_threads(int(n))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+_warned_gpu: set[str] = set()
+
+
+def worker_device(job: JobConf, rank: int) -> str | None:
+    """The torch device worker ``rank`` computes on: ``cuda:<id>`` of the job's ``gpu``
+    list (SINGA's: one id per worker, in turn) when torch sees that GPU, else None (the
+    CPU, with a warning once)."""
+    if not job.gpu:
+        return None
+    torch = require_torch()
+    gpu = int(job.gpu[rank % len(job.gpu)])
+    if torch.cuda.is_available() and gpu < torch.cuda.device_count():
+        return f"cuda:{gpu}"
+    why = ("torch sees no GPU" if not torch.cuda.is_available()
+           else f"torch sees {torch.cuda.device_count()} GPU(s)")
+    message = f"the job asks for GPU {gpu} (gpu) but {why}: computing on the CPU"
+    if message not in _warned_gpu:
+        _warned_gpu.add(message)
+        log.warning("%s", message)
+    return None
+
+
+def net_grad_fn(job: str, base_dir: str | None = None, run: str = ""
+                ) -> Callable[[Worker, int], Any]:
+    """The gradient function of a worker (in its thread, or its Ray actor): its own Net,
+    built from the job's JSON (:class:`~paramserver.cluster.gradfn.RemoteGradFn` data) on
+    the first step — on the worker's device (the job's ``gpu``), joined to the other
+    workers of its group for layers partitioned on the features (the exchange of run
+    ``run`` in this process) — and bound to the worker's replica."""
     conf = JobConf.parse(json.loads(job))
-    net = Net(conf.neuralnet, seed=conf.seed, base_dir=base_dir, phases=("kTrain",))
+    require_torch().set_num_threads(int(conf.num_openblas_threads))  # an actor's process
+    made: list[Net] = []
     bound: list[ParamSet] = []
 
     def grad_fn(worker: Worker, step: int) -> Mapping[str, Any]:
+        if not made:
+            size = conf.cluster.nworkers_per_group
+            comm = Comm(worker.index, size, group_exchange(
+                f"{run}/{worker.group}", size, conf.cluster.timeout))
+            made.append(Net(conf.neuralnet, seed=conf.seed, base_dir=base_dir,
+                            phases=("kTrain",), device=worker_device(conf, worker.rank),
+                            comm=comm))
+        net = made[0]
         if not bound or bound[0] is not worker.params:
             net.bind(worker.params)
             bound[:] = [worker.params]
@@ -479,4 +557,4 @@ def net_grad_fn(job: str, base_dir: str | None = None) -> Callable[[Worker, int]
     return grad_fn
 
 
-__all__ = ["TrainResult", "Trainer", "due", "net_grad_fn"]
+__all__ = ["TrainResult", "Trainer", "due", "net_grad_fn", "worker_device"]

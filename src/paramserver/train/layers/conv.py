@@ -1,0 +1,179 @@
+"""Convolution, pooling and local response normalisation, with PyTorch's kernels.
+
+SINGA's three implementations of each (``kConvolution`` with mshadow, ``kCConvolution``
+with Caffe's im2col, ``kCudnnConv`` with cuDNN; likewise pooling and LRN) compute the same
+function; here each family is one class on ``torch.nn.functional``, its gradient autograd's.
+The cuDNN-named types run on the GPU when the job's ``gpu`` asks for one and torch sees
+one (cuDNN is then torch's), else on the CPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...config.job import ParamConf
+from ...singa.confs import ConvolutionConf, LRNConf, PoolingConf
+from .base import Layer, register_layer, require_torch, shape_text
+
+
+def _pair(conf: Any, name: str, default: int) -> tuple[int, int]:
+    """``(y, x)`` of a square field (``kernel``) and its ``_y``/``_x`` forms: the square one
+    unless it is left at its default and the other two are given."""
+    both = int(getattr(conf, name))
+    y, x = int(getattr(conf, f"{name}_y")), int(getattr(conf, f"{name}_x"))
+    if both == default and (y, x) != (default, default):
+        return y, x
+    return both, both
+
+
+def _image_shape(layer: Layer) -> tuple[int, int, int]:
+    """``(channels, height, width)`` of the source's samples (2-D samples: one channel)."""
+    shape = layer.srcs[0].out_shape
+    if len(shape) == 3:
+        return shape[0], shape[1], shape[2]
+    if len(shape) == 2:
+        return 1, shape[0], shape[1]
+    raise layer.error(f"srclayer '{layer.srcs[0].name}' gives shape {shape_text(shape)}; "
+                      f"{layer.type} reads images (channels, height, width)")
+
+
+def _out_size(layer: Layer, size: int, kernel: int, pad: int, stride: int, what: str) -> int:
+    if kernel < 1 or stride < 1:
+        raise layer.error(f"kernel and stride must be at least 1 (got {kernel}, {stride})")
+    out = (size + 2 * pad - kernel) // stride + 1
+    if out < 1:
+        raise layer.error(f"the {what} {size} (padding {pad}) is smaller than the kernel "
+                          f"{kernel}")
+    return out
+
+
+@register_layer("kConvolution")
+class ConvolutionLayer(Layer):
+    """2-D convolution (cross-correlation, as SINGA's and every framework's) of ``(c, h, w)``
+    images with ``num_filters`` kernels; out ``(num_filters, h', w')`` with ``h' = (h + 2·pad
+    − kernel) / stride + 1`` (integer division).
+
+    Params, as SINGA lays them out: the weight ``(num_filters, c·kernel_y·kernel_x)`` (so
+    SINGA's fan-in methods see ``c·k·k`` inputs; its rows are the filters, row-major
+    ``(c, ky, kx)``) and, with ``bias_term``, the bias ``(num_filters,)``. Defaults for
+    missing ``param`` entries: weight kUniformSqrtFanIn, bias kConstant 0.
+    """
+
+    Config = ConvolutionConf
+
+    def setup(self) -> None:
+        super().setup()
+        self.float_source()
+        c = self.own
+        if c.num_filters < 1:
+            raise self.error("convolution_conf num_filters must be set (at least 1)")
+        self.channels, h, w = _image_shape(self)
+        self.kernel = _pair(c, "kernel", 3)
+        self.pad = _pair(c, "pad", 0)
+        self.stride = _pair(c, "stride", 1)
+        oh = _out_size(self, h, self.kernel[0], self.pad[0], self.stride[0], "height")
+        ow = _out_size(self, w, self.kernel[1], self.pad[1], self.stride[1], "width")
+        self.out_shape = (int(c.num_filters), oh, ow)
+
+    def param_shapes(self) -> list[tuple[int, ...]]:
+        f = int(self.own.num_filters)
+        shapes: list[tuple[int, ...]] = [(f, self.channels * self.kernel[0] * self.kernel[1])]
+        return [*shapes, (f,)] if self.own.bias_term else shapes
+
+    def default_param_conf(self, index: int) -> ParamConf:
+        init = ({"type": "kUniformSqrtFanIn"} if index == 0
+                else {"type": "kConstant", "value": 0})
+        return ParamConf.parse({"init": init})
+
+    def compute(self, x: Any) -> Any:
+        torch = require_torch()
+        x = x.reshape(x.shape[0], self.channels, *x.shape[-2:])
+        w = self.weights[0].view(-1, self.channels, *self.kernel)
+        bias = self.weights[1] if self.own.bias_term else None
+        return torch.nn.functional.conv2d(x, w, bias, self.stride, self.pad)
+
+
+@register_layer("kCConvolution")
+class CConvolutionLayer(ConvolutionLayer):
+    """SINGA's convolution by Caffe's im2col: the same function as kConvolution."""
+
+
+@register_layer("kCudnnConv")
+class CudnnConvLayer(ConvolutionLayer):
+    """SINGA's cuDNN convolution: as kConvolution, on the GPU when the job's ``gpu`` asks for
+    one and torch sees one, else on the CPU. ``workspace_byte_limit`` has no effect."""
+
+
+@register_layer("kPooling")
+class PoolingLayer(Layer):
+    """Max or average pooling (``pool: MAX | AVG``) over ``kernel`` windows moved by
+    ``stride``, each channel alone; out ``(c, h', w')``, ``h' = (h + 2·pad − kernel) /
+    stride + 1`` (integer division, as SINGA's set-up). Padding adds zeros to average
+    windows (counted in the divisor, as SINGA's) and nothing to max windows."""
+
+    Config = PoolingConf
+
+    def setup(self) -> None:
+        super().setup()
+        self.float_source()
+        c = self.own
+        self.channels, h, w = _image_shape(self)
+        self.kernel = _pair(c, "kernel", 3)
+        self.pad = _pair(c, "pad", 0)
+        self.stride = _pair(c, "stride", 2)
+        for k, p in zip(self.kernel, self.pad, strict=True):
+            if 2 * p > k:
+                raise self.error(f"pad {p} is more than half the kernel {k}")
+        oh = _out_size(self, h, self.kernel[0], self.pad[0], self.stride[0], "height")
+        ow = _out_size(self, w, self.kernel[1], self.pad[1], self.stride[1], "width")
+        self.out_shape = (self.channels, oh, ow)
+
+    def compute(self, x: Any) -> Any:
+        f = require_torch().nn.functional
+        x = x.reshape(x.shape[0], self.channels, *x.shape[-2:])
+        if self.own.pool == "MAX":
+            return f.max_pool2d(x, self.kernel, self.stride, self.pad)
+        return f.avg_pool2d(x, self.kernel, self.stride, self.pad, count_include_pad=True)
+
+
+@register_layer("kCPooling")
+class CPoolingLayer(PoolingLayer):
+    """SINGA's pooling by Caffe's kernels: the same function as kPooling."""
+
+
+@register_layer("kCudnnPool")
+class CudnnPoolLayer(PoolingLayer):
+    """SINGA's cuDNN pooling: as kPooling, on the GPU when the job's ``gpu`` asks for one
+    and torch sees one, else on the CPU."""
+
+
+@register_layer("kLRN")
+class LRNLayer(Layer):
+    """Local response normalisation across channels: ``y = x / (knorm + alpha / local_size
+    · Σ x²)^beta``, the sum over the ``local_size`` channels around each one (zeros beyond
+    the edges)."""
+
+    Config = LRNConf
+
+    def setup(self) -> None:
+        super().setup()
+        self.float_source()
+        if len(self.out_shape) != 3:
+            raise self.error(f"srclayer '{self.srcs[0].name}' gives shape "
+                             f"{shape_text(self.out_shape)}; {self.type} reads images "
+                             "(channels, height, width)")
+
+    def compute(self, x: Any) -> Any:
+        c = self.own
+        return require_torch().nn.functional.local_response_norm(
+            x, int(c.local_size), float(c.alpha), float(c.beta), float(c.knorm))
+
+
+@register_layer("kCudnnLRN")
+class CudnnLRNLayer(LRNLayer):
+    """SINGA's cuDNN LRN: as kLRN, on the GPU when the job's ``gpu`` asks for one and torch
+    sees one, else on the CPU."""
+
+
+__all__ = ["CConvolutionLayer", "CPoolingLayer", "ConvolutionLayer", "CudnnConvLayer",
+           "CudnnLRNLayer", "CudnnPoolLayer", "LRNLayer", "PoolingLayer"]
