@@ -280,6 +280,7 @@ def print_table(rows: list[Row]) -> None:
 # Compile and cached-load times, in fresh processes with an empty numba cache of their own.
 
 _TIMING_SCRIPT = """
+import time
 t0 = time.perf_counter()
 import numpy as np
 import paramserver.kernels as k
