@@ -173,7 +173,8 @@ def test_check_json(capsys: pytest.CaptureFixture[str]) -> None:
     params = {p["name"]: p for p in data["params"]}
     assert params["w_dec"] == {"name": "w_dec", "layer": "decode", "shape": [32, 64],
                                "size": 2048, "init": "kUniformSqrtFanInOut()",
-                               "lr_scale": 1.0, "wd_scale": 1.0, "share_from": "w_enc"}
+                               "lr_scale": 1.0, "wd_scale": 1.0, "share_from": "w_enc",
+                               "row_sparse": False}
     assert data["num_owners"] == 5 and data["num_values"] == sum(
         p["size"] for p in data["params"] if p["share_from"] is None)
     assert data["updater"]["description"] == "kNesterov(momentum=0.9)"

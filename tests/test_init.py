@@ -29,13 +29,16 @@ from paramserver import (
     register_param_generator,
 )
 from paramserver.config.components import param_generators
-from paramserver.config.job import ParamGenConf
+from paramserver.config.job import ParamConf, ParamGenConf
 from paramserver.init import ParamGenerator, Stream, init_params, stream
 from paramserver.rng import fill_normal, fill_uniform, param_key
 
 BUILTINS = ["glorot_normal", "glorot_uniform", "he_normal", "he_uniform", "kConstant",
             "kGaussian", "kGaussianSqrtFanIn", "kUniform", "kUniformSqrtFanIn",
-            "kUniformSqrtFanInOut", "orthogonal", "truncated_normal"]
+            "kUniformSqrtFanInOut", "orthogonal", "truncated_normal",
+            # Keras' names (tests/test_keras_init.py) and torch's untruncated normals
+            "identity", "kaiming_normal", "lecun_normal", "lecun_uniform", "ones",
+            "random_normal", "random_uniform", "variance_scaling", "xavier_normal", "zeros"]
 #: Every built-in name: the fills above and kFromFile (which reads a file: tests/test_export.py).
 REGISTERED = [*BUILTINS, "kFromFile"]
 
@@ -79,7 +82,7 @@ def test_value_defaults_to_1_for_every_method() -> None:
 def test_constant_fills_1_by_default() -> None:
     assert np.all(draw({}, (3, 4)) == 1.0)
     assert np.all(draw({"type": "kConstant"}, (5,)) == 1.0)
-    ps = ParamSet([("b", 7)])
+    ps = ParamSet([("b", 7, ParamConf())])  # SINGA's configuration, as a job file's
     ps["b"].data[...] = 3.0
     init_params(ps)
     assert np.all(ps["b"].data == 1.0)
@@ -149,13 +152,20 @@ def test_fan_methods_are_the_base_fill_times_their_factor(method: str, base: str
     np.testing.assert_allclose(fanned, plain * factor(70, 30), rtol=1e-12, atol=1e-14)
 
 
-@pytest.mark.parametrize("method", ["kGaussian", "kUniform", "kGaussianSqrtFanIn",
-                                    "kUniformSqrtFanIn", "kUniformSqrtFanInOut",
-                                    "truncated_normal", "glorot_uniform", "glorot_normal",
-                                    "he_uniform", "he_normal", "orthogonal"])
+SINGA_FILLS = ["kGaussian", "kUniform", "kGaussianSqrtFanIn", "kUniformSqrtFanIn",
+               "kUniformSqrtFanInOut"]
+
+
+@pytest.mark.parametrize("method", [*SINGA_FILLS, "truncated_normal", "glorot_uniform",
+                                    "glorot_normal", "he_uniform", "he_normal", "orthogonal",
+                                    "random_normal", "random_uniform", "lecun_normal",
+                                    "lecun_uniform", "variance_scaling", "xavier_normal",
+                                    "kaiming_normal", "identity"])
 @pytest.mark.parametrize("value", [2.5, -0.5, 0.0])
 def test_value_multiplies_the_fill(method: str, value: float) -> None:
-    conf = {"type": method, "mean": 0.5, "std": 2.0, "low": -0.5, "high": 1.5}
+    # SINGA's methods read the common fields; Keras' read their own (tests/test_keras_init.py)
+    conf = ({"type": method, "mean": 0.5, "std": 2.0, "low": -0.5, "high": 1.5}
+            if method in SINGA_FILLS else {"type": method})
     one = draw(conf, (20, 30), dtype=np.float64)
     scaled = draw({**conf, "value": value}, (20, 30), dtype=np.float64)
     np.testing.assert_allclose(scaled, value * one, rtol=1e-12, atol=1e-14)
@@ -189,10 +199,10 @@ def test_glorot_and_he_uniform(method: str, shape: tuple[int, ...], bound: float
 
 
 def test_truncated_normal_statistics_and_bounds() -> None:
-    x = draw({"type": "truncated_normal"}, (1000, 1000))
+    x = draw({"type": "truncated_normal", "stddev": 1.0}, (1000, 1000))
     assert_moments(x, 0.0, truncated_std(-2, 2))
     assert -2.0 <= x.min() < -1.99 and 1.99 < x.max() <= 2.0
-    x = draw({"type": "truncated_normal", "mean": 1.0, "std": 0.5, "value": 2.0}, (500, 500))
+    x = draw({"type": "truncated_normal", "mean": 1.0, "stddev": 0.5, "value": 2.0}, (500, 500))
     assert_moments(x, 2.0, truncated_std(-2, 2))
     assert 0.0 <= x.min() and x.max() <= 4.0
 

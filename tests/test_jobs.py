@@ -115,7 +115,7 @@ def test_many_mistakes_are_reported_in_one_run() -> None:
     ("neuralnet { }\ntrain_steps: t", "f.conf:2:1",
      "Invalid Parameter format for train_steps expect int but value='t'"),
     ("train_steps: 1\nneuralnet { }\nupdater { type: kSGD rmsprop_conf { rho: 0.5 } }",
-     "f.conf:3:22", "rmsprop_conf is given but the updater is 'kSGD', which has no *_conf"),
+     "f.conf:3:22", "rmsprop_conf is given but the updater is 'kSGD', which reads sgd_conf"),
     ("train_steps: 1\nneuralnet { }\nupdater { learning_rate { type: kStep "
      "linear_conf { freq: 2 final_lr: 0 } step_conf { freq: 2 } } }", "f.conf:3:39",
      "linear_conf is given but the learning-rate method is 'kStep', which reads step_conf"),

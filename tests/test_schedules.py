@@ -28,7 +28,7 @@ from paramserver.config.job import LRGenConf
 
 DERANDOMIZED = settings(derandomize=True, max_examples=100, deadline=None)
 STEPS = [0, 1, 2, 9, 10, 11, 19, 20, 99, 100, 101, 1000, 123457]
-BUILTINS = ["kCosine", "kExponential", "kFixed", "kFixedStep", "kInverse", "kInverseT",
+BUILTINS = ["kCosine", "kExponential", "kFixed", "kFixedStep", "kInverse", "kInverseT", "kJoin",
             "kLinear", "kStep", "kWarmup"]
 
 
@@ -349,3 +349,127 @@ def test_warmup_then_inherits_base_lr_unless_it_sets_its_own() -> None:
     own = create_lr_method({"type": "kWarmup", "base_lr": 0.1, "warmup_steps": 10,
                             "then": {"type": "kFixed", "base_lr": 0.3}})
     assert own(10) == pytest.approx(0.3)
+
+
+# -- kJoin: schedules one after another (optax's join_schedules) ------------------------------
+
+
+def test_join_runs_each_schedule_from_its_boundary_inheriting_base_lr() -> None:
+    text = """learning_rate {
+      type: kJoin base_lr: 0.1
+      join_conf {
+        schedule { type: kWarmup warmup_conf { warmup_steps: 10 } }
+        schedule { type: kCosine cosine_conf { decay_steps: 40 final_lr: 0.01 } }
+        schedule { type: kFixed base_lr: 0.001 }
+        boundaries: [10, 50]
+      }
+    }"""
+    lr = create_lr_method(text)
+    cosine = create_lr_method({"type": "kCosine", "base_lr": 0.1, "decay_steps": 40,
+                               "final_lr": 0.01})
+    for step in range(0, 10):
+        assert lr(step) == pytest.approx(0.1 * step / 10, abs=1e-15)
+    for step in range(10, 50):
+        assert lr(step) == cosine(step - 10)   # counted from its boundary
+    assert lr(50) == lr(10_000) == 0.001       # its own base_lr
+    assert lr(10) == 0.1                       # the join's base_lr, inherited
+
+
+def test_join_from_python_equals_the_job_file_form() -> None:
+    from paramserver.schedules import join_schedules
+
+    parts = [{"type": "linear_warmup", "warmup_steps": 5},
+             {"type": "kStep", "change_freq": 3, "gamma": 0.5}]
+    lr = join_schedules(parts, [5], base_lr=0.2)
+    same = create_lr_method({"type": "kJoin", "base_lr": 0.2,
+                             "join_conf": {"schedule": parts, "boundaries": [5]}})
+    assert [lr(s) for s in range(20)] == [same(s) for s in range(20)]
+    assert lr(5) == 0.2 and lr(8) == 0.1
+    # its conf goes into an updater as it is
+    updater = create_updater({"type": "kSGD", "learning_rate": lr.conf})
+    assert updater.lr(8) == 0.1
+
+
+@pytest.mark.parametrize(("conf", "message"), [
+    ({"schedule": [], "boundaries": []}, "join_conf needs at least one schedule"),
+    ({"schedule": [{"type": "kFixed"}] * 2, "boundaries": []},
+     "join_conf has 2 schedules and 0 boundaries; there must be one boundary fewer than "
+     "schedules (where each next one starts)"),
+    ({"schedule": [{"type": "kFixed"}] * 3, "boundaries": [5, 5]},
+     "join_conf boundaries must be increasing: 5 then 5"),
+])
+def test_join_configuration_errors(conf: dict[str, Any], message: str) -> None:
+    with pytest.raises(ParamError) as e:
+        create_lr_method({"type": "kJoin", "join_conf": conf})
+    assert message in str(e.value)
+
+
+def test_join_equals_torchs_sequential_lr() -> None:
+    """A reference from outside: torch's SequentialLR of LinearLR, CosineAnnealingLR and
+    StepLR (each restarted at its milestone, all from the optimizer's one base rate) gives
+    the rates of kWarmup, kCosine and kStep joined at the same boundaries."""
+    torch = pytest.importorskip("torch")
+    sched = torch.optim.lr_scheduler
+    base = 0.1
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=base)
+    ref = sched.SequentialLR(opt, [
+        sched.LinearLR(opt, start_factor=0.1, end_factor=1.0, total_iters=10),
+        sched.CosineAnnealingLR(opt, T_max=30, eta_min=0.005),
+        sched.StepLR(opt, step_size=7, gamma=0.3)], milestones=[10, 40])
+    ours = create_lr_method(f"""learning_rate {{
+      type: kJoin base_lr: {base}
+      join_conf {{
+        schedule {{ type: kWarmup warmup_conf {{ warmup_steps: 10 start_lr: 0.01 }} }}
+        schedule {{ type: kCosine cosine_conf {{ decay_steps: 30 final_lr: 0.005 }} }}
+        schedule {{ type: kStep step_conf {{ change_freq: 7 gamma: 0.3 }} }}
+        boundaries: [10, 40]
+      }}
+    }}""")
+    for step in range(70):
+        assert ours(step) == pytest.approx(opt.param_groups[0]["lr"], rel=1e-9, abs=1e-15), step
+        opt.step()
+        ref.step()
+
+
+def join_schedules_conf() -> dict[str, Any]:
+    from paramserver.schedules import join_schedules
+
+    return join_schedules([{"type": "kWarmup", "warmup_steps": 4},
+                           {"type": "kFixed"}, {"type": "kFixed", "base_lr": 0.05}],
+                          [4, 8], base_lr=0.1).conf.to_dict()
+
+
+@pytest.mark.parametrize("nservers", [1, 4])
+def test_join_on_the_cluster_is_the_same_schedule_on_1_and_4_servers(nservers: int) -> None:
+    """Each server computes the joined rate from the step alone: 1 and 4 servers give the
+    values that the updater applied by hand gives."""
+    import numpy as np
+
+    from paramserver import ParamSet
+    from paramserver.cluster import Cluster
+    from paramserver.config.job import ClusterConf
+
+    updater = {"type": "kSGD", "momentum": 0.9, "learning_rate": join_schedules_conf()}
+    shapes = [(6, 5), (5,), (40,), (3, 3), (17,)]
+
+    def params() -> ParamSet:
+        ps = ParamSet([(f"p{i}", s) for i, s in enumerate(shapes)])
+        ps.values[:] = np.random.default_rng(0).standard_normal(ps.values.size)
+        return ps
+
+    def grad(step: int, n: int) -> np.ndarray:
+        return np.random.default_rng(step).standard_normal(n).astype(np.float32)
+
+    def fill(worker: Any, step: int) -> None:
+        worker.params.grads[:] = grad(step, worker.params.grads.size)
+
+    steps = 12
+    ps = params()
+    Cluster(ClusterConf(nservers_per_group=nservers, timeout=10.0), ps, updater).run(fill, steps)
+    ref = params()
+    up = create_updater(updater)
+    state = up.init_state(ref.offsets, ref.dtype)
+    for step in range(steps):
+        up.apply(step, ref.values, grad(step, ref.values.size), state, 1.0, 1.0, 1.0)
+    assert [up.lr(s) for s in (0, 3, 4, 8, 11)] == pytest.approx([0, 0.075, 0.1, 0.05, 0.05])
+    np.testing.assert_array_equal(ps.values, ref.values)

@@ -680,3 +680,67 @@ def test_a_refused_nonfinite_gradient_writes_nothing(method: str) -> None:
     assert ua.apply(3, a.values, g, sa, refuse_nonfinite=True) == 2
     assert np.array_equal(a.values, before)
     assert all(np.array_equal(sa[k], v) for k, v in state.items())  # counts included
+
+
+# -- clip_norm: clipping by the global norm ---------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1000, 3_000_001])  # one thread, and the parallel pass
+def test_sum_squares_of_scaled_clipped_segments(n: int) -> None:
+    from paramserver.gradnorm import sum_squares
+
+    rng = np.random.default_rng(4)
+    g = rng.standard_normal(n).astype(np.float32)
+    cuts = np.sort(rng.integers(0, n, 30))
+    offsets = np.concatenate([[0], cuts, cuts[:3], [n]]).astype(np.int64)  # empty segments too
+    offsets.sort()
+    scale = rng.uniform(0.1, 2.0, offsets.size - 1)
+    per = np.repeat(scale, np.diff(offsets))
+    g64 = g.astype(np.float64)
+    assert sum_squares(g, offsets, scale) == pytest.approx(np.sum((g64 * per) ** 2), rel=1e-12)
+    clipped = np.clip(g64, -0.5, 0.25)
+    assert sum_squares(g, offsets, scale, -0.5, 0.25) == pytest.approx(
+        np.sum((clipped * per) ** 2), rel=1e-12)
+
+
+def test_clip_norm_scales_every_gradient_by_the_global_norm() -> None:
+    """update_params against the reference: g · min(1, c / (‖g‖ + 1e-6)), ‖g‖ over every
+    owner's (mean of shared, element-clipped) gradient, then the rule."""
+    conf = {"type": "kSGD", "momentum": 0.9, "clip_norm": 2.0, "clip_low": -1.5,
+            "clip_high": 1.5, "learning_rate": {"base_lr": 0.1}}
+    updater = create_updater(conf)
+    ps = paramset()
+    ref_w = ps.values.astype(np.float64).copy()
+    h = np.zeros_like(ref_w)
+    rng = np.random.default_rng(5)
+    n = ps.values.size
+    norms = []
+    for step in range(4):
+        ps.grads[...] = rng.standard_normal(ps.grads.size) * (0.2 if step == 2 else 3.0)
+        ps.sum_shared_grads()
+        g = np.clip(ps.owner_grads().astype(np.float64), -1.5, 1.5)
+        g *= np.repeat(1.0 / ps.num_shares, np.diff(ps.offsets))
+        norm = np.sqrt(np.sum(g * g))
+        norms.append(norm)
+        g *= min(1.0, 2.0 / (norm + 1e-6))
+        lr = 0.1 * np.repeat(ps.lr_scales, np.diff(ps.offsets))
+        h = 0.9 * h - lr * g
+        ref_w = ref_w + h
+        updater.update_params(step, ps)
+        np.testing.assert_allclose(ps.values, ref_w[:n], rtol=RTOL, atol=ATOL)
+    assert norms[2] < 2.0 < min(norms[:2] + norms[3:])  # one step under the bound, unscaled
+
+
+def test_clip_norm_needs_the_whole_set_and_the_cluster_refuses_it() -> None:
+    from paramserver.cluster import Cluster
+    from paramserver.config.job import JobConf
+
+    updater = create_updater({"type": "kSGD", "clip_norm": 1.0})
+    p = param("w", (3, 4), 0)
+    with pytest.raises(ParamError, match="clip_norm clips by the L2 norm of every gradient of "
+                                         "the job, which this call does not see"):
+        updater.update(0, p)
+    job = JobConf.parse({"updater": {"type": "kSGD", "clip_norm": 1.0}})
+    with pytest.raises(ParamError) as e:
+        Cluster(job, ParamSet([("w", (3, 4))]))
+    assert str(e.value).startswith("updater.clip_norm (1) is not supported on the cluster yet")

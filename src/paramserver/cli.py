@@ -185,6 +185,7 @@ def _check(args: argparse.Namespace) -> int:
         job_file = read_job_file(args.job)
         net = job_file.build_net()
         job_file.check_params(net)
+        _check_trainable(job_file)
     except ParamError as e:
         if not args.json:
             raise
@@ -196,6 +197,23 @@ def _check(args: argparse.Namespace) -> int:
     else:
         print(job_report(job_file.job, net))
     return 0
+
+
+def _check_trainable(job_file: Any) -> None:
+    """Refuse, at its place in the file, an updater the cluster (what ``train`` runs on)
+    refuses."""
+    from .config.tree import Block
+    from .updaters import create_updater
+
+    try:
+        create_updater(job_file.job.updater).check_sliced()
+    except ParamError as e:
+        where = None
+        for entry in job_file.tree.entries:
+            if entry.key == "updater" and isinstance(entry.value, Block):
+                where = next((x.where for x in entry.value.entries if x.key == "clip_norm"),
+                             entry.where)
+        raise e.at(where) if where is not None else e from None
 
 
 def _print_json(data: Any) -> None:
@@ -270,7 +288,9 @@ def _export(args: argparse.Namespace) -> int:
         from .train.jobfile import read_job_file
 
         job_file = read_job_file(args.job)
-        table = param_table(ParamSet(job_file.build_net().param_specs()))
+        # laid out as the trainer lays them out (tables last), holding no table's values
+        table = param_table(ParamSet(job_file.build_net().param_specs(), tables=True,
+                                     hold_tables=False))
     path, names = export_model(args.checkpoint, args.to, table)
     logging.getLogger("paramserver.export").info(
         "wrote %d tensors to %s: %s", len(names), path,

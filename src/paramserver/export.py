@@ -38,9 +38,12 @@ def param_table(pset: ParamSet, module: Any = None) -> dict[str, Any]:
     Returns:
         ``{"params": [[name, shape, owner or None], ...], "aliases": {name: param name}}``.
     """
+    # The row-sparse tables' values come after every other owner's (SPEC §10): so do they.
+    ordered = ([p for p in pset.params if not p.row_sparse]
+               + [p for p in pset.params if p.row_sparse])
     table: dict[str, Any] = {
         "params": [[p.name, list(p.shape), p.owner.name if p.owner is not None else None]
-                   for p in pset.params],
+                   for p in ordered],
         "aliases": {}}
     if module is not None:
         names = {id(t): n for n, t in module.named_parameters() if n in pset}

@@ -30,31 +30,38 @@ T = TypeVar("T", bound=type)
 
 @dataclass(frozen=True)
 class Stream:
-    """The random stream of one Param: fast fills keyed by ``key``, or a NumPy generator."""
+    """The random stream of one Param: fast fills keyed by ``key``, or a NumPy generator.
+
+    ``offset`` is the stream position of the first value filled: a fill of a piece of a
+    Param (a server's rows of a table) starting at its position gives the values a fill of
+    the whole Param gives there."""
 
     key: int
+    offset: int = 0
 
     def uniform(self, out: np.ndarray, low: float = -1.0, high: float = 1.0) -> None:
         """Fill ``out`` with U[low, high)."""
         from .rng import fill_uniform
 
-        fill_uniform(out, self.key, low, high)
+        fill_uniform(out, self.key, low, high, offset=self.offset)
 
     def normal(self, out: np.ndarray, mean: float = 0.0, std: float = 1.0) -> None:
         """Fill ``out`` with N(mean, std²)."""
         from .rng import fill_normal
 
-        fill_normal(out, self.key, mean, std)
+        fill_normal(out, self.key, mean, std, offset=self.offset)
 
     def truncated_normal(self, out: np.ndarray, mean: float = 0.0, std: float = 1.0,
                          a: float = -2.0, b: float = 2.0) -> None:
         """Fill ``out`` with N(mean, std²) kept within [mean + a·std, mean + b·std]."""
         from .rng import fill_truncated_normal
 
-        fill_truncated_normal(out, self.key, mean, std, a, b)
+        fill_truncated_normal(out, self.key, mean, std, a, b, offset=self.offset)
 
     def numpy(self) -> np.random.Generator:
         """A NumPy generator on the same key, for fills the fast ones do not cover."""
+        if self.offset:
+            raise ParamError("a NumPy generator fills whole Params only (not a piece)")
         return np.random.Generator(np.random.Philox(key=self.key))
 
 
@@ -74,6 +81,10 @@ class ParamGenerator:
     """
 
     Config: ClassVar[type[Parameter] | None] = None
+    #: Whether :meth:`fill` can fill a piece of a Param (element ``i`` a function of the
+    #: stream and ``i`` alone: the built-in random and constant fills), so that servers fill
+    #: their own pieces of a table (:func:`fill_range`).
+    fills_pieces: ClassVar[bool] = False
 
     def __init__(self, conf: ParamGenConf):
         self.conf = conf
@@ -123,6 +134,37 @@ def init_params(params: ParamSet, seed: int = 0) -> None:
         p.version = 0
 
 
+@dataclass(frozen=True)
+class _Piece:
+    """What a fill sees of a piece of a Param: the whole's name, shape and size, the piece's
+    memory as ``data``."""
+
+    name: str
+    shape: tuple[int, ...]
+    data: np.ndarray
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+def fill_range(generator: ParamGenerator, name: str, shape: tuple[int, ...], out: np.ndarray,
+               offset: int, seed: int = 0) -> None:
+    """Fill ``out`` with values ``offset:offset + out.size`` of a Param ``name`` of ``shape``,
+    exactly as :func:`init_params` with ``seed`` fills them in the whole Param.
+
+    Raises:
+        ParamError: for a method that fills whole Params only (``fills_pieces`` False).
+    """
+    if not generator.fills_pieces:
+        raise ParamError(f"init method {generator.conf.component} fills whole Params only, "
+                         f"not a server's piece of '{name}': give the values instead")
+    from .rng import param_key
+
+    generator.fill(_Piece(name, tuple(shape), out),  # type: ignore[arg-type]
+                   Stream(param_key(seed, name), int(offset)))
+
+
 def _fans(param: Param, method: str, *, exactly_2d: bool = False) -> tuple[int, int]:
     """``(fan_in, fan_out)``: ``(shape[1], shape[0])``, times the receptive field of N-D Params.
 
@@ -152,6 +194,12 @@ def _fill_times(data: np.ndarray, scale: float, fill: Callable[[float], None]) -
 class Constant(ParamGenerator):
     """Every element = ``value``."""
 
+    fills_pieces = True
+
+    #: Whether the method fills every element alike (``paramserver check`` warns of it for
+    #: a Param of two or more dimensions, whose units would then stay equal).
+    constant: ClassVar[bool] = True
+
     def fill(self, param: Param, rng: Stream) -> None:
         param.data.fill(self.conf.value)
 
@@ -161,6 +209,8 @@ class _Scaled(ParamGenerator):
 
     ``fans``: the factor depends on the fans, and the Param must be 2-D (SPEC §4).
     """
+
+    fills_pieces = True
 
     gaussian: ClassVar[bool]
     fans: ClassVar[bool] = False
@@ -232,69 +282,243 @@ class UniformSqrtFanInOut(_Scaled):
         return math.sqrt(6.0 / (fan_in + fan_out))
 
 
-class _FanBased(ParamGenerator):
-    """Zero-mean fills whose spread depends on the fans; ``value`` is the gain."""
+def _refuse_common(conf: ParamGenConf, method: str, fields: dict[str, str]) -> None:
+    """Refuse common fields of ``init { }`` that ``method`` does not read, when set: the
+    Keras methods name their own (``stddev``, ``minval``, ...), and a SINGA spelling would
+    otherwise be passed over without a word."""
+    defaults = type(conf).fields()
+    given = [k for k in fields if getattr(conf, k) != defaults[k].make_default()]
+    if given:
+        raise ParamError("; ".join(f"{method} does not read {k} (it reads {fields[k]})"
+                                   for k in given))
 
-    gaussian: ClassVar[bool]
 
-    def spread(self, fan_in: int, fan_out: int) -> float:
-        raise NotImplementedError
+@register_param_generator("zeros", aliases=("zero",))
+class Zeros(ParamGenerator):
+    """Every element = 0 (Keras' ``zeros``)."""
+
+    fills_pieces = True
+
+    constant = True
+    fill_value = 0.0
 
     def fill(self, param: Param, rng: Stream) -> None:
-        fan_in, fan_out = _fans(param, self.conf.component)
+        name = self.conf.component
+        _refuse_common(self.conf, name, {"value": f"no value: {name} fills "
+                                                  f"{self.fill_value:g}; use kConstant"})
+        param.data.fill(self.fill_value)
+
+
+@register_param_generator("ones")
+class Ones(Zeros):
+    """Every element = 1 (Keras' ``ones``)."""
+
+    fill_value = 1.0
+
+
+class NormalConf(Parameter):
+    """Keras' spread of a normal fill (its mean is the common ``mean``)."""
+
+    stddev: float = field(0.05, lower=0.0, finite=True,
+                          doc="Standard deviation (Keras' default, 0.05).")
+
+
+@register_param_generator("random_normal")
+class RandomNormal(ParamGenerator):
+    """N(mean, stddev), then × ``value`` (Keras' ``random_normal``; stddev 0.05)."""
+
+    fills_pieces = True
+
+    Config = NormalConf
+
+    def fill(self, param: Param, rng: Stream) -> None:
+        c = self.conf
+        _refuse_common(c, c.component, {"std": "stddev", "low": "mean and stddev",
+                                        "high": "mean and stddev"})
+        data = param.data
+        sd = self.own.stddev
+        _fill_times(data, c.value, lambda s: rng.normal(data, c.mean * s, sd * s))
+
+
+@register_param_generator("truncated_normal")
+class TruncatedNormal(ParamGenerator):
+    """N(mean, stddev) kept within two stddev of the mean (values beyond are drawn again),
+    then × ``value`` (Keras' ``truncated_normal``; stddev 0.05)."""
+
+    fills_pieces = True
+
+    Config = NormalConf
+
+    def fill(self, param: Param, rng: Stream) -> None:
+        c = self.conf
+        _refuse_common(c, c.component, {"std": "stddev", "low": "mean and stddev",
+                                        "high": "mean and stddev"})
+        data = param.data
+        sd = self.own.stddev
+        _fill_times(data, c.value,
+                    lambda s: rng.truncated_normal(data, c.mean * s, sd * s))
+
+
+class UniformConf(Parameter):
+    """Keras' bounds of a uniform fill."""
+
+    minval: float = field(-0.05, finite=True, doc="Lower bound (Keras' default, -0.05).")
+    maxval: float = field(0.05, finite=True, doc="Upper bound (Keras' default, 0.05).")
+
+    def check(self) -> list[str]:
+        if self.minval > self.maxval:
+            return [f"minval ({self.minval:g}) must not be greater than maxval "
+                    f"({self.maxval:g})"]
+        return []
+
+
+@register_param_generator("random_uniform")
+class RandomUniform(ParamGenerator):
+    """U[minval, maxval), then × ``value`` (Keras' ``random_uniform``; ±0.05)."""
+
+    fills_pieces = True
+
+    Config = UniformConf
+
+    def fill(self, param: Param, rng: Stream) -> None:
+        c = self.conf
+        _refuse_common(c, c.component, {"low": "minval", "high": "maxval",
+                                        "mean": "minval and maxval", "std": "minval and maxval"})
+        data = param.data
+        lo, hi = self.own.minval, self.own.maxval
+        _fill_times(data, c.value, lambda s: rng.uniform(data, lo * s, hi * s))
+
+
+#: The standard deviation of N(0, 1) truncated to [-2, 2]; Keras divides by it so that a
+#: truncated fill keeps the variance asked for.
+TRUNCATED_STD = 0.87962566103423978
+
+_FAN_MODES = ("fan_in", "fan_out", "fan_avg")
+_DISTRIBUTIONS = ("truncated_normal", "untruncated_normal", "uniform")
+
+
+class VarianceScalingConf(Parameter):
+    """Keras' ``variance_scaling``: a fill of variance ``scale / n``."""
+
+    scale: float = field(1.0, lower=0.0, lower_exclusive=True, finite=True,
+                         doc="The variance times n.")
+    mode: str = field("fan_in", enum=_FAN_MODES,
+                      doc="n: fan_in, fan_out or their mean, fan_avg.")
+    distribution: str = field("truncated_normal", enum=_DISTRIBUTIONS,
+                              doc="truncated_normal (within two standard deviations, "
+                                  "rescaled to keep the variance), untruncated_normal or "
+                                  "uniform.")
+
+
+class _VarianceScaling(ParamGenerator):
+    """Zero-mean fills of variance ``scale / n`` (Keras' ``variance_scaling``), × ``value``.
+
+    Subclasses fix ``scale``, ``mode`` and ``distribution`` (the Keras names built on it);
+    ``variance_scaling`` reads them from its own configuration.
+    """
+
+    fills_pieces = True
+
+    scale: ClassVar[float] = 1.0
+    mode: ClassVar[str] = "fan_in"
+    distribution: ClassVar[str] = "truncated_normal"
+
+    def settings(self) -> tuple[float, str, str]:
+        return self.scale, self.mode, self.distribution
+
+    def fill(self, param: Param, rng: Stream) -> None:
+        c = self.conf
+        _refuse_common(c, c.component, {"mean": "no mean: the fill is centred on 0",
+                                        "std": "no std: the spread follows from the fans",
+                                        "low": "no low: the bounds follow from the fans",
+                                        "high": "no high: the bounds follow from the fans"})
+        fan_in, fan_out = _fans(param, c.component)
         if param.size == 0:
             return
+        scale, mode, distribution = self.settings()
+        n = {"fan_in": fan_in, "fan_out": fan_out, "fan_avg": (fan_in + fan_out) / 2}[mode]
         data = param.data
-        s = self.conf.value * self.spread(fan_in, fan_out)
-        if self.gaussian:
-            _fill_times(data, s, lambda a: rng.normal(data, 0.0, a))
+        if distribution == "uniform":
+            limit = math.sqrt(3.0 * scale / n)
+            _fill_times(data, c.value, lambda a: rng.uniform(data, -limit * a, limit * a))
+        elif distribution == "untruncated_normal":
+            sd = math.sqrt(scale / n)
+            _fill_times(data, c.value, lambda a: rng.normal(data, 0.0, sd * a))
         else:
-            _fill_times(data, s, lambda a: rng.uniform(data, -a, a))
+            sd = math.sqrt(scale / n) / TRUNCATED_STD
+            _fill_times(data, c.value, lambda a: rng.truncated_normal(data, 0.0, sd * a))
+
+
+@register_param_generator("variance_scaling")
+class VarianceScaling(_VarianceScaling):
+    """Zero-mean fill of variance ``scale / n``, n = fan_in, fan_out or their mean, from a
+    truncated normal (rescaled), a normal or a uniform distribution; × ``value``."""
+
+    Config = VarianceScalingConf
+
+    def settings(self) -> tuple[float, str, str]:
+        return self.own.scale, self.own.mode, self.own.distribution
 
 
 @register_param_generator("glorot_uniform", aliases=("xavier_uniform",))
-class GlorotUniform(_FanBased):
-    """U(-a, a), a = value · sqrt(6/(fan_in + fan_out)) (Glorot & Bengio 2010)."""
+class GlorotUniform(_VarianceScaling):
+    """U(-a, a), a = value · sqrt(6/(fan_in + fan_out)) (Glorot & Bengio 2010; Keras' and
+    torch's)."""
 
-    gaussian = False
-
-    def spread(self, fan_in: int, fan_out: int) -> float:
-        return math.sqrt(6.0 / (fan_in + fan_out))
+    mode, distribution = "fan_avg", "uniform"
 
 
-@register_param_generator("glorot_normal", aliases=("xavier_normal",))
-class GlorotNormal(_FanBased):
-    """N(0, std), std = value · sqrt(2/(fan_in + fan_out))."""
+@register_param_generator("glorot_normal")
+class GlorotNormal(_VarianceScaling):
+    """Keras' glorot_normal: truncated normal of std value · sqrt(2/(fan_in + fan_out))."""
 
-    gaussian = True
+    mode = "fan_avg"
 
-    def spread(self, fan_in: int, fan_out: int) -> float:
-        return math.sqrt(2.0 / (fan_in + fan_out))
+
+@register_param_generator("xavier_normal")
+class XavierNormal(_VarianceScaling):
+    """torch's xavier_normal_: N(0, s), s = value · sqrt(2/(fan_in + fan_out)), untruncated."""
+
+    mode, distribution = "fan_avg", "untruncated_normal"
 
 
 @register_param_generator("he_uniform", aliases=("kaiming_uniform",))
-class HeUniform(_FanBased):
-    """U(-b, b), b = value · sqrt(6/fan_in) (He et al. 2015; value=1 is ReLU's gain² / 2)."""
+class HeUniform(_VarianceScaling):
+    """U(-b, b), b = value · sqrt(6/fan_in) (He et al. 2015; Keras' and torch's for ReLU)."""
 
-    gaussian = False
-
-    def spread(self, fan_in: int, fan_out: int) -> float:
-        return math.sqrt(6.0 / fan_in)
+    scale, distribution = 2.0, "uniform"
 
 
-@register_param_generator("he_normal", aliases=("kaiming_normal",))
-class HeNormal(_FanBased):
-    """N(0, std), std = value · sqrt(2/fan_in)."""
+@register_param_generator("he_normal")
+class HeNormal(_VarianceScaling):
+    """Keras' he_normal: truncated normal of std value · sqrt(2/fan_in)."""
 
-    gaussian = True
+    scale = 2.0
 
-    def spread(self, fan_in: int, fan_out: int) -> float:
-        return math.sqrt(2.0 / fan_in)
+
+@register_param_generator("kaiming_normal")
+class KaimingNormal(_VarianceScaling):
+    """torch's kaiming_normal_ (ReLU): N(0, s), s = value · sqrt(2/fan_in), untruncated."""
+
+    scale, distribution = 2.0, "untruncated_normal"
+
+
+@register_param_generator("lecun_uniform")
+class LecunUniform(_VarianceScaling):
+    """U(-b, b), b = value · sqrt(3/fan_in) (Keras' lecun_uniform)."""
+
+    distribution = "uniform"
+
+
+@register_param_generator("lecun_normal")
+class LecunNormal(_VarianceScaling):
+    """Keras' lecun_normal: truncated normal of std value · sqrt(1/fan_in)."""
 
 
 @register_param_generator("orthogonal")
 class Orthogonal(ParamGenerator):
-    """A (semi-)orthogonal matrix × ``value`` (Saxe et al. 2014); trailing dims flattened."""
+    """A (semi-)orthogonal matrix × ``value`` (Saxe et al. 2014; Keras' gain is ``value``);
+    trailing dims flattened."""
 
     def fill(self, param: Param, rng: Stream) -> None:
         _fans(param, self.conf.component)
@@ -310,14 +534,18 @@ class Orthogonal(ParamGenerator):
         param.data[...] = (self.conf.value * q).reshape(param.shape)
 
 
-@register_param_generator("truncated_normal")
-class TruncatedNormal(ParamGenerator):
-    """N(mean, std) kept within two std of the mean, then × ``value``."""
+@register_param_generator("identity", aliases=("eye",))
+class Identity(ParamGenerator):
+    """The identity matrix (ones on the diagonal of a 2-D Param, also a rectangular one),
+    × ``value`` (Keras' gain)."""
 
     def fill(self, param: Param, rng: Stream) -> None:
-        c = self.conf
+        if len(param.shape) != 2:
+            raise ParamError(f"Param '{param.name}' has shape {param.shape}: identity needs a "
+                             "2-D Param")
         data = param.data
-        _fill_times(data, c.value, lambda s: rng.truncated_normal(data, c.mean * s, c.std * s))
+        data.fill(0)
+        np.fill_diagonal(data, self.conf.value)
 
 
 class FromFileConf(Parameter):
@@ -380,5 +608,10 @@ def read_tensor(path: str, key: str, shape: tuple[int, ...], param: str) -> np.n
     return np.asarray(array)
 
 
+def is_constant(conf: ParamGenConf) -> bool:
+    """Whether an ``init`` fills every element alike (kConstant, zeros, ones)."""
+    return bool(getattr(param_generators.get(conf.component), "constant", False))
+
+
 __all__ = ["FromFile", "FromFileConf", "ParamGenerator", "Stream", "create_param_generator",
-           "read_tensor", "register_param_generator", "stream"]
+           "fill_range", "is_constant", "read_tensor", "register_param_generator", "stream"]

@@ -72,30 +72,39 @@ def _sgd_rule(w, g, h, u, k, p):  # type: ignore[no-untyped-def]
 
 @register_jitable(inline="always")
 def _momentum_rule(w, g, h, u, k, p):  # type: ignore[no-untyped-def]
-    # k0 = lr; p0 = momentum
+    # p0 = momentum. SINGA's form: k0 = lr, k1 = 1 (h = m*h - lr*g; w = w + h). torch.optim's
+    # form: k0 = -(1 - dampening), k1 = -lr (h = m*h + (1 - dampening)*g; w = w - lr*h), so
+    # that h is torch's momentum buffer and a new rate applies to the whole of it.
     h = p[0] * h - k[0] * g
-    return w + h, h, u
+    return w + k[1] * h, h, u
 
 
 @register_jitable(inline="always")
 def _nesterov_rule(w, g, h, u, k, p):  # type: ignore[no-untyped-def]
-    # k0 = lr; p0 = momentum, p1 = 1 + momentum
+    # p0 = momentum, p1 = 1 + momentum. SINGA's form: k0 = lr, k1 = 1. torch.optim's form:
+    # k0 = 1, k1 = lr (h is torch's buffer m*h + g, and (1+m)*h1 - m*h = g + m*h1 its step).
     h1 = p[0] * h + k[0] * g
-    return w - (p[1] * h1 - p[0] * h), h1, u
+    return w - k[1] * (p[1] * h1 - p[0] * h), h1, u
 
 
 @register_jitable(inline="always")
 def _adagrad_rule(w, g, h, u, k, p):  # type: ignore[no-untyped-def]
-    # k0 = lr; p0 = delta
+    # k0 = lr; p0 = delta under the square root (SINGA's form), p1 = delta after it
+    # (torch.optim's eps); the other is 0.
     h = h + g * g
-    return w - k[0] * g / np.sqrt(h + p[0]), h, u
+    return w - k[0] * g / (np.sqrt(h + p[0]) + p[1]), h, u
 
 
 @register_jitable(inline="always")
 def _rmsprop_rule(w, g, h, u, k, p):  # type: ignore[no-untyped-def]
-    # k0 = lr; p0 = rho, p1 = 1 - rho, p2 = delta
+    # k0 = lr; p0 = rho, p1 = 1 - rho, p2 = delta under the square root (SINGA's form),
+    # p3 = delta after it (torch.optim's eps); p4 = momentum (torch.optim's, with u its
+    # buffer: u = m*u + g/avg; w = w - lr*u), 0 for none.
     h = p[0] * h + p[1] * g * g
-    return w - k[0] * g / np.sqrt(h + p[2]), h, u
+    if p[4] > 0:
+        u = p[4] * u + g / (np.sqrt(h + p[2]) + p[3])
+        return w - k[0] * u, h, u
+    return w - k[0] * g / (np.sqrt(h + p[2]) + p[3]), h, u
 
 
 @register_jitable(inline="always")
@@ -578,6 +587,7 @@ _RULES: dict[str, Callable[..., Any]] = {
     "nesterov": _nesterov_rule,
     "adagrad": _adagrad_rule,
     "rmsprop": _rmsprop_rule,
+    "rmsprop_momentum": _rmsprop_rule,
     "adadelta": _adadelta_rule,
     "adam": _adam_rule,
     "adam_inner_delta": _adam_inner_delta_rule,
@@ -828,6 +838,8 @@ def sgd(
     gscale: PerSegment = 1.0,
     *,
     momentum: float = 0.0,
+    dampening: PerSegment = 0.0,
+    torch_form: bool = False,
     clip_low: float = 0.0,
     clip_high: float = 0.0,
     check: bool = False,
@@ -836,6 +848,10 @@ def sgd(
     step: PerSegment | None = None,
 ) -> int:
     """SGD: ``h = momentum*h - lr*g; w = w + h``, or ``w = w - lr*g`` when momentum is 0.
+
+    With ``torch_form``, torch.optim.SGD's form: ``h = momentum*h + (1-dampening)*g;
+    w = w - lr*h`` (``h`` is torch's momentum buffer, and a new rate applies to all of it).
+    SINGA's form with dampening: ``h = momentum*h - lr*(1-dampening)*g``.
 
     Args:
       w: values, updated in place (1-D, float32 or float64, C-contiguous).
@@ -846,6 +862,10 @@ def sgd(
       wd: weight decay per segment (already times ``wd_scale``); applied when > 0.
       gscale: gradient scale per segment (``1/number_of_sharers``).
       momentum: in [0, 1].
+      dampening: per segment, in [0, 1]; the gradient enters the momentum times
+        ``1 - dampening`` (torch.optim's; give 0 for a segment's first update, whose buffer
+        torch starts from the gradient itself).
+      torch_form: torch.optim's form of the momentum (above).
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
       check: read the gradient first, and write nothing if it holds NaN or Inf.
       stochastic: round bfloat16 and 8-bit state stochastically (else to nearest).
@@ -855,6 +875,8 @@ def sgd(
         of stochastic rounding).
     """
     if momentum > 0:
+        keep = 1.0 - _f64(dampening)
+        k = (-keep, -_f64(lr)) if torch_form else (_f64(lr) * keep, 1.0)
         return _launch(
             "momentum",
             w,
@@ -863,7 +885,7 @@ def sgd(
             offsets,
             gscale,
             wd,
-            (lr,),
+            k,
             (momentum,),
             clip_low,
             clip_high,
@@ -889,6 +911,7 @@ def nesterov(
     gscale: PerSegment = 1.0,
     *,
     momentum: float,
+    torch_form: bool = False,
     clip_low: float = 0.0,
     clip_high: float = 0.0,
     check: bool = False,
@@ -897,6 +920,9 @@ def nesterov(
     step: PerSegment | None = None,
 ) -> int:
     """Nesterov: ``h0 = h; h = momentum*h + lr*g; w = w - ((1+momentum)*h - momentum*h0)``.
+
+    With ``torch_form``, torch.optim.SGD's (``nesterov=True``): ``h = momentum*h + g;
+    w = w - lr*(g + momentum*h)`` (``h`` is torch's momentum buffer).
 
     Args:
       w: values, updated in place (1-D, float32 or float64, C-contiguous).
@@ -907,6 +933,7 @@ def nesterov(
       wd: weight decay per segment (already times ``wd_scale``); applied when > 0.
       gscale: gradient scale per segment (``1/number_of_sharers``).
       momentum: in [0, 1].
+      torch_form: torch.optim's form of the momentum (above).
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
       check: read the gradient first, and write nothing if it holds NaN or Inf.
       stochastic: round bfloat16 and 8-bit state stochastically (else to nearest).
@@ -923,7 +950,7 @@ def nesterov(
         offsets,
         gscale,
         wd,
-        (lr,),
+        (1.0, lr) if torch_form else (lr, 1.0),
         (momentum, 1.0 + momentum),
         clip_low,
         clip_high,
@@ -944,6 +971,7 @@ def adagrad(
     gscale: PerSegment = 1.0,
     *,
     delta: float = 1e-8,
+    torch_form: bool = False,
     clip_low: float = 0.0,
     clip_high: float = 0.0,
     check: bool = False,
@@ -951,7 +979,8 @@ def adagrad(
     bf16_values: np.ndarray | None = None,
     step: PerSegment | None = None,
 ) -> int:
-    """AdaGrad: ``h = h + g*g; w = w - lr*g/sqrt(h + delta)``.
+    """AdaGrad: ``h = h + g*g; w = w - lr*g/sqrt(h + delta)``; with ``torch_form``,
+    torch.optim.Adagrad's ``w = w - lr*g/(sqrt(h) + delta)``.
 
     Args:
       w: values, updated in place (1-D, float32 or float64, C-contiguous).
@@ -961,7 +990,8 @@ def adagrad(
       lr: learning rate per segment (already times ``lr_scale``).
       wd: weight decay per segment (already times ``wd_scale``); applied when > 0.
       gscale: gradient scale per segment (``1/number_of_sharers``).
-      delta: added under the square root; > 0.
+      delta: added under the square root (after it with ``torch_form``); > 0.
+      torch_form: torch.optim's placement of delta (above).
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
       check: read the gradient first, and write nothing if it holds NaN or Inf.
       stochastic: round bfloat16 and 8-bit state stochastically (else to nearest).
@@ -979,7 +1009,7 @@ def adagrad(
         gscale,
         wd,
         (lr,),
-        (delta,),
+        (0.0, delta) if torch_form else (delta, 0.0),
         clip_low,
         clip_high,
         check,
@@ -1000,6 +1030,9 @@ def rmsprop(
     *,
     rho: float,
     delta: float = 1e-8,
+    torch_form: bool = False,
+    momentum: float = 0.0,
+    u: State | None = None,
     clip_low: float = 0.0,
     clip_high: float = 0.0,
     check: bool = False,
@@ -1008,6 +1041,10 @@ def rmsprop(
     step: PerSegment | None = None,
 ) -> int:
     """RMSProp: ``h = rho*h + (1-rho)*g*g; w = w - lr*g/sqrt(h + delta)``.
+
+    With ``torch_form``, torch.optim.RMSprop's: ``avg = sqrt(h) + delta`` (delta after the
+    square root), and with ``momentum > 0`` its momentum buffer ``u``:
+    ``u = momentum*u + g/avg; w = w - lr*u`` (else ``w = w - lr*g/avg``).
 
     Args:
       w: values, updated in place (1-D, float32 or float64, C-contiguous).
@@ -1018,7 +1055,10 @@ def rmsprop(
       wd: weight decay per segment (already times ``wd_scale``); applied when > 0.
       gscale: gradient scale per segment (``1/number_of_sharers``).
       rho: decay of the running mean, in [0, 1].
-      delta: added under the square root; > 0.
+      delta: added under the square root (after it with ``torch_form``); > 0.
+      torch_form: torch.optim's placement of delta (above).
+      momentum: torch.optim's momentum, in [0, 1] (with ``torch_form`` only).
+      u: the momentum buffer, updated in place (needed when ``momentum > 0``).
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
       check: read the gradient first, and write nothing if it holds NaN or Inf.
       stochastic: round bfloat16 and 8-bit state stochastically (else to nearest).
@@ -1027,6 +1067,14 @@ def rmsprop(
       step: per segment, the number ``t >= 1`` of this update (the key of the random bits
         of stochastic rounding).
     """
+    inner, outer = (0.0, delta) if torch_form else (delta, 0.0)
+    if momentum > 0:
+        if u is None or not torch_form:
+            raise ParamError("RMSProp's momentum is torch.optim's: it needs torch_form and "
+                             "the momentum buffer u")
+        return _launch("rmsprop_momentum", w, g, {"h": h, "u": u}, offsets, gscale, wd,
+                       (lr,), (rho, 1.0 - rho, inner, outer, momentum), clip_low, clip_high,
+                       check, stochastic, step, bf16_values)
     return _launch(
         "rmsprop",
         w,
@@ -1036,7 +1084,7 @@ def rmsprop(
         gscale,
         wd,
         (lr,),
-        (rho, 1.0 - rho, delta),
+        (rho, 1.0 - rho, inner, outer, 0.0),
         clip_low,
         clip_high,
         check,
@@ -1310,6 +1358,8 @@ def warmup(dtype: npt.DTypeLike = np.float32, state_dtype: str = "float32", *,
         nesterov(w, w.copy(), st("nesterov", 0), offsets, 0.0, momentum=0.5, **kw)
         adagrad(w, w.copy(), st("adagrad", 0), offsets, 0.0, **kw)
         rmsprop(w, w.copy(), st("rmsprop", 0), offsets, 0.0, rho=0.9, **kw)
+        rmsprop(w, w.copy(), st("rmsprop_momentum", 0), offsets, 0.0, rho=0.9,
+                torch_form=True, momentum=0.5, u=st("rmsprop_momentum", 1), **kw)
         adadelta(w, w.copy(), st("adadelta", 0), st("adadelta", 1), offsets, 0.0, rho=0.9,
                  **kw)
         for bc in (True, False):

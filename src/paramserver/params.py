@@ -5,6 +5,13 @@ Param's gradient in another (owners first, in the same layout as the values, the
 sharers'), with each Param a view into them. A slice of the job is then a ``(start, stop)``
 range of the buffers, an update over many Params one kernel call, and a checkpoint a few
 arrays.
+
+Row-sparse tables (SPEC §10): a ParamSet made with ``tables=True`` makes every spec marked
+``row_sparse`` (an embedding's table, say) that no Param shares a :class:`TableParam`. Its
+values come after every dense owner's in the values buffer (servers slice them by rows), it
+has no dense gradient — its gradient is rows by id (:meth:`TableParam.add_grad_rows`) — and
+a worker's replica need not hold its values at all (``hold_tables=False``): it pulls the
+rows it needs (:meth:`TableParam.rows`).
 """
 
 from __future__ import annotations
@@ -13,14 +20,14 @@ import copy
 import difflib
 import math
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .config import ParamError
-from .config.job import ParamConf
+from .config.job import ParamConf, ParamGenConf
 from .state import UpdaterState
 
 _DTYPES = {np.dtype(np.float32), np.dtype(np.float64)}
@@ -47,6 +54,9 @@ class Param:
     makes them as views of its flat buffers. A sharer (``share_from``) views its owner's
     values and has its own gradient.
     """
+
+    #: A row-sparse table (:class:`TableParam`).
+    row_sparse = False
 
     def __init__(self, name: str, shape: Sequence[int] | int, dtype: Any = np.float32,
                  conf: ParamConf | None = None, *, data: np.ndarray | None = None,
@@ -165,18 +175,159 @@ class Param:
                 f"version={self.version}{share})")
 
 
+#: Gradient values from which :func:`coalesce_rows` sums in a compiled loop.
+_NUMBA_ROWS = 1 << 12
+
+
+def coalesce_rows(ids: np.ndarray, rows: np.ndarray, dim: int, dtype: Any
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Rows by id with each id once: the sorted ids, and per id the sum of its rows in the
+    order given (``((a + b) + c)``: a fixed order, the same sum on every run)."""
+    ids = np.asarray(ids, np.int64).reshape(-1)
+    rows = np.asarray(rows).reshape(ids.size, dim)
+    if ids.size < 2 or bool(np.all(ids[1:] > ids[:-1])):
+        return ids, np.ascontiguousarray(rows, dtype)
+    union, at = np.unique(ids, return_inverse=True)
+    if union.size == ids.size:  # only out of order
+        order = np.argsort(ids, kind="stable")
+        return ids[order], np.ascontiguousarray(rows[order], dtype)
+    out = np.zeros((union.size, dim), dtype)
+    if rows.dtype != out.dtype or rows.size < _NUMBA_ROWS:
+        np.add.at(out, at, rows)  # one row after the other, in the order given
+        return union, out
+    from .kernels_rows import sum_rows_in_order  # the same sums, without add.at's dispatch
+
+    order = np.argsort(at, kind="stable")
+    bounds = np.searchsorted(at[order], np.arange(union.size + 1)).astype(np.int64)
+    sum_rows_in_order(np.ascontiguousarray(rows), order, bounds, out)
+    return union, out
+
+
+class TableParam(Param):
+    """A row-sparse table (SPEC §10): rows first (``shape[0]``), each of ``dim`` values.
+
+    Its values may be held (a view of the ParamSet's buffer) or not (a worker's replica:
+    :attr:`data` is then an error); :meth:`rows` reads rows by id — through :attr:`fetch`
+    when a worker has set it (the servers' rows), else from the values held. Its gradient is
+    rows by id, added with :meth:`add_grad_rows` and summed per id by
+    :meth:`take_grad_rows`; it has no dense ``grad``.
+    """
+
+    row_sparse = True
+
+    def __init__(self, name: str, shape: Sequence[int] | int, dtype: Any = np.float32,
+                 conf: ParamConf | None = None, *, data: np.ndarray | None = None):
+        self.name = name
+        self.shape = _shape(shape, name)
+        if len(self.shape) < 1:
+            raise ParamError(f"Param '{name}': a row-sparse table has rows (shape[0])")
+        self.dtype = _dtype(dtype)
+        self.conf = conf if conf is not None else ParamConf(name=name)
+        self.owner = None
+        self._data = None if data is None else self._fit(data, "data")  # type: ignore[assignment]
+        self._grad = None  # type: ignore[assignment]
+        self._version = 0
+        self.updater_state = None
+        #: The row-sparse gradient added since the last :meth:`zero_grad`: ``(ids, rows)``.
+        self.grad_rows: list[tuple[np.ndarray, np.ndarray]] = []
+        #: ``fetch(name, ids)``: the rows ``ids`` (unique, sorted) from where they are held.
+        self.fetch: Any = None
+
+    @property
+    def dim(self) -> int:
+        """Values per row."""
+        return int(np.prod(self.shape[1:], dtype=np.int64)) if len(self.shape) > 1 else 1
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.shape[0])
+
+    @property
+    def data(self) -> np.ndarray:
+        if self._data is None:
+            raise ParamError(f"Param '{self.name}' is a row-sparse table held by the servers; "
+                             "a worker reads its rows by id (rows(ids))")
+        return self._data
+
+    @data.setter
+    def data(self, value: Any) -> None:
+        self._write("data", self.data, value)
+
+    @property
+    def grad(self) -> np.ndarray:
+        raise ParamError(f"Param '{self.name}' is a row-sparse table: its gradient is rows by "
+                         "id (add_grad_rows), it has no dense gradient")
+
+    @grad.setter
+    def grad(self, value: Any) -> None:
+        self.grad  # noqa: B018 (the error)
+
+    def rows(self, ids: Any) -> np.ndarray:
+        """Rows ``ids`` (any order, repeats allowed): ``len(ids) × dim`` values, a copy."""
+        ids = np.asarray(ids, np.int64).reshape(-1)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.num_rows):
+            bad = ids[(ids < 0) | (ids >= self.num_rows)][0]
+            raise ParamError(f"Param '{self.name}': row id {int(bad)} is outside the table's "
+                             f"rows [0, {self.num_rows})")
+        if self.fetch is None:
+            return self.data.reshape(self.num_rows, self.dim)[ids]
+        unique, at = np.unique(ids, return_inverse=True)
+        got = np.asarray(self.fetch(self.name, unique)).reshape(unique.size, self.dim)
+        return got[at]
+
+    def add_grad_rows(self, ids: Any, rows: Any) -> None:
+        """Add gradient rows (``rows[i]`` for row ``ids[i]``; repeats are summed)."""
+        ids = np.asarray(ids, np.int64).reshape(-1)
+        rows = np.asarray(rows, self.dtype).reshape(ids.size, self.dim)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.num_rows):
+            raise ParamError(f"Param '{self.name}': gradient rows outside the table's rows "
+                             f"[0, {self.num_rows})")
+        self.grad_rows.append((ids, rows))
+
+    def take_grad_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """The gradient rows added so far, summed per id (sorted ids); they are cleared."""
+        parts, self.grad_rows = self.grad_rows, []
+        if not parts:
+            return np.zeros(0, np.int64), np.zeros((0, self.dim), self.dtype)
+        if len(parts) == 1:
+            return coalesce_rows(parts[0][0], parts[0][1], self.dim, self.dtype)
+        return coalesce_rows(np.concatenate([p[0] for p in parts]),
+                             np.concatenate([p[1] for p in parts]), self.dim, self.dtype)
+
+    def zero_grad(self) -> None:
+        self.grad_rows = []
+
+    def __repr__(self) -> str:
+        held = "" if self._data is not None else ", not held"
+        return (f"TableParam({self.name!r}, shape={self.shape}, dtype={self.dtype.name}, "
+                f"version={self.version}{held})")
+
+
 @dataclass(frozen=True)
 class ParamSpec:
-    """What a Param needs before memory exists: name, shape, configuration, and its place."""
+    """What a Param needs before memory exists: name, shape, configuration, and its place.
+    ``row_sparse``: a table whose gradient is rows by id (an embedding's), made a
+    :class:`TableParam` by a ParamSet with tables."""
 
     name: str
     shape: tuple[int, ...]
     conf: ParamConf
     place: str  # e.g. "layer 'fc1', param 0": where errors point
+    row_sparse: bool = False
 
 
 class ParamSet:
     """The Params of a job in flat buffers; see the module docstring.
+
+    Args:
+        items: the Params' specs (``ParamSpec``, ``(name, shape)`` or ``(name, shape,
+            conf)``; see :func:`plan_params`), or their plan.
+        dtype: float32 or float64.
+        alloc: makes the two flat buffers: ``alloc(n, dtype)`` gives a C-contiguous array
+            of ``n`` zeros (pinned host memory for transfers to a GPU, say); default NumPy's.
+        tables: make the specs marked ``row_sparse`` that no Param shares tables.
+        hold_tables: keep the tables' values (False: a worker's replica, ``values`` then
+            holds the dense owners' only).
 
     Attributes:
         params: every Param, in declaration order.
@@ -187,30 +338,49 @@ class ParamSet:
         num_shares: int64 array, for owner i the number of Params using its values (>= 1).
         updater_state: the updater state of the owners (one segment each; each owner's
             ``updater_state`` views its part), made by the updater that first updates them.
+        tables: the row-sparse tables (:class:`TableParam`), the last owners.
+        dense_size: the values of the dense owners (a prefix of the values; all without
+            tables). ``grads`` holds the dense owners' and the sharers' gradients.
     """
 
     def __init__(self, items: Iterable[ParamSpec | tuple[Any, ...]] | ParamPlan,
-                 dtype: Any = np.float32):
+                 dtype: Any = np.float32, *, tables: bool = False, hold_tables: bool = True,
+                 alloc: Callable[[int, np.dtype[Any]], np.ndarray] | None = None):
         self.dtype = _dtype(dtype)
         plan = items if isinstance(items, ParamPlan) else plan_params(items)
         specs, owner_of = plan.specs, plan.owner_of
-        owners, sharers = plan.owners, plan.sharers
-        self.offsets = np.concatenate([[0], np.cumsum(plan.sizes, dtype=np.int64)]).astype(
-            np.int64)
+        is_table = plan.table_names() if tables else set()
+        owners = plan.ordered_owners(tables)
+        sharers = plan.sharers
+        sizes = [math.prod(s.shape) for s in owners]
+        self.offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
         total = plan.num_values
+        self.dense_size = int(self.offsets[len(owners) - len(is_table)])
+        self.with_tables = bool(tables)
+        self.holds_tables = bool(hold_tables)
         plan.check_memory(self.dtype)
         try:
-            self.values = np.zeros(total, self.dtype)
-            self.grads = np.zeros(plan.num_grads, self.dtype)
+            num_values = total if hold_tables else self.dense_size
+            num_grads = plan.num_grads - (total - self.dense_size)
+            if alloc is None:
+                self.values = np.zeros(num_values, self.dtype)
+                self.grads = np.zeros(num_grads, self.dtype)
+            else:  # memory of the caller's kind (pinned host memory, for transfers to a GPU)
+                self.values = _fit_buffer(alloc(num_values, self.dtype), num_values, self.dtype)
+                self.grads = _fit_buffer(alloc(num_grads, self.dtype), num_grads, self.dtype)
         except MemoryError:
             raise ParamError(plan.too_big(self.dtype)) from None
         by_name: dict[str, Param] = {}
         for i, s in enumerate(owners):
             lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
+            if s.name in is_table:
+                by_name[s.name] = TableParam(s.name, s.shape, self.dtype, s.conf, data=(
+                    self.values[lo:hi].reshape(s.shape) if hold_tables else None))
+                continue
             by_name[s.name] = Param(s.name, s.shape, self.dtype, s.conf,
                                     data=self.values[lo:hi].reshape(s.shape),
                                     grad=self.grads[lo:hi].reshape(s.shape))
-        pos = total
+        pos = self.dense_size
         for s in sharers:
             owner = by_name[owner_of[s.name]]
             conf = owner.conf.copy()
@@ -223,6 +393,7 @@ class ParamSet:
             pos += n
         self.params = [by_name[s.name] for s in specs]
         self.owners = [by_name[s.name] for s in owners]
+        self.tables: list[TableParam] = [p for p in self.owners if isinstance(p, TableParam)]
         self._by_name = by_name
         self._index = {p.name: i for i, p in enumerate(self.owners)}
         self.updater_state: UpdaterState | None = None
@@ -272,8 +443,8 @@ class ParamSet:
     # -- gradients --------------------------------------------------------------------------
 
     def owner_grads(self) -> np.ndarray:
-        """The owners' gradient range of :attr:`grads` (a view)."""
-        return self.grads[: int(self.offsets[-1])]
+        """The (dense) owners' gradient range of :attr:`grads` (a view)."""
+        return self.grads[: self.dense_size]
 
     def sum_shared_grads(self) -> None:
         """Add every sharer's gradient into its owner's (in declaration order)."""
@@ -283,6 +454,8 @@ class ParamSet:
 
     def zero_grads(self) -> None:
         self.grads.fill(0)
+        for t in self.tables:
+            t.zero_grad()
 
     def replica(self, values: np.ndarray | None = None) -> ParamSet:
         """A worker's copy: the same Params, layout and configurations, viewing ``values``
@@ -291,24 +464,34 @@ class ParamSet:
         Versions start at this set's. Nothing of this set changes.
         """
         values = self.values if values is None else values
-        if (not isinstance(values, np.ndarray) or values.shape != self.values.shape
+        total = int(self.offsets[-1])
+        held = values.size == total if isinstance(values, np.ndarray) else True
+        if (not isinstance(values, np.ndarray) or values.shape not in ((total,),
+                                                                        (self.dense_size,))
                 or values.dtype != self.dtype or not values.flags.c_contiguous):
             what = (f"{values.dtype} array of shape {values.shape}"
                     if isinstance(values, np.ndarray) else type(values).__name__)
             raise ParamError(f"replica values must be a C-contiguous {self.dtype} array of "
-                             f"shape {self.values.shape}, not {what}")
+                             f"shape ({total},) (or ({self.dense_size},): the dense owners' "
+                             f"without the tables), not {what}")
         rep = copy.copy(self)  # every attribute as it is; then what the replica has its own
         rep.values = values
+        rep.holds_tables = held
         rep.updater_state = None
         rep.grads = np.zeros_like(self.grads)
         by_name: dict[str, Param] = {}
         for i, p in enumerate(self.owners):
             lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
-            q = by_name[p.name] = Param(p.name, p.shape, self.dtype, p.conf,
-                                        data=values[lo:hi].reshape(p.shape),
-                                        grad=rep.grads[lo:hi].reshape(p.shape))
+            if isinstance(p, TableParam):
+                q: Param = TableParam(p.name, p.shape, self.dtype, p.conf, data=(
+                    values[lo:hi].reshape(p.shape) if held else None))
+            else:
+                q = Param(p.name, p.shape, self.dtype, p.conf,
+                          data=values[lo:hi].reshape(p.shape),
+                          grad=rep.grads[lo:hi].reshape(p.shape))
+            by_name[p.name] = q
             q.version = p.version
-        pos = int(self.offsets[-1])
+        pos = self.dense_size
         for p in self.params:  # sharers' gradients follow in declaration order, as made
             if p.owner is not None:
                 owner = by_name[p.owner.name]
@@ -319,6 +502,7 @@ class ParamSet:
                 pos += p.size
         rep.params = [by_name[p.name] for p in self.params]
         rep.owners = [by_name[p.name] for p in self.owners]
+        rep.tables = [p for p in rep.owners if isinstance(p, TableParam)]
         rep._by_name = by_name
         return rep
 
@@ -350,6 +534,28 @@ class ParamPlan:
     def num_values(self) -> int:
         """Elements of the values buffer (the owners')."""
         return sum(self.sizes)
+
+    def table_names(self) -> set[str]:
+        """The owners a ParamSet with tables makes row-sparse tables: those marked
+        ``row_sparse`` that no Param shares (a shared table stays dense)."""
+        shared = {self.owner_of[x.name] for x in self.sharers}
+        return {s.name for s in self.owners
+                if s.row_sparse and s.name not in shared and len(s.shape) >= 1}
+
+    def ordered_owners(self, tables: bool = True) -> list[ParamSpec]:
+        """The owners in the order of the values buffer: the dense ones, then (``tables``)
+        the tables, each in declaration order."""
+        names = self.table_names() if tables else set()
+        return ([s for s in self.owners if s.name not in names]
+                + [s for s in self.owners if s.name in names])
+
+    def server_sizes(self, tables: bool = True) -> tuple[list[int], list[int]]:
+        """The owners' sizes in the values buffer's order, and each one's values per row
+        (a table's; 0 for a dense owner): what servers slice."""
+        names = self.table_names() if tables else set()
+        owners = self.ordered_owners(tables)
+        return ([math.prod(s.shape) for s in owners],
+                [math.prod(s.shape[1:]) if s.name in names else 0 for s in owners])
 
     @property
     def num_grads(self) -> int:
@@ -409,6 +615,7 @@ def _spec(item: tuple[Any, ...], index: int) -> ParamSpec:
         raise ParamError(f"param {index}: expected (name, shape) or (name, shape, conf)")
     name, shape = item[0], item[1]
     conf = item[2] if len(item) == 3 else None
+    given_init = isinstance(conf, ParamConf) or (isinstance(conf, dict) and "init" in conf)
     if isinstance(conf, dict):
         conf = ParamConf.parse(conf)
     conf = conf if conf is not None else ParamConf()
@@ -417,7 +624,25 @@ def _spec(item: tuple[Any, ...], index: int) -> ParamSpec:
         raise ParamError(f"param {index}: a name is needed")
     conf = conf.copy()
     conf.__dict__["name"] = name
-    return ParamSpec(name, _shape(shape, name), conf, f"param {index}")
+    shape = _shape(shape, name)
+    if not given_init and conf.share_from is None:
+        conf.__dict__["init"] = python_default_init(shape)
+    return ParamSpec(name, shape, conf, f"param {index}")
+
+
+def _fit_buffer(a: np.ndarray, n: int, dtype: np.dtype[Any]) -> np.ndarray:
+    if (not isinstance(a, np.ndarray) or a.shape != (n,) or a.dtype != dtype
+            or not a.flags.c_contiguous):
+        raise ParamError(f"alloc must give a C-contiguous {dtype} array of {n} zeros")
+    return a
+
+
+def python_default_init(shape: tuple[int, ...]) -> ParamGenConf:
+    """The ``init`` of a Param declared in Python (``(name, shape)`` or a dict without
+    ``init``): Keras' defaults, ``glorot_uniform`` for two or more dimensions and ``zeros``
+    otherwise. **Decision:** SINGA's default, constant 1, would make every unit of a weight
+    matrix equal for good; job files (and ``ParamConf`` objects) keep it."""
+    return ParamGenConf.parse({"type": "glorot_uniform" if len(shape) >= 2 else "zeros"})
 
 
 def _did_you_mean(name: str, names: Iterable[str]) -> str:
@@ -466,4 +691,5 @@ def _resolve_sharing(specs: list[ParamSpec]) -> dict[str, str]:
     return owner_of
 
 
-__all__ = ["Param", "ParamPlan", "ParamSet", "ParamSpec", "physical_memory", "plan_params"]
+__all__ = ["Param", "ParamPlan", "ParamSet", "ParamSpec", "TableParam", "coalesce_rows",
+           "physical_memory", "plan_params", "python_default_init"]

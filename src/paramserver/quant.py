@@ -74,6 +74,7 @@ SIGNED_STATE: dict[str, tuple[bool, ...]] = {
     "nesterov": (True,),
     "adagrad": (False,),
     "rmsprop": (False,),
+    "rmsprop_momentum": (False, True),
     "adadelta": (False, False),
     "adam": (True, False),
     "adam_inner_delta": (True, False),

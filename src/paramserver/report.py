@@ -105,6 +105,7 @@ def job_summary(job: JobConf, net: Any = None) -> dict[str, Any]:
     """
     from .cluster import server_loads
     from .config.job import unbuilt_error
+    from .init import is_constant
     from .params import plan_params
     from .schedules import create_lr_method
     from .train.net import Net
@@ -116,17 +117,29 @@ def job_summary(job: JobConf, net: Any = None) -> dict[str, Any]:
         net = Net(job.neuralnet, seed=job.seed, phases=("kTrain", *job.eval_phases()))
     specs = net.param_specs()
     plan = plan_params(specs)  # sizes and sharing only: no memory for the Params
+    tables = plan.table_names()  # what a training job makes row-sparse tables
     by_name = {s.name: s for s in specs}
     params = []
+    warnings = []
     for s in specs:
         owner = by_name[plan.owner_of[s.name]]  # a sharer takes its owner's configuration
+        if owner is s and len(s.shape) >= 2 and is_constant(s.conf.init):
+            init = ("none given, so SINGA's default: kConstant, value 1"
+                    if s.conf.init == ParamGenConf() else describe_conf(s.conf.init))
+            warnings.append(
+                f"Param '{s.name}' ({s.place}) of shape {'x'.join(map(str, s.shape))} has a "
+                f"constant init ({init}): every unit computes the same and gets the same "
+                "gradient, so they stay equal; give it a random init, e.g. init { type: "
+                "glorot_uniform }")
         params.append({"name": s.name, "layer": s.place.split("'")[1] if "'" in s.place else "",
                        "shape": list(s.shape), "size": math.prod(s.shape),
                        "init": describe_conf(owner.conf.init),
                        "lr_scale": float(owner.conf.lr_scale),
                        "wd_scale": float(owner.conf.wd_scale),
-                       "share_from": owner.name if owner is not s else None})
+                       "share_from": owner.name if owner is not s else None,
+                       "row_sparse": s.name in tables})
     c = job.cluster
+    sizes, dims = plan.server_sizes()  # as the servers slice them: tables last, by rows
     lr = create_lr_method(job.updater.learning_rate)
     last = max(job.train_steps - 1, 0)
     samples = sorted({0, last // 4, last // 2, 3 * last // 4, last})
@@ -147,7 +160,8 @@ def job_summary(job: JobConf, net: Any = None) -> dict[str, Any]:
                     "consistency": "BSP" if c.nworker_groups == 1 else "Downpour"},
         "servers": [{"server": x.server, "slices": list(x.slice_ids),
                      "values": x.num_values, "share": x.num_values / total}
-                    for x in server_loads(plan.sizes, c)],
+                    for x in server_loads(sizes, c, dims)],
+        "warnings": warnings,
     }
 
 
@@ -155,7 +169,8 @@ def job_report(job: JobConf, net: Any = None) -> str:
     """What ``paramserver check`` prints: Params, updater, cluster and server loads."""
     d = job_summary(job, net)
     j, c = d["job"], job.cluster
-    rows = [[p["name"], p["layer"], "x".join(map(str, p["shape"])) or "()", p["init"],
+    rows = [[p["name"], p["layer"], ("x".join(map(str, p["shape"])) or "()")
+             + (" (row-sparse)" if p["row_sparse"] else ""), p["init"],
              format_number(p["lr_scale"]), format_number(p["wd_scale"]),
              p["share_from"] or ""] for p in d["params"]]
     out = [
@@ -177,6 +192,8 @@ def job_report(job: JobConf, net: Any = None) -> str:
     out.append(table(["server", "slices", "values", "share"], [
         [x["server"], _ranges(x["slices"]), f"{x['values']:,}", f"{100 * x['share']:.1f}%"]
         for x in d["servers"]]))
+    if d["warnings"]:
+        out += ["", *(f"warning: {w}" for w in d["warnings"])]
     return "\n".join(out)
 
 

@@ -7,8 +7,9 @@ checkpoint computes the same rate at the same step.
 
 from __future__ import annotations
 
+import bisect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, TypeVar
 
 from .config import Parameter, field
@@ -248,4 +249,70 @@ class Warmup(LRMethod):
         return float(self.own.start_lr + (target - self.own.start_lr) * step / w)
 
 
-__all__ = ["LRMethod", "create_lr_method", "register_lr_method"]
+class JoinConf(Parameter):
+    schedule: list[FollowingLRGenConf] = field(
+        factory=list, doc="The schedules, in order: each runs from its boundary (the first "
+                          "from step 0) to the next, counted from its own boundary, its "
+                          "base_lr the join's unless it sets its own.")
+    boundaries: list[int] = field(
+        factory=list, lower=1, doc="The steps at which the next schedule takes over, "
+                                   "increasing: one fewer than the schedules.")
+
+    def check(self) -> list[str]:
+        problems = []
+        if not self.schedule:
+            problems.append("join_conf needs at least one schedule")
+        elif len(self.boundaries) != len(self.schedule) - 1:
+            problems.append(f"join_conf has {len(self.schedule)} schedules and "
+                            f"{len(self.boundaries)} boundaries; there must be one boundary "
+                            "fewer than schedules (where each next one starts)")
+        bad = [f"{a} then {b}" for a, b in zip(self.boundaries, self.boundaries[1:]) if b <= a]
+        if bad:
+            problems.append("join_conf boundaries must be increasing: " + ", ".join(bad))
+        return problems
+
+
+@register_lr_method("kJoin", aliases=("join_schedules",))
+class Join(LRMethod):
+    """Schedules one after another (optax's ``join_schedules``): schedule ``i`` from
+    ``boundaries[i - 1]`` on, at ``step - boundaries[i - 1]``."""
+
+    Config = JoinConf
+
+    def __init__(self, conf: LRGenConf):
+        super().__init__(conf)
+        self.parts = [_following(c, self.base_lr) for c in self.own.schedule]
+
+    def __call__(self, step: int) -> float:
+        bounds = self.own.boundaries
+        i = bisect.bisect_right(bounds, step)
+        return float(self.parts[i](step - (bounds[i - 1] if i else 0)))
+
+
+def join_schedules(schedules: Sequence[LRGenConf | dict[str, Any] | str],
+                   boundaries: Sequence[int], base_lr: float | None = None) -> LRMethod:
+    """Schedules joined at ``boundaries`` (``kJoin``), as optax's ``join_schedules``.
+
+    Args:
+        schedules: each a ``learning_rate`` configuration (a conf, a dict or a block's text);
+            one without ``base_lr`` takes ``base_lr``.
+        boundaries: the steps where each next schedule starts, increasing.
+        base_lr: the join's base rate (default 0.01, as every method's).
+
+    Returns:
+        The method; its ``conf`` is the ``learning_rate`` configuration to give an updater.
+
+    >>> lr = join_schedules([{"type": "linear_warmup", "warmup_steps": 10},
+    ...                      {"type": "cosine_decay", "decay_steps": 90}], [10], base_lr=0.1)
+    >>> lr(5), lr(10), round(lr(55), 6)
+    (0.05, 0.1, 0.05)
+    """
+    parts = [c.to_dict() if isinstance(c, LRGenConf) else c for c in schedules]
+    conf: dict[str, Any] = {"type": "kJoin",
+                            "join_conf": {"schedule": parts, "boundaries": list(boundaries)}}
+    if base_lr is not None:
+        conf["base_lr"] = base_lr
+    return create_lr_method(conf)
+
+
+__all__ = ["LRMethod", "create_lr_method", "join_schedules", "register_lr_method"]

@@ -20,8 +20,9 @@ def views(pset: ParamSet, name: str) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(p.data), torch.from_numpy(p.grad)
 
 
-def attach(tensor: torch.Tensor, value: torch.Tensor, grad: torch.Tensor) -> None:
-    """Make ``tensor`` (a leaf) view ``value`` and its ``.grad`` view ``grad``."""
+def attach(tensor: torch.Tensor, value: torch.Tensor, grad: torch.Tensor | None) -> None:
+    """Make ``tensor`` (a leaf) view ``value`` and its ``.grad`` view ``grad`` (None: a
+    row-sparse table's, whose gradient is rows by id)."""
     with torch.no_grad():
         tensor.data = value
         tensor.grad = grad
@@ -29,9 +30,12 @@ def attach(tensor: torch.Tensor, value: torch.Tensor, grad: torch.Tensor) -> Non
 
 def param_tensors(pset: ParamSet) -> dict[str, torch.nn.Parameter]:
     """A new leaf tensor for every Param of ``pset``, by name, viewing its values and
-    gradient."""
+    gradient; not for its row-sparse tables (rows by id, no dense gradient)."""
     out = {}
+    tables = {t.name for t in pset.tables}
     for name in pset.names:
+        if name in tables:
+            continue
         value, grad = views(pset, name)
         t = torch.nn.Parameter(torch.empty(0, dtype=value.dtype))
         attach(t, value, grad)

@@ -13,12 +13,15 @@ call) use the state the Param or ParamSet holds (:meth:`Updater.state_of`, made 
 use); a ParamSet's owners view their parts of its state, so the two calls can be mixed.
 
 Per update, in this order: clip into ``[clip_low, clip_high]`` (when ``clip_high >
-clip_low``), scale by ``grad_scale``, add ``weight_decay × wd_scale × w``, then the method's
-rule with ``lr = learning_rate(step) × lr_scale``.
+clip_low``), scale by ``grad_scale`` (times the global-norm factor, with ``clip_norm``), add
+``weight_decay × wd_scale × w``, then the method's rule with ``lr = learning_rate(step) ×
+lr_scale``. ``form: torch`` selects torch.optim's form of the rules where it differs from
+SINGA's (one field, read by each method's kernel call: no second copy of a kernel).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 
@@ -107,6 +110,32 @@ class Updater:
         self.check_dtype(dtype)
         return UpdaterState(self.roles, offsets, dtype)
 
+    @property
+    def torch_form(self) -> bool:
+        """Whether the rules take torch.optim's form (``form: torch``)."""
+        return bool(self.conf.form == "torch")
+
+    @property
+    def uses_momentum(self) -> bool:
+        """Whether the rule reads ``momentum`` (a user's rule may: True unless a method says
+        otherwise); the torch optimizer's param groups show the key only then."""
+        return True
+
+    def check_sliced(self) -> None:
+        """Refuse what the cluster's servers cannot do yet, each holding a range only.
+
+        ``clip_norm`` needs the norm of every gradient of the job: a reduction across the
+        servers at every step, which the cluster does not do yet.
+        """
+        if self.conf.clip_norm > 0:
+            raise ParamError(
+                f"updater.clip_norm ({format_number(self.conf.clip_norm)}) is not supported "
+                "on the cluster yet: each server holds a part of the Params, and clipping by "
+                "the global norm needs the norm over all of them at every step, a reduction "
+                "across servers the cluster does not do yet. Clip element-wise (clip_low, "
+                "clip_high), or update in one process (Updater.update_params, "
+                "paramserver.torch.Optimizer), where clip_norm works")
+
     def check_dtype(self, dtype: Any) -> None:
         """Refuse values of ``dtype`` where ``delta`` is 0 (1e-300 in float32): every
         division it guards would give Inf or NaN; and other values than float32 for
@@ -161,7 +190,8 @@ class Updater:
 
     def apply(self, step: int, values: np.ndarray, grads: np.ndarray, state: UpdaterState,
               lr_scale: np.ndarray | float = 1.0, wd_scale: np.ndarray | float = 1.0,
-              grad_scale: np.ndarray | float = 1.0, *, refuse_nonfinite: bool = False) -> int:
+              grad_scale: np.ndarray | float = 1.0, *, refuse_nonfinite: bool = False,
+              grad_norm: float | None = None) -> int:
         """One update of a range of flat buffers, in place.
 
         Returns the number of gradient elements that were NaN or Inf, counted in the same
@@ -176,11 +206,23 @@ class Updater:
             lr_scale, wd_scale, grad_scale: per segment (arrays) or for all (numbers).
             refuse_nonfinite: read the gradient first (a read-only pass in the same kernel
                 call); if it holds NaN or Inf, write nothing at all (values, state, counts).
+            grad_norm: with ``clip_norm``, the global L2 norm of every gradient of the job
+                (:meth:`grad_sum_squares` of each range, added, square-rooted); required then.
         """
         n = state.num_segments
         if values.shape != (state.size,):
             raise ParamError(f"values of shape {values.shape} for a state of {state.size} "
                              "values")
+        gscale = _per_segment(grad_scale, n)
+        if self.conf.clip_norm > 0:
+            if grad_norm is None:
+                raise ParamError(
+                    "clip_norm clips by the L2 norm of every gradient of the job, which this "
+                    "call does not see: update a whole ParamSet with update_params (or pass "
+                    "grad_norm, the global norm, to apply)")
+            from .gradnorm import clip_factor
+
+            gscale = gscale * clip_factor(grad_norm, self.conf.clip_norm)
         lr = self.lr(step) * _per_segment(lr_scale, n)
         wd = self.conf.weight_decay * _per_segment(wd_scale, n)
         counts = state.counts
@@ -189,11 +231,87 @@ class Updater:
             self.adopt(values, state)
             w, out = state[MASTER], values
         np.add(counts, 1, out=counts)  # this update's number, as the rule sees it
-        nonfinite = self._run(w, grads, state, lr, wd, _per_segment(grad_scale, n),
-                              refuse_nonfinite, out)
+        nonfinite = (self._run(w, grads, state, lr, wd, gscale, refuse_nonfinite) if out is None
+                     else self._run(w, grads, state, lr, wd, gscale, refuse_nonfinite, out))
         if nonfinite and refuse_nonfinite:
             np.subtract(counts, 1, out=counts)  # refused: nothing else was written
         return nonfinite
+
+    def apply_rows(self, step: int, values: np.ndarray, ids: np.ndarray, rows: np.ndarray,
+                   dim: int, state: UpdaterState, lr_scale: float = 1.0,
+                   wd_scale: float = 1.0, grad_scale: float = 1.0, *,
+                   refuse_nonfinite: bool = False) -> int:
+        """One lazy update of some rows of a table, in place (SPEC §10).
+
+        The table is ``values`` (``num_rows × dim``, flat) and ``state`` its state, of one
+        segment. Only rows ``ids`` of the values and of the per-element state are read and
+        written (:mod:`paramserver.kernels_rows`); the update count goes up by one, as for a
+        dense update of the table. Returns the number of NaN or Inf gradient values.
+
+        Args:
+            step: the training step; the learning rate is ``learning_rate(step)``.
+            values: the table's values, flat (1-D); rows ``ids`` updated in place.
+            ids: strictly increasing row indices (int64).
+            rows: one row of ``dim`` gradient values per id (``len(ids) × dim``); only read.
+            dim: values per row.
+            state: the table's state (one segment covering ``values``).
+            lr_scale, wd_scale, grad_scale: the table's.
+            refuse_nonfinite: read the rows first; if they hold NaN or Inf, write nothing.
+        """
+        if state.num_segments != 1 or values.shape != (state.size,):
+            raise ParamError(f"a row-sparse update needs the state of one table "
+                             f"(values of shape {values.shape}, state {state!r})")
+        if self.keeps_master:
+            raise ParamError("row-sparse updates do not keep a float32 master copy yet: "
+                             "use value_dtype float32 for a table")
+        odd = [r.name for r in state.roles[1:] if r.per != "element"
+               or r.type_for(state.dtype) != state.dtype]
+        if odd:
+            raise ParamError(f"row-sparse updates keep state of the values' type, one entry per "
+                             f"value; {type(self).__name__}'s roles {odd} are not (low-precision "
+                             f"or block state is not supported with row-sparse gradients yet)")
+        lr = self.lr(step) * float(lr_scale)
+        wd = self.conf.weight_decay * float(wd_scale)
+        counts = state.counts
+        np.add(counts, 1, out=counts)
+        nonfinite = self._run_rows(values, rows, ids, int(dim), state, lr, wd,
+                                   float(grad_scale), refuse_nonfinite)
+        if nonfinite and refuse_nonfinite:
+            np.subtract(counts, 1, out=counts)
+        return nonfinite
+
+    def _run_rows(self, w: np.ndarray, g: np.ndarray, ids: np.ndarray, dim: int,
+                  state: UpdaterState, lr: float, wd: float, gscale: float,
+                  check: bool = False) -> int:
+        """The update of rows ``ids``; by default :meth:`rule` on the gathered rows (values
+        and per-element state), which are then written back: the same lazy semantics."""
+        from .kernels_rows import check_rows
+
+        ids = check_rows(ids, w.size // dim if dim else 0)
+        g = np.asarray(g).reshape(-1)
+        nonfinite = int(g.size - np.count_nonzero(np.isfinite(g)))
+        if check and nonfinite:
+            return nonfinite
+        at = (ids[:, None] * dim + np.arange(dim)).reshape(-1)
+        piece = UpdaterState(state.roles, [0, at.size], state.dtype,
+                             {r.name: (state[r.name][at] if r.per == "element"
+                                       else state[r.name]) for r in state.roles})
+        wr = w[at]
+        self._run(wr, g.astype(w.dtype, copy=False), piece, np.array([lr]), np.array([wd]),
+                  np.array([gscale]))
+        w[at] = wr
+        for r in state.roles:
+            if r.per == "element":
+                state[r.name][at] = piece[r.name]
+        return nonfinite
+
+    def grad_sum_squares(self, grads: np.ndarray, offsets: np.ndarray | list[int],
+                         grad_scale: np.ndarray | float = 1.0) -> float:
+        """This range's part of the squared global norm: ``Σ (clip(g) · grad_scale)²`` over its
+        segments (cut at ``offsets``), with this updater's ``clip_low``/``clip_high``."""
+        from .gradnorm import sum_squares
+
+        return sum_squares(grads, offsets, grad_scale, self.conf.clip_low, self.conf.clip_high)
 
     def _run(self, w: np.ndarray, g: np.ndarray, state: UpdaterState, lr: np.ndarray,
              wd: np.ndarray, gscale: np.ndarray, check: bool = False,
@@ -236,6 +354,7 @@ class Updater:
         """Update one owner Param from its gradient; its version goes up by one.
 
         Returns the number of NaN or Inf elements the gradient held (0 when it was finite).
+        With ``clip_norm`` (a norm over all Params) use :meth:`update_params`.
         """
         state = self.state_of(param)
         nonfinite = self.apply(step, param.data.reshape(-1), param.grad.reshape(-1), state,
@@ -245,16 +364,48 @@ class Updater:
 
     def update_params(self, step: int, params: ParamSet,
                       grad_scale: np.ndarray | float | None = None) -> int:
-        """Update every owner of a ParamSet in one call over its flat buffers; returns the
+        """Update every owner of a ParamSet in one call over its flat buffers (and each
+        row-sparse table on the rows of its gradient, which are then cleared); returns the
         number of NaN or Inf gradient elements.
 
         ``grad_scale`` defaults to ``1 / num_shares`` per owner: the mean of the gradients
         of the Params sharing it, once :meth:`ParamSet.sum_shared_grads` has summed them.
+        With ``clip_norm``, the gradients are clipped by the L2 norm of all of them (scaled).
         """
         state = self.state_of(params)
         scale = 1.0 / params.num_shares if grad_scale is None else grad_scale
-        nonfinite = self.apply(step, params.values, params.owner_grads(), state,
-                               params.lr_scales, params.wd_scales, scale)
+        grads = params.owner_grads()
+        if not params.tables:
+            norm = (math.sqrt(self.grad_sum_squares(grads, params.offsets, scale))
+                    if self.conf.clip_norm > 0 else None)
+            nonfinite = self.apply(step, params.values, grads, state,
+                                   params.lr_scales, params.wd_scales, scale, grad_norm=norm)
+        else:  # the dense owners in one call, each table on the rows of its gradient
+            n = len(params.owners)
+            nd = n - len(params.tables)
+            lr, wd = params.lr_scales, params.wd_scales
+            scale = np.broadcast_to(np.asarray(scale, np.float64), (n,))
+            off = params.offsets
+            taken = [t.take_grad_rows() for t in params.tables]
+            norm = None
+            factor = 1.0
+            if self.conf.clip_norm > 0:  # the global norm covers the tables' rows too
+                from .gradnorm import clip_factor
+
+                squares = self.grad_sum_squares(grads, off[:nd + 1], scale[:nd])
+                for i, (_, rows) in enumerate(taken, start=nd):
+                    squares += self.grad_sum_squares(rows.reshape(-1), [0, rows.size],
+                                                     scale[i])
+                norm = math.sqrt(squares)
+                factor = clip_factor(norm, self.conf.clip_norm)
+            nonfinite = self.apply(step, params.values[:params.dense_size], grads,
+                                   state.segments(0, nd), lr[:nd], wd[:nd], scale[:nd],
+                                   grad_norm=norm)
+            for i, (table, (ids, rows)) in enumerate(zip(params.tables, taken, strict=True),
+                                                     start=nd):
+                nonfinite += self.apply_rows(step, params.values[off[i]:off[i + 1]], ids, rows,
+                                             table.dim, state.segments(i, i + 1), lr[i],
+                                             wd[i], scale[i] * factor)
         for p in params.owners:
             p.version += 1
         return nonfinite
@@ -295,6 +446,11 @@ class _Fused(Updater):
         """The method's hyper-parameters, as the kernel takes them."""
         return {}
 
+    def extra_for(self, state: UpdaterState) -> dict[str, Any]:
+        """The kernel's keyword arguments besides the common ones, for this state (by default
+        :meth:`extra`)."""
+        return self.extra()
+
     #: Whether the kernel takes the update counts (as ``step``).
     counted: ClassVar[bool] = False
 
@@ -321,7 +477,7 @@ class _Fused(Updater):
              bf16_values: np.ndarray | None = None) -> int:
         from . import kernels
 
-        kw = self.extra()
+        kw = self.extra_for(state)
         if bf16_values is not None:
             kw["bf16_values"] = bf16_values
         if self.counted or self.conf.stochastic_rounding:
@@ -332,11 +488,35 @@ class _Fused(Updater):
             stochastic=self.conf.stochastic_rounding, **kw)
         return nonfinite
 
+    def _run_rows(self, w: np.ndarray, g: np.ndarray, ids: np.ndarray, dim: int,
+                  state: UpdaterState, lr: float, wd: float, gscale: float,
+                  check: bool = False) -> int:
+        from . import kernels_rows
+
+        arrays = [state[r.name] for r in self.roles[1:]]
+        kw = self.extra()
+        if self.counted:
+            kw["step"] = float(state.counts[0])
+        nonfinite: int = getattr(kernels_rows, self.kernel)(
+            w, g, ids, dim, *arrays, lr, wd, gscale, clip_low=self.conf.clip_low,
+            clip_high=self.conf.clip_high, check=check, **kw)
+        return nonfinite
+
+
+class SGDConf(Parameter):
+    dampening: float = field(0.0, lower=0.0, upper=1.0,
+                             doc="torch.optim.SGD's dampening: the gradient enters the "
+                                 "momentum times 1 - dampening, except at a Param's first "
+                                 "update (SINGA has none: 0).")
+
 
 @register_updater("kSGD", aliases=("sgd",))
 class SGD(_Fused):
-    """``h = momentum·h − lr·g; w = w + h`` (``w = w − lr·g`` without momentum)."""
+    """``h = momentum·h − lr·g; w = w + h`` (``w = w − lr·g`` without momentum); with
+    ``form: torch``, torch.optim.SGD's ``buf = momentum·buf + (1 − dampening)·g;
+    w = w − lr·buf``."""
 
+    Config = SGDConf
     kernel = "sgd"
 
     @property
@@ -354,29 +534,91 @@ class SGD(_Fused):
         # Without momentum the kernel takes an empty history (and leaves any held alone).
         return super().state_arrays(state) or [np.zeros(0, state.dtype)]
 
+    def extra_for(self, state: UpdaterState) -> dict[str, Any]:
+        damp = self.own.dampening if self.own is not None else 0.0
+        # torch starts a buffer from the gradient itself: no dampening at the first update.
+        dampening = np.where(state.counts == 1, 0.0, damp) if damp > 0 else 0.0
+        return {**self.extra(), "dampening": dampening, "torch_form": self.torch_form}
+
+    def _run_rows(self, w: np.ndarray, g: np.ndarray, ids: np.ndarray, dim: int,
+                  state: UpdaterState, lr: float, wd: float, gscale: float,
+                  check: bool = False) -> int:
+        from . import kernels_rows
+
+        h = state["history"] if "history" in state and self.conf.momentum > 0 else w[:0]
+        damp = self.own.dampening if self.own is not None else 0.0
+        return kernels_rows.sgd(w, g, ids, dim, h, lr, wd, gscale,
+                                momentum=self.conf.momentum,
+                                dampening=0.0 if int(state.counts[0]) == 1 else damp,
+                                torch_form=self.torch_form, clip_low=self.conf.clip_low,
+                                clip_high=self.conf.clip_high, check=check)
+
 
 @register_updater("kNesterov", aliases=("nesterov",))
 class Nesterov(_Fused):
-    """``h0 = h; h = momentum·h + lr·g; w = w − ((1 + momentum)·h − momentum·h0)``."""
+    """``h0 = h; h = momentum·h + lr·g; w = w − ((1 + momentum)·h − momentum·h0)``; with
+    ``form: torch``, torch.optim.SGD's ``nesterov=True``: ``buf = momentum·buf + g;
+    w = w − lr·(g + momentum·buf)``."""
 
     kernel = "nesterov"
     kernel_rule = "nesterov"
     state_roles = ("history",)
 
     def extra(self) -> dict[str, Any]:
-        return {"momentum": self.conf.momentum}
+        return {"momentum": self.conf.momentum, "torch_form": self.torch_form}
+
+
+class AdaGradConf(Parameter):
+    lr_decay: float = field(0.0, lower=0.0, finite=True,
+                            doc="torch.optim.Adagrad's lr_decay: the rate of a Param's t-th "
+                                "update is lr / (1 + (t - 1) * lr_decay).")
+    initial_accumulator_value: float = field(
+        0.0, lower=0.0, finite=True,
+        doc="torch.optim.Adagrad's: the sum of squared gradients starts at this value.")
 
 
 @register_updater("kAdaGrad", aliases=("adagrad",))
 class AdaGrad(_Fused):
-    """``h = h + g²; w = w − lr·g / sqrt(h + delta)`` (momentum not used)."""
+    """``h = h + g²; w = w − lr·g / sqrt(h + delta)`` (momentum not used); with
+    ``form: torch``, ``w = w − lr·g / (sqrt(h) + delta)`` as torch.optim.Adagrad."""
 
+    Config = AdaGradConf
     kernel = "adagrad"
     kernel_rule = "adagrad"
     state_roles = ("history",)
 
+    @property
+    def uses_momentum(self) -> bool:
+        return False
+
     def extra(self) -> dict[str, Any]:
-        return {"delta": self.conf.delta}
+        return {"delta": self.conf.delta, "torch_form": self.torch_form}
+
+    def _run(self, w: np.ndarray, g: np.ndarray, state: UpdaterState, lr: np.ndarray,
+             wd: np.ndarray, gscale: np.ndarray, check: bool = False,
+             bf16_values: np.ndarray | None = None) -> int:
+        own = self.own
+        if own is not None:
+            first = np.flatnonzero(state.counts == 1)
+            if own.initial_accumulator_value > 0 and first.size:
+                h = state["history"]
+                for i in first:
+                    h[int(state.offsets[i]):int(state.offsets[i + 1])] = \
+                        own.initial_accumulator_value
+            if own.lr_decay > 0:
+                lr = lr / (1.0 + (state.counts - 1) * own.lr_decay)
+        return super()._run(w, g, state, lr, wd, gscale, check, bf16_values)
+
+    def _run_rows(self, w: np.ndarray, g: np.ndarray, ids: np.ndarray, dim: int,
+                  state: UpdaterState, lr: float, wd: float, gscale: float,
+                  check: bool = False) -> int:
+        own = self.own  # the table's first update sets every row's sum, as the dense one
+        if own is not None:
+            if own.initial_accumulator_value > 0 and int(state.counts[0]) == 1:
+                state["history"][...] = own.initial_accumulator_value
+            if own.lr_decay > 0:
+                lr = lr / (1.0 + (float(state.counts[0]) - 1) * own.lr_decay)
+        return super()._run_rows(w, g, ids, dim, state, lr, wd, gscale, check)
 
 
 class RMSPropConf(Parameter):
@@ -385,15 +627,49 @@ class RMSPropConf(Parameter):
 
 @register_updater("kRMSProp", aliases=("rmsprop",))
 class RMSProp(_Fused):
-    """``h = rho·h + (1 − rho)·g²; w = w − lr·g / sqrt(h + delta)``."""
+    """``h = rho·h + (1 − rho)·g²; w = w − lr·g / sqrt(h + delta)``; with ``form: torch``,
+    torch.optim.RMSprop's ``avg = sqrt(h) + delta``, and its momentum when ``momentum > 0``
+    (``buf = momentum·buf + g / avg; w = w − lr·buf``; SINGA's form does not use momentum)."""
 
     Config = RMSPropConf
     kernel = "rmsprop"
-    kernel_rule = "rmsprop"
-    state_roles = ("history",)
 
-    def extra(self) -> dict[str, Any]:
-        return {"rho": self.own.rho, "delta": self.conf.delta}
+    @property
+    def uses_momentum(self) -> bool:
+        return self.torch_form and self.conf.momentum > 0
+
+    @property
+    def state_roles(self) -> tuple[str, ...]:  # type: ignore[override]
+        return ("history", "momentum_buffer") if self.uses_momentum else ("history",)
+
+    @property
+    def kernel_rule(self) -> str:  # type: ignore[override]
+        return "rmsprop_momentum" if self.uses_momentum else "rmsprop"
+
+    def state_arrays(self, state: UpdaterState) -> list[Any]:
+        return super().state_arrays(state)[:1]  # the momentum buffer goes as u (extra_for)
+
+    def extra_for(self, state: UpdaterState) -> dict[str, Any]:
+        c = self.conf
+        momentum = c.momentum if self.uses_momentum else 0.0
+        kw = {"rho": self.own.rho, "delta": c.delta, "torch_form": self.torch_form,
+              "momentum": momentum}
+        if momentum > 0:
+            kw["u"] = super().state_arrays(state)[1]
+        return kw
+
+    def _run_rows(self, w: np.ndarray, g: np.ndarray, ids: np.ndarray, dim: int,
+                  state: UpdaterState, lr: float, wd: float, gscale: float,
+                  check: bool = False) -> int:
+        from . import kernels_rows
+
+        c = self.conf
+        momentum = c.momentum if self.uses_momentum else 0.0
+        return kernels_rows.rmsprop(w, g, ids, dim, state["history"], lr, wd, gscale,
+                                    rho=self.own.rho, delta=c.delta, torch_form=self.torch_form,
+                                    momentum=momentum,
+                                    u=state["momentum_buffer"] if momentum > 0 else None,
+                                    clip_low=c.clip_low, clip_high=c.clip_high, check=check)
 
 
 class AdaDeltaConf(Parameter):
@@ -410,6 +686,10 @@ class AdaDelta(_Fused):
     kernel = "adadelta"
     kernel_rule = "adadelta"
     state_roles = ("history", "update")
+
+    @property
+    def uses_momentum(self) -> bool:
+        return False
 
     def extra(self) -> dict[str, Any]:
         return {"rho": self.own.rho, "delta": self.conf.delta}
@@ -442,6 +722,10 @@ class Adam(_Fused):
     state_roles = ("m", "v")
     counted = True
     decoupled = False
+
+    @property
+    def uses_momentum(self) -> bool:
+        return False
 
     def extra(self) -> dict[str, Any]:
         return {"beta1": self.own.beta1, "beta2": self.own.beta2, "delta": self.conf.delta,
@@ -482,6 +766,10 @@ class AdamMax(_Fused):
     kernel_rule = "adamax"
     state_roles = ("m", "u")
     counted = True
+
+    @property
+    def uses_momentum(self) -> bool:
+        return False
 
     def extra(self) -> dict[str, Any]:
         return {"beta1": self.own.beta1, "beta2": self.own.beta2, "delta": self.conf.delta,

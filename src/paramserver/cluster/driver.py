@@ -376,7 +376,8 @@ class Driver:
 
     def _refresh(self, step: int) -> None:
         """``params.values`` and the owners' versions from server group 0."""
-        replies = self._ask({(0, L.index): Get(0, 0, step) for L in self.layouts}, "a get")
+        replies = self._ask({(0, L.index): Get(0, 0, step, whole=True) for L in self.layouts},
+                           "a get")
         versions: dict[int, np.ndarray] = {}
         for (_, index), reply in replies.items():
             assert isinstance(reply, Values)

@@ -23,7 +23,9 @@ from ..config.job import ClusterConf
 from ..params import ParamSet
 from ..updaters import Updater
 from .driver import DEAD, ENDED, Outcome, server_folder, work
+from .errors import ClusterError
 from .gradfn import GradFnCache
+from .keys import KeyServer, updater_text
 from .layout import ServerLayout
 from .messages import Address
 from .server import Server
@@ -39,21 +41,24 @@ class LocalBackend:
         checkpoint_dir: the folder of the servers' own checkpoints (None: they keep none).
         transport: makes the transport from the servers (default :class:`LocalTransport`);
             the seam for tests.
+        keys: the servers of a key-value store (:class:`~.keys.KeyServer`, one per layout
+            of group 0; ``updater`` None: none) instead of ranges of ``params``.
     """
 
     default_restarts = 0  # a server in this process is lost only with the process
 
     def __init__(self, conf: ClusterConf, params: ParamSet, layouts: Sequence[ServerLayout],
-                 updater: Updater, checkpoint_dir: Path | None = None,
-                 transport: Callable[[Mapping[Address, Handler]], Transport] | None = None):
+                 updater: Updater | None, checkpoint_dir: Path | None = None,
+                 transport: Callable[[Mapping[Address, Handler]], Transport] | None = None,
+                 keys: bool = False):
         self.conf = conf
         self.updater = updater
         self.checkpoint_dir = checkpoint_dir
         self._values = [params.values] + [params.values.copy()
                                           for _ in range(1, conf.nserver_groups)]
-        self.servers: dict[Address, Server] = {
-            (g, L.index): self._server(L, g) for g in range(conf.nserver_groups)
-            for L in layouts}
+        self.servers: dict[Address, Any] = {
+            (g, L.index): KeyServer(L.index, conf, updater_text(updater)) if keys
+            else self._server(L, g) for g in range(conf.nserver_groups) for L in layouts}
         self.transport: Transport = (transport or LocalTransport)(self.servers)
         for server in self.servers.values():
             server.connect(self.transport.send)
@@ -67,6 +72,7 @@ class LocalBackend:
         self._restarted: list[Address] = []
 
     def _server(self, layout: ServerLayout, group: int) -> Server:
+        assert self.updater is not None
         return Server(layout, self.updater, self.conf, group,
                       server_folder(self.checkpoint_dir, (group, layout.index)))
 
@@ -114,6 +120,8 @@ class LocalBackend:
         """Replace a server by a fresh one, as a restarted process would be: no values, no
         state; requests that waited on the old one hear that it was lost."""
         old = self.servers[address]
+        if not isinstance(old, Server):
+            raise ClusterError("a key-value store's servers are not restarted")
         new = self._server(old.layout, old.group)
         new.values = old.values  # the same memory (workers view it), to restore into:
         new.abort(f"{new.name} was restarted and waits for its checkpoint")  # until then

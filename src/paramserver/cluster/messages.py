@@ -7,9 +7,18 @@ nothing is copied), a transport between processes serialises them field by field
 (:mod:`paramserver.cluster.ray_wire`: a new message is a new dataclass here, nothing else).
 
 Requests, worker → server (→ the reply):
-    :class:`Get`      the values, once a version / staleness clock is reached → :class:`Values`
-    :class:`Update`   one worker's gradients of one step → :class:`Values`, once applied
+    :class:`Get`      the values (or some rows of a table), once a version / staleness clock
+                      is reached → :class:`Values`
+    :class:`Update`   one worker's gradients of one step (dense, and rows of tables)
+                      → :class:`Values`, once applied
     :class:`Leave`    a worker is gone from a step on → :class:`Ack`
+Requests of a key-value store's clients (SPEC §10) to its servers
+(:class:`~paramserver.cluster.keys.KeyServer`, one :class:`~.server.Server` per key piece):
+    :class:`KeyInit`  hold this piece of a key (rank 0's value, or fill it) → :class:`Ack`
+    :class:`Describe` a key's shape and type, once it is initialised → :class:`KeyInfo`
+    :class:`Keyed`    a request (get, update, state) for one key's piece → its reply
+    :class:`SetUpdater` the update method of every key → :class:`Ack`
+    :class:`Barrier`  wait until every live worker has come to this barrier → :class:`Ack`
 Request, server → master server (server groups):
     :class:`Sync`     the change since the last sync → :class:`Values` (the master's)
 Requests, the run's driver → server (the life of the servers, the same on every backend):
@@ -24,7 +33,7 @@ Any request may instead be answered with :class:`ErrorReply`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -37,13 +46,27 @@ Address = tuple[int, int]
 @dataclass(frozen=True, eq=False)
 class Get:
     """Ask for the values once the server has reached ``version`` and every live worker
-    group it serves has finished ``clock`` steps (bounded staleness; ``None``: no bound)."""
+    group it serves has finished ``clock`` steps (bounded staleness; ``None``: no bound).
+
+    Attributes:
+        ids: with ``segment``, only these rows of that table segment (any order, repeats
+            allowed): the reply's values are ``len(ids) × dim``, a copy.
+        segment: the table segment ``ids`` index (its rows from 0 within this server).
+        whole: the whole range; by default a server with tables answers with its dense part
+            only (workers pull the rows they need), the driver asks for the whole.
+        lag: in place of ``clock``, the asker's own group's clock less ``lag`` (a key-value
+            client's bounded staleness: its group's pushes of the key, less the bound).
+    """
 
     group: int
     worker: int
     step: int
     version: int = 0
     clock: int | None = None
+    ids: np.ndarray | None = None
+    segment: int = -1
+    whole: bool = False
+    lag: int | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -51,15 +74,31 @@ class Update:
     """One worker's gradients of one step for the server's range.
 
     Attributes:
-        grads: the gradients (the sum of every share already), or ``None`` for a push that
-            was dropped (a non-finite gradient under ``nonfinite: skip``): the server counts
-            the worker in for the step without its gradients.
+        step: the step; -1 (a key-value client's push) for its group's next.
+        grads: the gradients of the dense segments (the sum of every share already; the
+            whole range when it holds no table), or ``None`` for a push that was dropped (a
+            non-finite gradient under ``nonfinite: skip``; ``ids`` is then None too): the
+            server counts the worker in for the step without its gradients.
+        ids: the row-sparse gradients' row ids, the server's table segments one after the
+            other (each part strictly increasing, rows from 0 within the segment), or None.
+        rows: their rows, ``len(ids) × dim`` values.
+        splits: the bounds of each table segment's part of ``ids`` (None: one table).
+        codec: how ``grads`` and ``rows`` are compressed (:mod:`.compression`; ``""``: not),
+            and ``ids`` are then varints.
+        threshold: the 2-bit codes' value.
+        count: the number of ids (needed to decode compressed ones).
     """
 
     group: int
     worker: int
     step: int
     grads: np.ndarray | None
+    ids: np.ndarray | None = None
+    rows: np.ndarray | None = None
+    splits: np.ndarray | None = None
+    codec: str = ""
+    threshold: float = 0.0
+    count: int = 0
 
 
 @dataclass(frozen=True, eq=False)
@@ -138,7 +177,78 @@ class Restore:
     step: int
 
 
-Request = Get | Update | Leave | Sync | Put | Flush | GetState | SetState | Save | Restore
+# -- key-value clients → key servers ----------------------------------------------------------
+
+@dataclass(frozen=True, eq=False)
+class KeyInit:
+    """Initialise a key: its description, and the piece this server holds.
+
+    Attributes:
+        key: the key's name (``str(key)``).
+        shape, dtype: the whole value's.
+        row_sparse: a table whose rows are pulled and pushed by id (sliced by rows).
+        int_key: the key was an int (for :class:`KeyInfo`).
+        home: this server keeps the key's description (and refuses a second init).
+        piece: ``(lo, hi)``: the rows (a table) or values held here; None: none.
+        values: the piece's values (flat, rank 0's), or None to fill it.
+        fill: the init method (``init { }``'s JSON) that fills the piece on the server, as a
+            fill of the whole key would (element ``i`` a function of the seed, the key's
+            name and ``i``).
+        seed: the fill's seed.
+    """
+
+    key: str
+    shape: tuple[int, ...]
+    dtype: str
+    row_sparse: bool
+    int_key: bool
+    home: bool
+    piece: tuple[int, int] | None
+    values: np.ndarray | None = None
+    fill: str = ""
+    seed: int = 0
+
+
+@dataclass(frozen=True, eq=False)
+class Describe:
+    """What a key is, once it is initialised (a worker that did not make it); ``wait``
+    False: an error at once when it is not (a store with one worker)."""
+
+    key: str
+    wait: bool = True
+
+
+@dataclass(frozen=True, eq=False)
+class Keyed:
+    """``request`` (a :class:`Get`, :class:`Update`, :class:`GetState` or
+    :class:`SetState`) for the piece of ``key`` this server holds; waits for the key's
+    init when it has not come yet."""
+
+    key: str
+    request: Get | Update | GetState | SetState
+
+
+@dataclass(frozen=True, eq=False)
+class SetUpdater:
+    """The update method of every key (``updater { }``'s JSON; ``""``: none, a push then
+    replaces the values by the sum of the step's gradients, as MXNet's KVStore without an
+    optimizer). Another method than the one held starts every key's state from zero."""
+
+    updater: str
+
+
+@dataclass(frozen=True, eq=False)
+class Barrier:
+    """Worker ``worker`` of ``group`` comes to its ``count``-th barrier; answered once every
+    live worker has."""
+
+    group: int
+    worker: int
+    count: int
+
+
+Request = (Get | Update | Leave | Sync | Put | Flush | GetState | SetState | Save | Restore
+           | KeyInit | Describe | Keyed | SetUpdater | Barrier)
 
 
 # -- replies -----------------------------------------------------------------------------------
@@ -185,13 +295,69 @@ class ErrorReply:
     lost: bool = False
 
 
-Reply = Values | State | Problems | Ack | ErrorReply
+@dataclass(frozen=True, eq=False)
+class KeyInfo:
+    """A key's description (the reply to :class:`Describe`)."""
+
+    key: str
+    shape: tuple[int, ...]
+    dtype: str
+    row_sparse: bool
+    int_key: bool
+
+
+Reply = Values | State | Problems | Ack | ErrorReply | KeyInfo
 
 #: Every message kind, by name (what a transport between processes sends).
 KINDS: dict[str, type] = {cls.__name__: cls for cls in (
     Get, Update, Leave, Sync, Put, Flush, GetState, SetState, Save, Restore,
-    Values, State, Problems, Ack, ErrorReply)}
+    KeyInit, Describe, Keyed, SetUpdater, Barrier,
+    Values, State, Problems, Ack, ErrorReply, KeyInfo)}
 
-__all__ = ["KINDS", "Ack", "Address", "ErrorReply", "Flush", "Get", "GetState", "Leave",
-           "Problems", "Put", "Reply", "Request", "Restore", "Save", "SetState", "State",
-           "Sync", "Update", "Values"]
+#: Fields that hold a message themselves (sent as the tuple of that message).
+NESTED = {"Keyed": ("request",)}
+
+
+def payload_bytes(message: Request | Reply) -> int:
+    """The bytes of the arrays a message carries (what it costs on the wire, less a few
+    bytes of fields)."""
+    total = 0
+    for f in fields(message):  # type: ignore[arg-type]
+        v = getattr(message, f.name)
+        if isinstance(v, np.ndarray):
+            total += v.nbytes
+        elif isinstance(v, dict):
+            total += sum(a.nbytes for a in v.values() if isinstance(a, np.ndarray))
+        elif f.name in NESTED.get(type(message).__name__, ()):
+            total += payload_bytes(v)
+    return total
+
+__all__ = [
+    "KINDS",
+    "NESTED",
+    "Ack",
+    "Address",
+    "Barrier",
+    "Describe",
+    "ErrorReply",
+    "Flush",
+    "Get",
+    "GetState",
+    "KeyInfo",
+    "KeyInit",
+    "Keyed",
+    "Leave",
+    "Problems",
+    "Put",
+    "Reply",
+    "Request",
+    "Restore",
+    "Save",
+    "SetState",
+    "SetUpdater",
+    "State",
+    "Sync",
+    "Update",
+    "Values",
+    "payload_bytes",
+]

@@ -8,6 +8,8 @@
 - :func:`sum_into`: ``out = a + b``, elementwise, in parallel (the fixed-order sum of
   several workers' gradients is a chain of these), counting the non-finite sums in the same
   pass (so a sum's check for NaN, Inf and overflow costs nothing);
+- :func:`sum_rows`: the rows of several workers' row-sparse gradients summed per id, in worker
+  order (a fixed order: the same sum on every run and backend);
 - :func:`kernel_guard`: numba's ``workqueue`` threading layer aborts the process when two
   threads launch parallel kernels at once; under it every kernel launch of the cluster is
   serialised (``omp`` and ``tbb`` are thread-safe and run unguarded).
@@ -23,6 +25,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+
+from ..params import coalesce_rows
 
 _CHUNK = 1 << 15
 #: Below this many elements a parallel launch costs more than the work: NumPy does it.
@@ -127,4 +131,17 @@ def sum_into(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> int:
         return int(add(out, a, b))
 
 
-__all__ = ["all_finite", "kernel_guard", "nonfinite_counts", "sum_into"]
+def sum_rows(parts: list[tuple[np.ndarray, np.ndarray]], dim: int, dtype: Any
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """Several ``(ids, rows)`` (each with strictly increasing ids) as one: the sorted union of
+    the ids, and per id the sum of its rows in the order of ``parts`` (``((a + b) + c)``)."""
+    if len(parts) == 1:
+        ids, rows = parts[0]
+        return ids, rows.reshape(len(ids), dim)
+    if not parts:
+        return np.zeros(0, np.int64), np.zeros((0, dim), dtype)
+    return coalesce_rows(np.concatenate([p[0] for p in parts]),
+                         np.concatenate([p[1].reshape(-1, dim) for p in parts]), dim, dtype)
+
+
+__all__ = ["all_finite", "kernel_guard", "nonfinite_counts", "sum_into", "sum_rows"]

@@ -34,6 +34,7 @@ from ..config.job import ClusterConf
 from ..updaters import create_updater
 from .driver import work
 from .gradfn import GradFnCache
+from .keys import KeyServer
 from .messages import Address, Reply
 from .numerics import _SMALL as SMALL
 from .numerics import all_finite, sum_into
@@ -88,15 +89,18 @@ class ServerActor:
         import_modules(spec["modules"], spec["sys_path"])
         layout = layout_from_data(spec["layout"])
         conf = ClusterConf.parse(json.loads(spec["cluster"]))
-        updater = create_updater(json.loads(spec["updater"]))
         folder = spec.get("folder")
-        self.server = Server(layout, updater, conf, int(spec["group"]),
-                             Path(folder) if folder else None)
+        self.server: Server | KeyServer
+        if spec.get("keys"):
+            self.server = KeyServer(layout.index, conf, spec["updater"])
+        else:
+            self.server = Server(layout, create_updater(json.loads(spec["updater"])), conf,
+                                 int(spec["group"]), Path(folder) if folder else None)
         self.names = dict(spec["names"])
         self.incarnation = uuid.uuid4().hex
         self._lock = threading.RLock()
         self._memo: dict[int, Any] = {}
-        _warm_up(self.server)
+        _warm_up(self.server if isinstance(self.server, Server) else None)
 
     def ping(self) -> str:
         """This incarnation's id: another one after a restart."""

@@ -42,6 +42,7 @@ from ..updaters import Updater
 from .driver import DEAD, ENDED, ERROR, Outcome, server_folder
 from .errors import ClusterError
 from .gradfn import RemoteGradFn
+from .keys import updater_text
 from .layout import ServerLayout
 from .messages import Address
 from .ray_wire import layout_to_data, main_components, params_to_data, user_modules
@@ -119,15 +120,17 @@ class RayBackend:
             components are imported without being named).
         actor_restarts: restarts of a server actor allowed by Ray (the cluster's
             ``max_restarts``).
+        keys: the servers of a key-value store (:class:`~.keys.KeyServer`, an actor for
+            every layout of group 0; ``updater`` None: none) instead of ranges of ``params``.
     """
 
     default_restarts = 3
 
     def __init__(self, conf: ClusterConf, params: ParamSet, layouts: Sequence[ServerLayout],
-                 updater: Updater, checkpoint_dir: Path | None = None, *,
+                 updater: Updater | None, checkpoint_dir: Path | None = None, *,
                  placement: str | None = None, server_options: Options = None,
                  worker_options: Options = None, modules: Sequence[str] = (),
-                 actor_restarts: int = 3):
+                 actor_restarts: int = 3, keys: bool = False):
         if placement not in (None, "spread"):
             raise ParamError(f"placement must be None or 'spread', not {placement!r}")
         self._ray = import_ray()
@@ -136,6 +139,7 @@ class RayBackend:
         self.layouts = list(layouts)
         self.checkpoint_dir = checkpoint_dir
         self.actor_restarts = int(actor_restarts)
+        self.keys = keys
         self.servers: dict[Address, Any] = {}
         self.workers: list[RemoteWorker] = []
         self.local_workers: Sequence[Any] = ()
@@ -182,20 +186,23 @@ class RayBackend:
         # Requests that can wait in a server at once: one per worker it serves, their
         # diagnoses, the syncs of the other server groups, and the driver's.
         threads = 2 * c.nworker_groups * c.nworkers_per_group + c.nserver_groups + 16
+        if self.keys:  # every push of every key may wait for its step (threads come as needed)
+            threads = max(threads, 4096)
         masters: dict[Address, str] = {(0, L.index): self._names[(0, L.index)]
                                        for L in self.layouts}
         for g in range(c.nserver_groups):
             for L in self.layouts:
                 address = (g, L.index)
                 folder = server_folder(self.checkpoint_dir, address)
-                if L.size == 0:  # as embedded: no actor, only its (empty) state
+                if L.size == 0 and not self.keys:  # as embedded: no actor, only its state
+                    assert self.updater is not None
                     self._idle[address] = Server(L, self.updater, c, g, folder)
                     continue
                 if folder is not None:
                     for _, old in list_checkpoints(folder):  # of an earlier run of this folder
                         old.unlink()
-                spec = {**common, "group": g, "layout": layout_to_data(L),
-                        "updater": self.updater.conf.to_json(),
+                spec = {**common, "group": g, "layout": layout_to_data(L), "keys": self.keys,
+                        "updater": updater_text(self.updater),
                         "folder": str(folder) if folder is not None else None,
                         "names": masters}
                 self.servers[address] = server_cls.options(**options(
@@ -207,7 +214,7 @@ class RayBackend:
         for g in range(c.nworker_groups):
             s = g % c.nserver_groups
             handles = {(s, L.index): self.servers[(s, L.index)]
-                       for L in self.layouts if L.size > 0}
+                       for L in self.layouts if (s, L.index) in self.servers}
             names = {(s, L.index): self._names[(s, L.index)] for L in self.layouts}
             for i in range(c.nworkers_per_group):
                 rank = g * c.nworkers_per_group + i

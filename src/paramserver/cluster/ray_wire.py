@@ -33,13 +33,13 @@ from ..config.components import layers, lr_methods, param_generators, updaters
 from ..config.registry import Registry
 from ..params import ParamSet
 from .layout import ServerLayout
-from .messages import KINDS, Reply, Request
+from .messages import KINDS, NESTED, Reply, Request
 
 #: Arrays at least this large travel as object-store references (Ray inlines smaller ones).
 LARGE = 100 * 1024
 
 _LAYOUT_ARRAYS = ("slice_ids", "slice_offsets", "slice_owners", "offsets", "owners",
-                  "lr_scale", "wd_scale")
+                  "lr_scale", "wd_scale", "row_dims", "first_rows")
 
 
 # -- server ranges and Params -----------------------------------------------------------------
@@ -62,16 +62,22 @@ def layout_from_data(data: Mapping[str, Any]) -> ServerLayout:
 def params_to_data(params: ParamSet) -> dict[str, Any]:
     """A ParamSet's structure (names, shapes, configurations, sharing), not its values."""
     return {"dtype": params.dtype.name,
-            "params": [[p.name, list(p.shape), p.conf.to_json()] for p in params.params],
+            "params": [[p.name, list(p.shape), p.conf.to_json(), p.row_sparse]
+                       for p in params.params],
+            "tables": params.with_tables,
             "offsets": params.offsets.tolist(), "num_shares": params.num_shares.tolist()}
 
 
-def params_from_data(data: Mapping[str, Any]) -> ParamSet:
-    """A ParamSet of the same structure, its values zero; checked against the sender's."""
+def params_from_data(data: Mapping[str, Any], hold_tables: bool = False) -> ParamSet:
+    """A ParamSet of the same structure, its values zero (a worker's: without the tables'
+    values, unless ``hold_tables``); checked against the sender's."""
     from ..config.job import ParamConf
+    from ..params import ParamSpec
 
-    ps = ParamSet([(name, tuple(shape), ParamConf.parse(json.loads(conf)))
-                   for name, shape, conf in data["params"]], data["dtype"])
+    ps = ParamSet([ParamSpec(name, tuple(shape), ParamConf.parse(json.loads(conf)),
+                             f"param {i}", bool(sparse))
+                   for i, (name, shape, conf, sparse) in enumerate(data["params"])],
+                  data["dtype"], tables=bool(data.get("tables")), hold_tables=hold_tables)
     if ps.offsets.tolist() != list(data["offsets"]) or (
             ps.num_shares.tolist() != list(data["num_shares"])):
         raise ParamError("the Params rebuilt in a Ray actor do not have the layout of the "
@@ -117,10 +123,14 @@ def encode(message: Request | Reply, share: Callable[[np.ndarray], Any] | None =
     """A message as ``(kind, field, ...)``; with ``share``, its arrays as what ``share``
     makes of them (a copy taken now, or an object-store reference shared by the replies of
     one state)."""
-    fields = [getattr(message, f.name) for f in dataclasses.fields(message)]  # type: ignore[arg-type]
+    kind = type(message).__name__
+    nested = NESTED.get(kind, ())
+    fields = [encode(getattr(message, f.name), share) if f.name in nested
+              else getattr(message, f.name)
+              for f in dataclasses.fields(message)]  # type: ignore[arg-type]
     if share is not None:
         fields = [share(v) if isinstance(v, np.ndarray) else v for v in fields]
-    return (type(message).__name__, *fields)
+    return (kind, *fields)
 
 
 def decode(data: Sequence[Any], resolve: Callable[[Any], Any] | None = None) -> Any:
@@ -128,7 +138,10 @@ def decode(data: Sequence[Any], resolve: Callable[[Any], Any] | None = None) -> 
     cls = KINDS.get(str(data[0]))
     if cls is None:
         raise ParamError(f"unknown message {data[0]!r}")
-    fields = data[1:] if resolve is None else [resolve(v) for v in data[1:]]
+    nested = {i for i, f in enumerate(dataclasses.fields(cls))
+              if f.name in NESTED.get(cls.__name__, ())}
+    fields = [decode(v, resolve) if i in nested else v if resolve is None else resolve(v)
+              for i, v in enumerate(data[1:])]
     return cls(*fields)
 
 

@@ -56,6 +56,7 @@ def _updater_of(job: JobConf | ClusterConf | Mapping[str, Any],
     if not isinstance(updater, Updater):
         updater = create_updater(updater if not isinstance(updater, Mapping)
                                  else dict(updater))
+    updater.check_sliced()  # what servers holding a range each cannot do yet (clip_norm)
     return updater
 
 

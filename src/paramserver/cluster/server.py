@@ -21,6 +21,16 @@ Consistency:
   sync to the same server of group 0 (the master), which adds it and answers with its
   values; the server then takes those values (SINGA's scheme, with the server locked
   meanwhile so no update is lost).
+- *row-sparse tables* (SPEC §10): the segments of tables come after the dense ones; an
+  update carries the dense part's gradients and, per table, ``(ids, rows)``. The rows of
+  the step's workers are summed per id in worker order (sorted ids; fixed order, so a
+  synchronous run is reproducible) and the table updated on those rows only
+  (:meth:`Updater.apply_rows <paramserver.updaters.Updater.apply_rows>`, lazy state); a get
+  of some rows answers with those rows, and a worker's get or update reply carries the
+  dense part only.
+- *sum or mean*: a cluster's server updates with the mean of its workers' gradients
+  (``average``), a key-value store's with their sum (MXNet's KVStore).
+- *compression*: a compressed update (:mod:`.compression`) is decoded as it arrives.
 - *non-finite gradients*: under ``nonfinite: error`` a step whose gradient (or the sum of its
   workers' gradients) holds a NaN or an Inf is refused before anything is written: the
   values and the updater state stay as they were, and every waiter of the step hears why.
@@ -36,7 +46,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +62,7 @@ from ..checkpoint import (
 from ..config import ParamError
 from ..config.job import ClusterConf
 from ..updaters import Updater
+from .compression import decode, decode_ids
 from .errors import ClusterError
 from .layout import ServerLayout
 from .messages import (
@@ -74,7 +85,7 @@ from .messages import (
     Update,
     Values,
 )
-from .numerics import kernel_guard, nonfinite_counts, sum_into
+from .numerics import kernel_guard, nonfinite_counts, sum_into, sum_rows
 from .transport import Pending, ReplyFn
 
 Send = Callable[[Address, Request, str], Pending]
@@ -86,13 +97,23 @@ KEEP = 2
 _CONTROL = (Put, GetState, SetState, Save, Restore)
 
 
+#: One worker's rows of each table segment: ``(ids, rows)`` per table, in segment order.
+TableRows = list[tuple[np.ndarray, np.ndarray]]
+
+
 @dataclass
 class _Round:
     """The updates of one step of one worker group, until all have come."""
 
     step: int
     grads: dict[int, np.ndarray | None] = field(default_factory=dict)
+    rows: dict[int, TableRows | None] = field(default_factory=dict)
     replies: list[ReplyFn] = field(default_factory=list)
+
+    def senders(self) -> list[int]:
+        """The workers whose gradients count (not dropped), in worker order."""
+        return [w for w in sorted(self.grads)
+                if self.grads[w] is not None or self.rows.get(w) is not None]
 
 
 def server_name(index: int, group: int, nserver_groups: int) -> str:
@@ -110,6 +131,8 @@ class Server:
         conf: the cluster configuration (groups, ``sync_freq``, ``timeout``, ``nonfinite``).
         group: the server group this server belongs to (0: the master group).
         folder: where :class:`Save` writes its checkpoints (None: it writes none).
+        average: update with the mean of a step's gradients over its workers (a cluster);
+            False: with their sum (a key-value store).
 
     Attributes:
         values: its range of the values (None until the first put).
@@ -118,8 +141,9 @@ class Server:
     """
 
     def __init__(self, layout: ServerLayout, updater: Updater, conf: ClusterConf,
-                 group: int = 0, folder: str | Path | None = None):
+                 group: int = 0, folder: str | Path | None = None, average: bool = True):
         self.layout = layout
+        self.average = average
         self.updater = updater
         self.conf = conf
         self.group = group
@@ -181,6 +205,10 @@ class Server:
         if isinstance(request, Update):
             return self._update(request, reply)
         if isinstance(request, Get):
+            if request.lag is not None:  # the asker's own group's clock, less the lag
+                self._check_worker(request.group, request.worker)
+                clock = self._clock[request.group] - request.lag
+                request = replace(request, clock=clock if clock > 0 else None, lag=None)
             self._gets.append((request, reply))
             return self._ready_gets()
         if isinstance(request, Leave):
@@ -240,20 +268,75 @@ class Server:
         self._check_worker(msg.group, msg.worker)
         if self.values is None:
             raise ClusterError("no values yet: the driver has not put them")
-        if msg.grads is not None and (msg.grads.shape != self.values.shape
-                                      or msg.grads.dtype != self.values.dtype):
-            raise ClusterError(f"gradients of shape {msg.grads.shape} and dtype "
-                               f"{msg.grads.dtype}, expected {self.values.shape} "
-                               f"{self.values.dtype}")
-        rnd = self._rounds.setdefault(msg.group, _Round(msg.step))
-        if rnd.step != msg.step or msg.worker in rnd.grads:
+        rnd = self._rounds.get(msg.group)
+        if rnd is not None and ((rnd.step != msg.step and msg.step >= 0)
+                                or msg.worker in rnd.grads):
             what = ("a second update" if rnd.step == msg.step
                     else f"an update while step {rnd.step} is open")
             raise ClusterError(f"{what} of step {msg.step} from worker {msg.worker} of "
                                f"group {msg.group}")
-        rnd.grads[msg.worker] = msg.grads
+        grads, rows = self._gradients(msg)  # checked (and decoded) before the round counts it
+        step = msg.step if msg.step >= 0 else rnd.step if rnd is not None else self._clock[
+            msg.group]  # a key-value client's push: its group's next
+        rnd = self._rounds.setdefault(msg.group, _Round(step))
+        rnd.grads[msg.worker] = grads
+        rnd.rows[msg.worker] = rows
         rnd.replies.append(reply)
         return self._complete(msg.group) if rnd.grads.keys() >= self._live[msg.group] else []
+
+    def _gradients(self, msg: Update) -> tuple[np.ndarray | None, TableRows | None]:
+        """An update's dense gradients and rows per table, decoded and checked."""
+        L = self.layout
+        dtype = L.dtype
+        grads = msg.grads
+        if grads is not None:
+            grads = decode(grads, msg.codec, L.dense_size, dtype, msg.threshold) if (
+                msg.codec or grads.shape == (L.dense_size,)) else grads
+            if grads.shape != (L.dense_size,) or grads.dtype != dtype:
+                raise ClusterError(f"gradients of shape {grads.shape} and dtype {grads.dtype}, "
+                                   f"expected ({L.dense_size},) {np.dtype(dtype)}")
+        if msg.ids is None:
+            if msg.rows is not None:
+                raise ClusterError("an update with rows but no row ids")
+            if L.num_dense < L.num_segments and grads is not None:
+                return grads, [(np.zeros(0, np.int64), np.zeros(0, dtype))
+                               for _ in L.tables]
+            return grads, None
+        if L.num_dense == L.num_segments:
+            raise ClusterError(f"an update with row ids, but {self.name} holds no table")
+        ntab = len(L.tables)
+        splits = (np.array([0, msg.count if msg.codec else len(msg.ids)], np.int64)
+                  if msg.splits is None else np.asarray(msg.splits, np.int64))
+        if splits.shape != (ntab + 1,) or splits[0] != 0 or np.any(np.diff(splits) < 0):
+            raise ClusterError(f"row splits {splits.tolist()} for {ntab} tables")
+        count = int(splits[-1])
+        if msg.codec:
+            ids = decode_ids(msg.ids, count, splits)
+        else:
+            ids = np.asarray(msg.ids)
+            if ids.dtype != np.int64 or ids.shape != (count,):
+                raise ClusterError(f"row ids must be {count} int64, not {ids.size} {ids.dtype}")
+        from ..kernels_rows import check_rows  # loads numba: only for tables
+
+        dims = L.dims
+        width = np.repeat(dims[L.num_dense:], np.diff(splits))
+        total = int(width.sum())
+        if msg.rows is None:
+            raise ClusterError("an update with row ids but no rows")
+        values = decode(msg.rows, msg.codec, total, dtype, msg.threshold)
+        out: TableRows = []
+        at = 0
+        for j, s in enumerate(L.tables):
+            part = ids[splits[j]:splits[j + 1]]
+            dim = int(dims[s])
+            num_rows = int(L.offsets[s + 1] - L.offsets[s]) // dim
+            try:
+                part = check_rows(part, num_rows, f"the row ids of '{L.names[s]}'")
+            except ParamError as e:
+                raise ClusterError(str(e)) from None
+            out.append((part, values[at:at + part.size * dim].reshape(part.size, dim)))
+            at += part.size * dim
+        return grads, out
 
     def _complete(self, group: int) -> list[tuple[ReplyFn, Reply]]:
         """Apply the open step of a worker group once, answer its updates and ready gets."""
@@ -270,8 +353,14 @@ class Server:
                                f"failed: {type(e).__name__}: {e}")
             return [(fn, error) for fn in rnd.replies]
         assert self.values is not None
-        answer = Values(self.values, self.versions.copy(), applied)
+        answer = Values(self._dense(), self.versions.copy(), applied)
         return [*((fn, answer) for fn in rnd.replies), *self._ready_gets()]
+
+    def _dense(self) -> np.ndarray:
+        """What a worker is sent of the values: the dense part (all, without tables)."""
+        assert self.values is not None
+        n = self.layout.dense_size
+        return self.values if n == self.values.size else self.values[:n]
 
     def _total(self, grads: list[np.ndarray]) -> tuple[np.ndarray, bool]:
         """The fixed-order sum ``((g0 + g1) + g2) + ...`` and whether it is finite (counted
@@ -279,8 +368,8 @@ class Server:
         if len(grads) == 1:
             return grads[0], True
         assert self.values is not None
-        if self._acc is None:
-            self._acc = np.empty_like(self.values)
+        if self._acc is None or self._acc.shape != grads[0].shape:
+            self._acc = np.empty_like(grads[0])
         total = self._acc
         bad = sum_into(total, grads[0], grads[1])
         for g in grads[2:]:
@@ -288,43 +377,67 @@ class Server:
         return total, bad == 0
 
     def _apply(self, rnd: _Round, group: int) -> bool:
-        grads = [g for w in sorted(rnd.grads) if (g := rnd.grads[w]) is not None]
-        if not grads or self.values is None or self.layout.size == 0:
+        senders = rnd.senders()
+        if not senders or self.values is None or self.layout.size == 0:
             return False
-        total, finite = self._total(grads)
-        if not finite:  # refused before anything is written
-            raise ClusterError(self._nonfinite_message(rnd, total, group))
         L = self.layout
-        scale = 1.0 / (self.num_shares * len(grads))
-        # One gradient under 'error' is read first in the update's own kernel call, which
-        # writes nothing when it holds NaN or Inf (under 'skip' its worker checked it).
-        refuse = len(grads) == 1 and self.conf.nonfinite == "error"
-        with kernel_guard():
-            nonfinite = self.updater.apply(rnd.step, self.values, total, self.state,
-                                           L.lr_scale, L.wd_scale, scale,
-                                           refuse_nonfinite=refuse)
-        if nonfinite and refuse:
-            raise ClusterError(self._nonfinite_message(rnd, total, group))
+        nd, dense = L.num_dense, L.dense_size
+        grads = [g for w in senders if (g := rnd.grads[w]) is not None]
+        total, finite = self._total(grads) if grads and dense else (None, True)
+        tables = [sum_rows([r[j] for w in senders if (r := rnd.rows.get(w)) is not None],
+                           int(L.dims[s]), self.values.dtype)
+                  for j, s in enumerate(L.tables)]
+        finite = finite and all(bool(np.isfinite(rows).all()) for _, rows in tables)
+        if not finite:  # refused before anything is written
+            raise ClusterError(self._nonfinite_message(rnd, total, tables, group))
+        scale = 1.0 / (self.num_shares * (len(senders) if self.average else 1))
+        if total is not None:
+            # One gradient under 'error' is read first in the update's own kernel call,
+            # which writes nothing when it holds NaN or Inf (under 'skip' its worker
+            # checked it).
+            refuse = len(grads) == 1 and self.conf.nonfinite == "error"
+            state = self.state if nd == L.num_segments else self.state.segments(0, nd)
+            with kernel_guard():
+                nonfinite = self.updater.apply(rnd.step, self.values[:dense], total, state,
+                                               L.lr_scale[:nd], L.wd_scale[:nd], scale[:nd],
+                                               refuse_nonfinite=refuse)
+            if nonfinite and refuse:
+                raise ClusterError(self._nonfinite_message(rnd, total, tables, group))
+        for s, (ids, rows) in zip(L.tables, tables, strict=True):
+            lo, hi = int(L.offsets[s]), int(L.offsets[s + 1])
+            with kernel_guard():
+                self.updater.apply_rows(rnd.step, self.values[lo:hi], ids, rows,
+                                        int(L.dims[s]), self.state.segments(s, s + 1),
+                                        L.lr_scale[s], L.wd_scale[s], scale[s])
         self.versions += 1
         self._since_sync += 1
         return True
 
-    def _nonfinite_message(self, rnd: _Round, total: np.ndarray, group: int) -> str:
+    def _nonfinite_message(self, rnd: _Round, total: np.ndarray | None,
+                           tables: list[tuple[np.ndarray, np.ndarray]], group: int) -> str:
         """Which Params and workers sent NaN or Inf (the slow account, on the error path)."""
         L = self.layout
+        parts = [total[L.offsets[i]:L.offsets[i + 1]] if total is not None else None
+                 for i in range(L.num_dense)] + [rows for _, rows in tables]
         params = []
-        for i, name in enumerate(L.names):
-            nan, inf = nonfinite_counts(total[L.offsets[i]:L.offsets[i + 1]])
+        for name, part in zip(L.names, parts, strict=True):
+            nan, inf = nonfinite_counts(part) if part is not None else (0, 0)
             if nan or inf:
                 counts = ", ".join(f"{n} {kind}" for n, kind in ((nan, "NaN"), (inf, "Inf"))
                                    if n)
                 params.append(f"'{name}' ({counts})")
-        senders = [w for w in sorted(rnd.grads) if rnd.grads[w] is not None]
-        workers = [w for w in senders if sum(nonfinite_counts(rnd.grads[w])) > 0]  # type: ignore[arg-type]
+        senders = rnd.senders()
+
+        def bad(w: int) -> bool:
+            g, rows = rnd.grads[w], rnd.rows.get(w) or []
+            return (g is not None and sum(nonfinite_counts(g)) > 0) or any(
+                sum(nonfinite_counts(r)) > 0 for _, r in rows)
+
+        workers = [w for w in senders if bad(w)]
         what = (f"non-finite gradient at step {rnd.step} from workers {workers} of group "
                 f"{group}: Params {', '.join(params)}" if workers else
                 f"the sum of the finite gradients of workers {senders} of group {group} at "
-                f"step {rnd.step} overflowed (float {np.finfo(total.dtype).bits}-bit): "
+                f"step {rnd.step} overflowed (float {np.finfo(L.dtype).bits}-bit): "
                 f"Params {', '.join(params)}")
         return (f"{what}; this step's update is refused and the run stops (the values and "
                 "the updater state are as they were before the step; "
@@ -363,8 +476,36 @@ class Server:
             return []
         self._gets = [(g, fn) for g, fn in self._gets if not self._ready(g)]
         assert self.values is not None
-        answer = Values(self.values, self.versions.copy())
-        return [(fn, answer) for _, fn in ready]
+        versions = self.versions.copy()
+        answers: dict[bool, Values] = {}
+        out: list[tuple[ReplyFn, Reply]] = []
+        for get, fn in ready:
+            if get.ids is not None:
+                out.append((fn, self._rows_answer(get, versions)))
+            else:
+                answer = answers.get(get.whole)
+                if answer is None:
+                    answer = answers[get.whole] = Values(
+                        self.values if get.whole else self._dense(), versions)
+                out.append((fn, answer))
+        return out
+
+    def _rows_answer(self, get: Get, versions: np.ndarray) -> Reply:
+        """Rows ``get.ids`` of table segment ``get.segment`` (a copy), or why not."""
+        assert self.values is not None and get.ids is not None
+        L = self.layout
+        s = get.segment
+        if s not in L.tables:
+            return ErrorReply(f"{self.name}: a get of rows of segment {s}, which is not a "
+                              f"table (its tables: {list(L.tables)})")
+        dim = int(L.dims[s])
+        table = self.values[int(L.offsets[s]):int(L.offsets[s + 1])].reshape(-1, dim)
+        ids = np.asarray(get.ids)
+        if ids.ndim != 1 or (ids.size and (ids.dtype.kind not in "iu" or ids.min() < 0
+                                           or ids.max() >= len(table))):
+            return ErrorReply(f"{self.name}: row ids of '{L.names[s]}' must be integers in "
+                              f"[0, {len(table)})")
+        return Values(table[ids].reshape(-1), versions)
 
     # -- server groups ----------------------------------------------------------------------
 
@@ -395,6 +536,24 @@ class Server:
                                f"{self.values.shape}")
         np.add(self.values, msg.delta, out=self.values)
         return Values(self.values.copy(), self.versions.copy())
+
+    # -- a key-value store's -----------------------------------------------------------------
+
+    def set_updater(self, updater: Updater) -> None:
+        """Update with ``updater`` from now on, its state starting from zero."""
+        with self._lock:
+            self.updater = updater
+            self.state = updater.init_state(self.layout.offsets, self.layout.dtype)
+
+    def revive(self) -> list[tuple[ReplyFn, Reply]]:
+        """Every worker is live again and requests are served (a new run of a key-value
+        store); the waiting requests of the last run hear why they were dropped (the
+        replies to send), the clocks stay."""
+        with self._lock:
+            out = self._drop_waiters("a new run began")
+            self._aborted = None
+            self._live = self._everyone()
+        return out
 
     # -- stopping and diagnosis -------------------------------------------------------------
 

@@ -14,6 +14,12 @@ gradients of its own. Per step it
 4. collects the replies: a reply's values are copied into the replica only when they are
    not its own memory already (between processes), and the versions are recorded.
 
+Row-sparse tables (SPEC §10; :class:`~paramserver.params.TableParam`) are not pulled with
+the values: a table's :meth:`~paramserver.params.TableParam.rows` asks the servers holding
+them for the rows it needs (:meth:`Worker.pull_rows`), and its gradient rows, summed per id,
+travel with the step's update as ``(ids, rows)`` to the servers of their rows. A worker's
+replica then need not hold the tables at all.
+
 Every wait is :meth:`Pending.wait <paramserver.cluster.transport.Pending.wait>` with the
 cluster's timeout, and its message names this worker, the step and what it waited for.
 """
@@ -25,7 +31,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..config.job import ClusterConf
-from ..params import ParamSet
+from ..params import ParamSet, TableParam
 from .layout import ServerLayout
 from .messages import Get, Leave, Update, Values
 from .numerics import all_finite, nonfinite_counts
@@ -71,8 +77,19 @@ class Worker:
         # Servers with nothing to hold take no part.
         self._layouts = [L for L in layouts if L.size > 0]
         grads, values = params.owner_grads(), params.values
-        self._grads = [grads[L.start:L.stop] for L in self._layouts]
-        self._values = [values[L.start:L.stop] for L in self._layouts]
+        dense = params.dense_size  # the tables' values are not pulled with the others
+        self._grads = [grads[L.start:min(L.stop, dense)] for L in self._layouts]
+        self._values = [values[L.start:max(L.start, min(L.stop, dense))]
+                        for L in self._layouts]
+        # Per table, its pieces: (server position, segment, first row, rows).
+        self._pieces: dict[str, list[tuple[int, int, int, int]]] = {}
+        for i, L in enumerate(self._layouts):
+            for seg in L.tables:
+                rows = int(L.offsets[seg + 1] - L.offsets[seg]) // int(L.dims[seg])
+                self._pieces.setdefault(L.names[seg], []).append(
+                    (i, seg, int(L.first_rows[seg]), rows))  # type: ignore[index]
+        for table in params.tables:
+            table.fetch = self.pull_rows
         self._shares = [params.num_shares[L.owners] for L in self._layouts]
         self._has_sharers = any(p.owner is not None for p in params.params)
         nslices = sum(L.num_slices for L in self._layouts)
@@ -118,18 +135,67 @@ class Worker:
         if self._has_sharers:
             self.params.sum_shared_grads()
         grads: list[np.ndarray | None] = list(self._grads)
+        tables = {t.name: t.take_grad_rows() for t in self.params.tables}
+        rows = self._rows_by_server(tables)
         # Under 'error' the servers' kernels count NaN and Inf in their own pass (free);
         # 'skip' must know before anything is written, so it pays a pass here.
-        if self.conf.nonfinite == "skip" and not all_finite(self.params.owner_grads()):
+        if self.conf.nonfinite == "skip" and not (
+                all_finite(self.params.owner_grads())
+                and all(all_finite(r.reshape(-1)) for _, r in tables.values())):
             self.notes.append(f"non-finite gradient at step {step} from {self.name} (rank "
-                              f"{self.rank}): {self._nonfinite_params()}; the push is "
+                              f"{self.rank}): {self._nonfinite_params(tables)}; the push is "
                               "dropped (cluster.nonfinite is 'skip')")
             self.skipped += 1
             grads = [None] * len(grads)
+            rows = [None] * len(rows)
         return [self._transport.send(
-            self._address(L), Update(self.group, self.index, step, g),
+            self._address(L), Update(self.group, self.index, step, g,
+                                     *(r if r is not None else (None, None, None))),
             f"{self._server_name(L)}'s reply to its update")
-            for L, g in zip(self._layouts, grads, strict=True)]
+            for L, g, r in zip(self._layouts, grads, rows, strict=True)]
+
+    def _rows_by_server(self, tables: dict[str, tuple[np.ndarray, np.ndarray]]
+                        ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray] | None]:
+        """Per server, the gradient rows of its table segments: ``(ids, rows, splits)``
+        (ids from each segment's first row), or None for a server without tables."""
+        out: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None] = []
+        for L in self._layouts:
+            if not len(L.tables):
+                out.append(None)
+                continue
+            ids, rows, splits = [], [], [0]
+            for seg in L.tables:
+                t_ids, t_rows = tables[L.names[seg]]
+                first = int(L.first_rows[seg])  # type: ignore[index]
+                n = int(L.offsets[seg + 1] - L.offsets[seg]) // int(L.dims[seg])
+                a, b = np.searchsorted(t_ids, [first, first + n])
+                ids.append(t_ids[a:b] - first)
+                rows.append(t_rows[a:b].reshape(-1))
+                splits.append(splits[-1] + int(b - a))
+            out.append((np.concatenate(ids), np.concatenate(rows),
+                        np.array(splits, np.int64)))
+        return out
+
+    def pull_rows(self, name: str, ids: np.ndarray) -> np.ndarray:
+        """Rows ``ids`` (sorted, unique) of table ``name`` from the servers that hold them,
+        as they are now (``len(ids) × dim``)."""
+        table = self.params[name]
+        assert isinstance(table, TableParam)
+        out = np.empty((len(ids), table.dim), table.dtype)
+        pendings = []
+        for i, seg, first, n in self._pieces.get(name, []):
+            a, b = (int(x) for x in np.searchsorted(ids, [first, first + n]))
+            if b > a:
+                L = self._layouts[i]
+                pendings.append(((a, b), self._transport.send(
+                    self._address(L), Get(self.group, self.index, self.step,
+                                          ids=ids[a:b] - first, segment=seg),
+                    f"rows of '{name}' from {self._server_name(L)}")))
+        for (a, b), pending in pendings:
+            reply = pending.wait(self.conf.timeout, self._who(self.step))
+            assert isinstance(reply, Values)
+            out[a:b] = reply.values.reshape(b - a, table.dim)
+        return out
 
     def collect(self, pendings: Sequence[Pending], step: int) -> None:
         """Wait for the replies to :meth:`push`: the values after the step's update."""
@@ -167,10 +233,10 @@ class Worker:
         for i, ver in zip(self._versioned.tolist(), per_owner.tolist(), strict=True):
             owners[i].version = ver
 
-    def _nonfinite_params(self) -> str:
+    def _nonfinite_params(self, tables: dict[str, tuple[np.ndarray, np.ndarray]]) -> str:
         found = []
         for p in self.params.params:
-            nan, inf = nonfinite_counts(p.grad)
+            nan, inf = nonfinite_counts(tables[p.name][1] if p.row_sparse else p.grad)
             if nan or inf:
                 counts = ", ".join(f"{n} {kind}" for n, kind in ((nan, "NaN"), (inf, "Inf"))
                                    if n)

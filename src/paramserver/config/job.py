@@ -114,6 +114,22 @@ class UpdaterConf(ComponentConf):
                                 "clip_high > clip_low; -inf or inf clips on one side only "
                                 "(clip_low: -inf clip_high: 5).")
     clip_high: float = field(0.0, not_nan=True, doc="See clip_low.")
+    clip_norm: float = field(0.0, lower=0.0, finite=True,
+                             doc="When > 0, clip the gradients by their global norm: every "
+                                 "gradient of the job is multiplied by min(1, clip_norm / "
+                                 "(norm + 1e-6)), norm the L2 norm of all of them together "
+                                 "(after clip_low/clip_high and the mean of shared gradients), "
+                                 "as torch.nn.utils.clip_grad_norm_ does. For updates in one "
+                                 "process (update_params, paramserver.torch.Optimizer); the "
+                                 "cluster refuses it until its servers reduce the norm "
+                                 "across them.")
+    form: str = field("singa", enum=("singa", "torch"),
+                      doc="The form of the rules: SINGA's (SPEC section 5), or torch.optim's "
+                          "where the two differ: kSGD and kNesterov keep torch's momentum "
+                          "buffer (buf = momentum*buf + (1 - dampening)*g; w -= lr*buf, so a "
+                          "change of rate applies to all of it), kAdaGrad and kRMSProp add "
+                          "delta after the square root, and kRMSProp uses momentum as "
+                          "torch.optim.RMSprop does. The other methods are the same in both.")
     state_dtype: str = field("float32", enum=STATE_DTYPES,
                              doc="How the method keeps its per-element state (histories, "
                                  "moments): float32 (as the values), bfloat16 (half the "

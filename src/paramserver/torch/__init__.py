@@ -6,7 +6,10 @@ imports it. See ``docs/torch.md``.
 
 - :func:`bind` puts a module's parameters into paramserver's flat memory (tensors view it),
   configured per parameter by name pattern;
-- :class:`Optimizer` is a ``torch.optim.Optimizer`` that updates them with an updater;
+- :class:`Optimizer` is a ``torch.optim.Optimizer`` that updates them with an updater, on
+  the host, on their GPU, or offloaded (an fp32 master and the state in host memory);
+- :class:`SGD`, :class:`Adam`, :class:`AdamW`, :class:`Adagrad`, :class:`RMSprop`,
+  :class:`Adadelta` take torch.optim's arguments and defaults and compute what it computes;
 - :func:`train_on_cluster` trains replicas of a module with several workers.
 """
 
@@ -20,9 +23,11 @@ except ImportError as e:  # pragma: no cover - depends on the installation
 
 from ._bind import TorchParams, bind, binding_of
 from ._cluster import LossFn, TorchCluster, TorchJob, load_job, parse_job, train_on_cluster
-from ._optim import Optimizer
+from ._optim import Optimizer, Placement
 from ._rules import ParamRule, parse_rules, rules_from_text
+from ._torchstyle import SGD, Adadelta, Adagrad, Adam, AdamW, RMSprop
 
-__all__ = ["LossFn", "Optimizer", "ParamRule", "TorchCluster", "TorchJob", "TorchParams",
-           "bind", "binding_of", "load_job", "parse_job", "parse_rules", "rules_from_text",
+__all__ = ["SGD", "Adadelta", "Adagrad", "Adam", "AdamW", "LossFn", "Optimizer", "ParamRule",
+           "Placement", "RMSprop", "TorchCluster", "TorchJob", "TorchParams", "bind",
+           "binding_of", "load_job", "parse_job", "parse_rules", "rules_from_text",
            "train_on_cluster"]

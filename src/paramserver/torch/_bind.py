@@ -23,7 +23,9 @@ from ..config import ParamError
 from ..config.errors import Problem
 from ..config.job import ParamConf
 from ..params import Param, ParamSet, ParamSpec
+from ..state import UpdaterState
 from ..tensors import attach, views
+from ..updaters import Updater
 from ._rules import RulesLike, parse_rules, resolve
 
 NamedParams = Iterable[tuple[str, torch.Tensor]]
@@ -34,64 +36,47 @@ _DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
 _BOUND: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
-class TorchParams:
-    """Torch tensors whose values and gradients live in a :class:`ParamSet`'s flat buffers.
+class BoundTensors:
+    """What every binding of tensors to flat memory has: the tensors by name, their views of
+    the flat values and gradients, and the checks that they still view them.
 
-    Made by :func:`bind`. Every tensor's ``.data`` views :attr:`values` (a sharer's its
-    owner's part) and its ``.grad`` views :attr:`grads`.
-
-    Attributes:
-        pset: the ParamSet; its Params are named as the tensors are.
-        names: the tensors' names, in the ParamSet's declaration order.
-        tensors: the tensors, in the same order.
-        values: the flat values as a torch tensor (shares memory with ``pset.values``).
-        grads: the flat gradients as a torch tensor (shares memory with ``pset.grads``).
+    The memory is the subclass's: host memory (:class:`TorchParams`), a device's
+    (:class:`~paramserver.torch._device.DeviceParams`), or device tensors beside an fp32
+    master on the host (:class:`~paramserver.torch._offload.OffloadParams`, which keeps
+    no views). Subclasses set ``pset``, ``values``, ``grads`` and call :meth:`_set_views`.
     """
 
     pset: ParamSet
+    values: torch.Tensor
+    grads: torch.Tensor
+    names: list[str]
+    tensors: list[torch.Tensor]
+    #: whether the tensors show the values at a lower precision than :attr:`pset` holds
+    #: them (offloaded bfloat16 or float16 parameters with an fp32 master)
+    lossy: bool = False
 
-    def __init__(self, named: Sequence[tuple[str, torch.Tensor]],
-                 confs: Mapping[str, ParamConf] | None = None, *,
-                 initialise: Collection[str] = (), seed: int = 0,
-                 pset: ParamSet | None = None):
-        names = [n for n, _ in named]
-        tensors = [t for _, t in named]
-        dtype = _check_tensors(names, tensors)
-        keep_grads = pset is None
-        if pset is not None:  # adopt a ParamSet's memory: the tensors take its values
-            _check_same(pset, names, tensors)
-        else:
-            confs = confs or {}
-            specs = [ParamSpec(n, tuple(t.shape), confs.get(n) or ParamConf(name=n),
-                               f"parameter '{n}'") for n, t in named]
-            pset = ParamSet(specs, dtype)
-            by_name = dict(named)
-            with torch.no_grad():
-                for p in pset.owners:
-                    p.data[...] = by_name[p.name].detach().numpy()
-            _init(pset, set(initialise), seed)
-        self.pset = pset
+    def _set_views(self, names: list[str], tensors: list[torch.Tensor],
+                   value_views: list[torch.Tensor],
+                   grad_views: Sequence[torch.Tensor | None], *, keep_grads: bool) -> None:
+        """Point every tensor's ``.data`` and ``.grad`` at its views (a gradient already
+        there is kept when ``keep_grads``). A row-sparse table's tensor (SPEC §10) has no
+        gradient view (None): a worker's replica computes with the rows of its batch
+        (``torch/_tables.py``)."""
         self.names = names
         self.tensors = tensors
         self._index = {id(t): i for i, t in enumerate(tensors)}
-        self.values = torch.from_numpy(pset.values)
-        self.grads = torch.from_numpy(pset.grads)
-        pairs = [views(pset, n) for n in names]
-        self._value_views = [v for v, _ in pairs]
-        self._grad_views = [g for _, g in pairs]
-        self._ptrs = [v.data_ptr() for v in self._value_views]
-        # The owners whose gradients the sharers' are added into, by range of the owner
-        # gradients; with their saved copy, :meth:`restore_grads` leaves ``.grad`` as it was.
-        self._shared = [(int(pset.offsets[i]), int(pset.offsets[i + 1]))
-                        for i, k in enumerate(pset.num_shares) if k > 1]
+        self._value_views = value_views
+        self._grad_views = list(grad_views)
+        self._ptrs = [v.data_ptr() for v in value_views]
         with torch.no_grad():
-            for t, v, g in zip(tensors, self._value_views, self._grad_views, strict=True):
+            for t, v, g in zip(tensors, value_views, grad_views, strict=True):
                 old = t.grad
+                if g is None:
+                    attach(t, v, None)
+                    continue
                 if keep_grads and old is not None and old.shape == g.shape:
                     g.copy_(old.detach())  # a gradient already there is kept
                 attach(t, v, g)
-        for t in tensors:
-            _BOUND[t] = self
 
     # -- access -----------------------------------------------------------------------------
 
@@ -148,7 +133,7 @@ class TorchParams:
         with torch.no_grad():
             for i, (t, g) in enumerate(zip(self.tensors, self._grad_views, strict=True)):
                 cur = t.grad
-                if cur is g:
+                if cur is g or g is None:
                     continue
                 if cur is None:
                     g.zero_()
@@ -158,10 +143,21 @@ class TorchParams:
                 t.grad = g
         return missing
 
-    def zero_grad(self) -> None:
-        """Zero every gradient in place (one pass over the flat buffer)."""
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero every gradient in place (one pass over the flat buffer); ``set_to_none`` is
+        not followed: the gradients stay views of the flat buffer."""
         self.attach_grads()
         self.grads.zero_()
+
+
+class HostUpdates:
+    """Updates in host memory, by paramserver's fused kernels: the placement protocol of
+    :class:`paramserver.torch.Optimizer` for bindings whose values, gradients and state
+    are a ParamSet's (:class:`TorchParams`, and the offloaded master of
+    :class:`~paramserver.torch._offload.OffloadParams`)."""
+
+    pset: ParamSet
+    _shared: list[tuple[int, int]]
 
     def owner_grads(self) -> np.ndarray:
         """The owners' gradients with every sharer's gradient added in.
@@ -183,6 +179,93 @@ class TorchParams:
             for (lo, hi), arr in zip(self._shared, saved, strict=True):
                 self.pset.grads[lo:hi] = arr
             self._saved = []
+
+    # -- updates (paramserver.torch.Optimizer's placement protocol) -------------------------
+
+    def sum_squares(self, updater: Updater, grads: np.ndarray, a: int, b: int,
+                    state: UpdaterState, grad_scale: np.ndarray) -> float:
+        """Owners ``a:b``'s part of the squared global gradient norm."""
+        lo, hi = int(self.pset.offsets[a]), int(self.pset.offsets[b])
+        return updater.grad_sum_squares(grads[lo:hi], state.offsets, grad_scale)
+
+    def update(self, updater: Updater, step: int, grads: np.ndarray, a: int, b: int,
+               state: UpdaterState, lr_scale: np.ndarray, wd: np.ndarray,
+               grad_scale: np.ndarray, grad_norm: float | None) -> None:
+        """One fused kernel call over owners ``a:b`` (a run of one updater)."""
+        lo, hi = int(self.pset.offsets[a]), int(self.pset.offsets[b])
+        updater.apply(step, self.pset.values[lo:hi], grads[lo:hi], state, lr_scale, wd,
+                      grad_scale, grad_norm=grad_norm)
+
+    def finish(self) -> None:
+        """Nothing to publish: the tensors view the updated values."""
+
+    def ensure_state(self, state: UpdaterState) -> None:
+        """The state lives in host memory, where the update runs."""
+
+    def state_view(self, state: UpdaterState, role: str, lo: int, hi: int) -> torch.Tensor:
+        return torch.from_numpy(state[role][lo:hi])
+
+    def to_host(self, state: UpdaterState, values: bool = True) -> None:
+        """Values and state are in host memory already."""
+
+    def from_host(self, state: UpdaterState, values: bool = True) -> None:
+        """Values and state are in host memory already."""
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+
+class TorchParams(HostUpdates, BoundTensors):
+    """Torch tensors whose values and gradients live in a :class:`ParamSet`'s flat buffers.
+
+    Made by :func:`bind`. Every tensor's ``.data`` views :attr:`values` (a sharer's its
+    owner's part) and its ``.grad`` views :attr:`grads`.
+
+    Attributes:
+        pset: the ParamSet; its Params are named as the tensors are.
+        names: the tensors' names, in the ParamSet's declaration order.
+        tensors: the tensors, in the same order.
+        values: the flat values as a torch tensor (shares memory with ``pset.values``).
+        grads: the flat gradients as a torch tensor (shares memory with ``pset.grads``).
+    """
+
+    pset: ParamSet
+
+    def __init__(self, named: Sequence[tuple[str, torch.Tensor]],
+                 confs: Mapping[str, ParamConf] | None = None, *,
+                 initialise: Collection[str] = (), seed: int = 0,
+                 pset: ParamSet | None = None, tables: Collection[str] = ()):
+        names = [n for n, _ in named]
+        tensors = [t for _, t in named]
+        dtype = _check_tensors(names, tensors)
+        keep_grads = pset is None
+        if pset is not None:  # adopt a ParamSet's memory: the tensors take its values
+            _check_same(pset, names, tensors)
+        else:
+            confs = confs or {}
+            specs = [ParamSpec(n, tuple(t.shape), confs.get(n) or ParamConf(name=n),
+                               f"parameter '{n}'", n in tables) for n, t in named]
+            pset = ParamSet(specs, dtype, tables=bool(tables))
+            by_name = dict(named)
+            with torch.no_grad():
+                for p in pset.owners:
+                    p.data[...] = by_name[p.name].detach().numpy()
+            _init(pset, set(initialise), seed)
+        self.pset = pset
+        self.values = torch.from_numpy(pset.values)
+        self.grads = torch.from_numpy(pset.grads)
+        # The owners whose gradients the sharers' are added into, by range of the owner
+        # gradients; with their saved copy, :meth:`restore_grads` leaves ``.grad`` as it was.
+        self._shared = [(int(pset.offsets[i]), int(pset.offsets[i + 1]))
+                        for i, k in enumerate(pset.num_shares) if k > 1]
+        held = {t.name for t in pset.tables}
+        pairs = [views(pset, n) if n not in held else (torch.from_numpy(pset[n].data), None)
+                 for n in names]
+        self._set_views(names, tensors, [v for v, _ in pairs], [g for _, g in pairs],
+                        keep_grads=keep_grads)
+        for t in tensors:
+            _BOUND[t] = self
 
     # -- replicas ---------------------------------------------------------------------------
 
@@ -310,7 +393,8 @@ def _init(pset: ParamSet, names: set[str], seed: int) -> None:
 def _check_same(pset: ParamSet, names: list[str], tensors: list[torch.Tensor]) -> None:
     """The tensors are the ParamSet's Params: the same names, shapes and dtype."""
     problems = []
-    if names != pset.names:
+    tables = {t.name for t in pset.tables}
+    if names != pset.names and names != [n for n in pset.names if n not in tables]:
         problems.append(f"the module's parameters {names[:4]}... are not the ParamSet's "
                         f"{pset.names[:4]}...")
     else:
@@ -318,6 +402,9 @@ def _check_same(pset: ParamSet, names: list[str], tensors: list[torch.Tensor]) -
         for n, t in zip(names, tensors, strict=True):
             if t.dtype != want:
                 problems.append(f"parameter '{n}' is {t.dtype}, the ParamSet's {pset.dtype}")
+            elif n in tables and not pset.holds_tables:
+                problems.append(f"parameter '{n}' is a row-sparse table that this ParamSet "
+                                "does not hold (a worker's): bind a module without it")
             elif tuple(t.shape) != pset[n].shape:
                 problems.append(f"parameter '{n}' has shape {tuple(t.shape)}, the ParamSet's "
                                 f"{pset[n].shape}")
@@ -325,4 +412,4 @@ def _check_same(pset: ParamSet, names: list[str], tensors: list[torch.Tensor]) -
         raise ParamError(problems)
 
 
-__all__ = ["TorchParams", "bind", "binding_of"]
+__all__ = ["BoundTensors", "HostUpdates", "TorchParams", "bind", "binding_of"]

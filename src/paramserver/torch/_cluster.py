@@ -10,6 +10,10 @@ buffer, and the cluster pushes that buffer to the servers as it is (nothing is c
 process). Within a worker group the servers wait for every worker and update once with the
 mean gradient (BSP); worker groups run asynchronously to each other.
 
+A module's ``nn.Embedding(sparse=True)`` weights are row-sparse tables (SPEC §10,
+:mod:`paramserver.torch._tables`): the servers hold them, sliced by rows; a worker's replica
+holds none of them, pulls the rows of its batch and pushes their gradient as rows by id.
+
 Replicas are made on a worker's first step, in the process that runs it: with the embedded
 cluster that is this process (threads); a backend that runs workers elsewhere (Ray) ships
 the grad function, which then needs a picklable module and ``loss_fn``.
@@ -35,6 +39,7 @@ from ..params import ParamSet
 from ..updaters import Updater
 from ._bind import TorchParams, _named
 from ._rules import ParamRule, RulesLike, parse_rules, resolve, split_job_text
+from ._tables import row_embeddings, sparse_embeddings, without_tables
 
 _CHECKPOINT_FORMAT = "paramserver-torch-cluster/1"
 
@@ -104,7 +109,7 @@ class _GradFn:
             return found
         with self._lock:  # deepcopy reads the template, which other threads may be copying
             module = copy.deepcopy(self.template)
-        tp = TorchParams.on(pset, module)
+        tp = _bind_replica(pset, module)
         self.replicas[rank] = (module, tp)
         return module, tp
 
@@ -112,11 +117,16 @@ class _GradFn:
         module, tp = self.replica(worker.params, worker.rank)
         tp.check()
         tp.zero_grad()
+        tables = list(row_embeddings(module))
+        for r in tables:
+            r.clear()
         with torch.enable_grad():
             out = self.loss_fn(module, step, worker.rank, self.num_workers)
             loss, metrics = (out if isinstance(out, tuple) else (out, {}))
             loss.backward()
         tp.attach_grads()  # gradients torch allocated anew are copied into the buffer
+        for r in tables:
+            r.push_grads()
         return {"loss": float(loss.detach()), **dict(metrics)}
 
 
@@ -159,16 +169,26 @@ class TorchCluster:
         named = _named(module)
         resolved = resolve([n for n, _ in named], rules)
         self.module = module
+        sparse = sparse_embeddings(module)
         self.params = TorchParams(named, resolved.confs, initialise=resolved.initialised,
-                                  seed=seed)
+                                  seed=seed, tables=set(sparse))
+        held = {t.name for t in self.params.pset.tables}  # a shared embedding stays dense
+        self._tables = {n: m for n, m in sparse.items() if n in held}
         self.cluster = Cluster(conf_of_job, self.params.pset, updater)
         conf = self.cluster.conf
         self.num_workers = conf.nworker_groups * conf.nworkers_per_group
         self._replica = replica
         self._replicas: dict[int, tuple[torch.nn.Module, TorchParams]] = {}
         for w in self.cluster.local_workers:  # made here, in order, for those in this process
-            m = replica() if replica is not None else copy.deepcopy(module)
-            self._replicas[w.rank] = (m, TorchParams.on(w.params, m))
+            m = self._template()
+            self._replicas[w.rank] = (m, _bind_replica(w.params, m))
+
+    def _template(self) -> torch.nn.Module:
+        """A new worker's module: without the tables' weights (it reads their rows)."""
+        m = self._replica() if self._replica is not None else self.module
+        if self._tables:
+            return without_tables(m, self._tables)
+        return m if self._replica is not None else copy.deepcopy(m)
 
     @property
     def updater(self) -> Updater:
@@ -201,7 +221,8 @@ class TorchCluster:
         Returns:
             Each step's metrics, by rank.
         """
-        template = self.module if self._replica is None else self._replica()
+        template = (self.module if self._replica is None and not self._tables
+                    else self._template())
         grad_fn = _GradFn(template, loss_fn, self.num_workers, dict(self._replicas))
         return self.cluster.run(grad_fn, steps, start_step, on_step)
 
@@ -264,6 +285,14 @@ def train_on_cluster(module: torch.nn.Module, loss_fn: LossFn,
             raise ParamError("train_on_cluster needs steps, or a job with train_steps")
         steps = conf.train_steps
     return TorchCluster(module, job, **kwargs).run(loss_fn, steps, on_step=on_step)
+
+
+def _bind_replica(pset: ParamSet, module: torch.nn.Module) -> TorchParams:
+    """A worker's module bound to its ParamSet replica, its tables' stand-ins included."""
+    tp = TorchParams.on(pset, module)
+    for r in row_embeddings(module):
+        r.bind(pset)
+    return tp
 
 
 def _read_job(job: Any) -> Any:

@@ -1,14 +1,31 @@
 """``paramserver.torch.Optimizer``: a ``torch.optim.Optimizer`` backed by paramserver.
 
-The parameters are bound to paramserver's flat memory (:mod:`._bind`), and a step is one
-:meth:`Updater.apply` call over all of them: one fused kernel over every owner, with the
-per-parameter ``lr_scale``/``wd_scale`` looked up by segment. The learning rate is the
-updater's learning-rate method at the optimizer's step count (SINGA's ``step``, from 0).
+The parameters are bound to paramserver's flat memory, and a step is one update call over
+all of them: one fused kernel over every owner, with the per-parameter ``lr_scale``/
+``wd_scale`` looked up by segment. The learning rate is the updater's learning-rate method at
+the optimizer's step count (SINGA's ``step``, from 0).
+
+Placement (where values, gradients and state live, and where the update runs):
+
+- ``host``: CPU tensors view paramserver's host buffers; numba kernels (:mod:`._bind`);
+- ``offload``: tensors anywhere (a GPU), in any float dtype; an fp32 master, the gradients
+  and the state in (pinned) host buffers, updated by the numba kernels, with the copies
+  overlapped (:mod:`._offload`);
+- ``device``: tensors on their device (a GPU) view flat buffers there, updated by torch
+  operations fused by torch.compile (:mod:`._device`);
+- ``auto`` (the default): ``host`` for CPU tensors, ``device`` for others.
+
+Every placement follows one protocol (the binding's ``attach_grads``, ``owner_grads``,
+``update``, ``finish``, ``to_host``/``from_host``), so groups, schedulers, ``clip_norm``,
+``state_dict`` and checkpoints are written once, here.
 
 Param groups. Every group has ``lr`` (its current rate), ``lr_scale`` (the group's factor
-on the learning-rate method), ``weight_decay`` (absolute), and the updater's other settings
-(``momentum``, ``delta``, ``clip_low``, ``clip_high`` and the method's own fields, such as
-``rho`` or ``beta1``). ``lr`` and ``weight_decay`` are per-segment numbers, so groups that
+on the learning-rate method), ``weight_decay`` (absolute), and the settings of its keys
+(:mod:`._groupkeys`): the updater's fields by SINGA's names (``momentum`` where the method
+reads it, ``delta``, ``clip_low``, ``clip_high``, the method's own such as ``rho``, and
+``beta1``/``beta2`` with torch's ``betas`` beside them), or torch's names for the
+torch-style constructors (:mod:`._torchstyle`). ``lr`` and ``weight_decay`` are per-segment
+numbers, so groups that
 differ only in them still update in one kernel call; groups that differ in another setting
 get an updater of their own and a call of their own (one per run of consecutive groups with
 equal settings). Writing ``group["lr"]`` -- by hand or by a ``torch.optim.lr_scheduler`` --
@@ -19,39 +36,30 @@ that is exactly torch's meaning, and with a paramserver method it rescales its c
 from __future__ import annotations
 
 import glob
+import math
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 
 from ..config import ParamError
 from ..config.job import UpdaterConf
+from ..params import ParamSet
 from ..state import COUNT, UpdaterState
 from ..updaters import Updater, create_updater
 from ._bind import TorchParams, binding_of
+from ._groupkeys import GroupKeys, SingaKeys, hashable
 from ._rules import ParamRule, RulesLike, parse_rules, resolve
-
-#: The updater's top-level settings a param group may override (besides lr, weight_decay).
-_TOP_SETTINGS = ("momentum", "delta", "clip_low", "clip_high")
-
-#: torch.optim group keys, and what to write instead.
-_TORCH_HINTS = {
-    "nesterov": "choose the method in the updater: type: kNesterov",
-    "betas": "use beta1 and beta2 (adam_conf)",
-    "eps": "use delta",
-    "dampening": "SINGA's updaters have no dampening",
-    "alpha": "use rho (rmsprop_conf)",
-    "maximize": "negate the loss",
-}
 
 _CHECKPOINT_KIND = "paramserver.torch.Optimizer"
 
-#: Keys torch itself or its schedulers put into groups; passed over.
-_PASSIVE = ("initial_lr", "param_names", "foreach", "fused", "differentiable", "capturable")
+#: Where the values, gradients and state live and the update runs (see the module docstring).
+Placement = Literal["auto", "host", "offload", "device"]
+_PLACEMENTS = ("auto", "host", "offload", "device")
 
 
 @dataclass
@@ -64,6 +72,19 @@ class _Run:
     lo: int
     hi: int
     state: UpdaterState
+
+
+def _master_problems(masters: Any, pset: ParamSet) -> list[str]:
+    """What is wrong with a state_dict's saved masters (offloading) for these owners."""
+    if not isinstance(masters, Mapping):
+        return ["the saved master is not a mapping of parameter names to tensors"]
+    problems = []
+    for p in pset.owners:
+        m = masters.get(p.name)
+        if not isinstance(m, torch.Tensor) or not m.is_floating_point() or m.numel() != p.size:
+            problems.append(f"the saved master of '{p.name}' is missing or not a floating-point "
+                            f"tensor of {p.size} values")
+    return problems
 
 
 def _step_count(x: Any, where: str) -> int:
@@ -86,6 +107,10 @@ class Optimizer(torch.optim.Optimizer):
             ``wd_scale``, ``init``, ``share_from``): see :func:`paramserver.torch.bind`.
             Tensors bound before (by ``bind``) keep their configuration.
         seed: seed of paramserver's initialisation, for parameters given an ``init``.
+        placement: ``"auto"`` (the default: ``"host"`` for CPU tensors, ``"device"``
+            otherwise), ``"host"``, ``"offload"`` (an fp32 master and the state in host
+            memory for a model on a GPU, in any float dtype) or ``"device"`` (updates on
+            the tensors' device); see the module docstring and ``docs/torch.md``.
 
     Differences from torch.optim, all deliberate:
 
@@ -100,16 +125,28 @@ class Optimizer(torch.optim.Optimizer):
     """
 
     def __init__(self, params: Iterable[Any], updater: UpdaterConf | dict[str, Any] | str
-                 = "type: kSGD", *, param_conf: RulesLike = None, seed: int = 0):
-        self.updater = create_updater(updater)
+                 = "type: kSGD", *, param_conf: RulesLike = None, seed: int = 0,
+                 placement: Placement = "auto", _keys: GroupKeys | None = None,
+                 _lr: float = 0.0, _weight_decay: float = 0.0):
+        if placement not in _PLACEMENTS:
+            raise ParamError(f"placement must be one of {list(_PLACEMENTS)}, not {placement!r}")
+        self.placement = placement
+        if _keys is None:  # paramserver's own: an updater configuration, SINGA's keys
+            self.updater = create_updater(updater)
+            self._keys: GroupKeys = SingaKeys(self.updater.conf, self.updater)
+            lr, lr_scale, wd = self.updater.lr(0), 1.0, self.updater.conf.weight_decay
+        else:  # a torch-style constructor: its keys, a fixed rate of 1 scaled by each lr
+            self._keys = _keys
+            self.updater = create_updater(_keys.conf_for(_keys.defaults()))
+            lr, lr_scale, wd = _lr, _lr, _weight_decay
         self.conf: UpdaterConf = self.updater.conf
         self.step_count = 0
         self._ready = False
         self._explicit_lr: dict[int, bool] = {}
         self._reported: list[float] = []
-        defaults: dict[str, Any] = {"lr": self.updater.lr(0), "lr_scale": 1.0,
-                                    "weight_decay": self.conf.weight_decay}
-        defaults.update(self._conf_settings(self.conf))
+        self.params: Any = None
+        defaults: dict[str, Any] = {"lr": lr, "lr_scale": lr_scale, "weight_decay": wd,
+                                    **self._keys.defaults()}
         super().__init__(params, defaults)
         self._rules = parse_rules(param_conf)
         self._seed = seed
@@ -118,34 +155,23 @@ class Optimizer(torch.optim.Optimizer):
 
     # -- settings ---------------------------------------------------------------------------
 
-    @staticmethod
-    def _conf_settings(conf: UpdaterConf) -> dict[str, Any]:
-        out = {k: getattr(conf, k) for k in _TOP_SETTINGS}
-        own = conf.own
-        if own is not None:
-            out.update({k: getattr(own, k) for k in type(own).fields() if k not in out})
-        return out
-
     @property
     def setting_keys(self) -> tuple[str, ...]:
-        """The updater settings a param group may set besides ``lr`` and ``weight_decay``."""
-        return tuple(self._conf_settings(self.conf))
+        """The settings a param group may set besides ``lr`` and ``weight_decay`` (those
+        that make its updater; derived spellings such as ``betas`` excluded)."""
+        return self._keys.base_keys
 
     def _settings(self, group: Mapping[str, Any]) -> tuple[Any, ...]:
-        return tuple(group[k] for k in self.setting_keys)
+        return tuple(hashable(group[k]) for k in self.setting_keys)
 
     def _updater_for(self, settings: tuple[Any, ...]) -> Updater:
         """An updater with these settings and weight_decay 1 (the groups give it per segment)."""
         cached = self._updaters.get(settings)
         if cached is not None:
             return cached
-        conf = self.conf.copy()
         values = dict(zip(self.setting_keys, settings, strict=True))
         try:
-            conf.update({k: values[k] for k in _TOP_SETTINGS}, allow_unknown=False)
-            if conf.own is not None:
-                conf.own.update({k: v for k, v in values.items() if k not in _TOP_SETTINGS},
-                                allow_unknown=False)
+            conf = self._keys.conf_for(values)
         except ParamError as e:
             raise e.at("param group") from None
         conf.__dict__["weight_decay"] = 1.0
@@ -157,27 +183,21 @@ class Optimizer(torch.optim.Optimizer):
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group (torch's meaning); its keys are checked, and memory is laid out anew."""
-        problems = []
-        allowed = {"params", "lr", "lr_scale", "weight_decay", *self.defaults, *_PASSIVE}
-        for key in param_group:
-            if key not in allowed:
-                hint = _TORCH_HINTS.get(key, "")
-                problems.append(f"param group key '{key}' is not a setting of "
-                                f"{type(self.updater).__name__}"
-                                + (f" ({hint})" if hint else "")
-                                + f"; valid: {sorted(allowed - set(_PASSIVE))}")
+        problems = self._keys.unknown(param_group, "param group")
         if "lr" in param_group and "lr_scale" in param_group:
             problems.append("give a param group 'lr' or 'lr_scale', not both")
         if problems:
             raise ParamError(problems)
         explicit_lr = "lr" in param_group
-        self._add_group(param_group)
-        self._explicit_lr[id(param_group)] = explicit_lr
+        group = self._add_group(param_group)
+        self._explicit_lr[id(group)] = explicit_lr
         if self._ready:
             self._layout(strict=False)
 
-    def _add_group(self, group: dict[str, Any]) -> None:
-        """torch's ``add_param_group`` checks, without its import of torch._dynamo (seconds)."""
+    def _add_group(self, given: dict[str, Any]) -> dict[str, Any]:
+        """torch's ``add_param_group`` checks, without its import of torch._dynamo (seconds);
+        returns the group as kept (its derived keys linked to their base keys)."""
+        group = dict(given)
         params = group["params"]
         if isinstance(params, torch.Tensor):
             params = [params]
@@ -199,8 +219,7 @@ class Optimizer(torch.optim.Optimizer):
             if not (t.is_leaf or t.retains_grad):
                 raise ParamError("can't optimize a non-leaf Tensor")
         group["params"] = params
-        for key, default in self.defaults.items():
-            group.setdefault(key, default)
+        group = self._keys.make_group(group, self.defaults)
         if len({id(t) for t in params}) != len(params):
             raise ParamError("a parameter group holds one parameter twice")
         seen = {id(t) for g in self.param_groups for t in g["params"]}
@@ -209,6 +228,7 @@ class Optimizer(torch.optim.Optimizer):
         if any(("param_names" in g) != ("param_names" in group) for g in self.param_groups):
             raise ParamError("all optimizer param groups should be with/without names")
         self.param_groups.append(group)
+        return group
 
     def _layout(self, strict: bool) -> None:
         """Bind every group's tensors, in group order, to one flat memory; plan the updates."""
@@ -230,14 +250,19 @@ class Optimizer(torch.optim.Optimizer):
         if self._ready:
             old_state = self._export_state()
             self._take_lr_writes(len(self._reported))
+        cls = self._binding_class(tensors)
         bindings = {id(b): b for t in tensors if (b := binding_of(t)) is not None}
         reuse = next(iter(bindings.values())) if len(bindings) == 1 else None
-        if (reuse is not None and not self._rules and len(reuse.tensors) == len(tensors)
+        old = self.params
+        if (reuse is not None and type(reuse) is cls and not self._rules
+                and len(reuse.tensors) == len(tensors)
                 and all(a is b for a, b in zip(reuse.tensors, tensors, strict=True))
                 and reuse.names == [n for n, _ in named]):
             self.params = reuse
         else:
-            self.params = self._bind(named, strict)
+            self.params = self._bind(named, strict, cls, reuse)
+        if old is not None and old is not self.params:
+            old.close()
         tp = self.params
         pset = tp.pset
         group_of = {id(t): gi for gi, g in enumerate(self.param_groups) for t in g["params"]}
@@ -262,7 +287,23 @@ class Optimizer(torch.optim.Optimizer):
         if old_state:
             self._import_state(old_state)
 
-    def _bind(self, named: list[tuple[str, torch.Tensor]], strict: bool) -> TorchParams:
+    def _binding_class(self, tensors: list[torch.Tensor]) -> type:
+        """The binding of the placement asked for (``auto``: by where the tensors are)."""
+        placement = self.placement
+        if placement == "auto":
+            placement = "host" if all(t.device.type == "cpu" for t in tensors) else "device"
+        if placement == "offload":
+            from ._offload import OffloadParams
+
+            return OffloadParams
+        if placement == "device":
+            from ._device import DeviceParams
+
+            return DeviceParams
+        return TorchParams
+
+    def _bind(self, named: list[tuple[str, torch.Tensor]], strict: bool, cls: type,
+              previous: Any) -> Any:
         names = [n for n, _ in named]
         carried: list[ParamRule] = []
         fresh: set[str] = set()
@@ -279,8 +320,11 @@ class Optimizer(torch.optim.Optimizer):
         rules = self._rules if strict else [r for r in self._rules
                                            if any(r.matches(n) for n in names)]
         resolved = resolve(names, [*carried, *rules])
-        return TorchParams(named, resolved.confs, initialise=resolved.initialised & fresh,
-                           seed=self._seed)
+        extra: dict[str, Any] = {}
+        if cls.__name__ == "OffloadParams" and type(previous) is cls:
+            extra["previous"] = previous  # its fp32 masters, not the parameters' copies
+        return cls(named, resolved.confs, initialise=resolved.initialised & fresh,
+                   seed=self._seed, **extra)
 
     def _set_group_lr(self, gi: int, *, explicit: bool = False) -> None:
         """Make group ``gi``'s ``lr`` its rate at the current step (or read it, if given)."""
@@ -309,23 +353,35 @@ class Optimizer(torch.optim.Optimizer):
                 group["lr_scale"] = self._scale_for(group["lr"], rate)
                 self._reported[gi] = group["lr"]
 
-    def _sync_groups(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per-owner lr and wd scales from the groups, taking in writes to ``lr``."""
+    def _check_keys(self) -> None:
+        """Refuse keys written into a group that no setting reads (they would be ignored)."""
+        problems = []
+        for gi, group in enumerate(self.param_groups):
+            problems += self._keys.unknown(group, f"param group {gi}")
+        if problems:
+            raise ParamError(problems)
+
+    def _sync_groups(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per-owner lr and wd scales and gradient signs (torch's ``maximize``) from the
+        groups, taking in writes to ``lr``."""
+        self._check_keys()
         self._take_lr_writes(len(self.param_groups))
         n = len(self.param_groups)
         lr_scale = np.empty(n)
         wd = np.empty(n)
+        sign = np.empty(n)
         problems = []
         for gi, group in enumerate(self.param_groups):
             lr_scale[gi] = float(group["lr_scale"])
             wd[gi] = float(group["weight_decay"])
+            sign[gi] = self._keys.sign(group)
             if not lr_scale[gi] >= 0 or not wd[gi] >= 0:
                 problems.append(f"param group {gi}: lr_scale ({lr_scale[gi]:g}) and "
                                 f"weight_decay ({wd[gi]:g}) must be >= 0")
         if problems:
             raise ParamError(problems)
         return (self._base_lr_scale * lr_scale[self._owner_group],
-                self._base_wd_scale * wd[self._owner_group])
+                self._base_wd_scale * wd[self._owner_group], sign[self._owner_group])
 
     # -- planning the apply calls -----------------------------------------------------------
 
@@ -342,6 +398,7 @@ class Optimizer(torch.optim.Optimizer):
         for u in dict.fromkeys(updaters):
             u.check_dtype(pset.dtype)
             self._state = self._state.with_roles(u.roles)
+        self.params.ensure_state(self._state)
         runs: list[_Run] = []
         offsets = pset.offsets
         i, n = 0, len(pset.owners)
@@ -364,15 +421,19 @@ class Optimizer(torch.optim.Optimizer):
 
     def _tensors(self, k: int, copy: bool) -> dict[str, torch.Tensor]:
         """Owner ``k``'s state as tensors: per-element roles shaped like the parameter, the
-        update count a number."""
+        update count a number. Copies come from the host state (see :meth:`state_dict`);
+        views from where the state lives (a device's buffers for ``placement="device"``)."""
         t = self._owner_tensors[k]
+        offsets = self.params.pset.offsets
+        lo, hi = int(offsets[k]), int(offsets[k + 1])
         out = {}
         for role, arr in self._state.segment(k).items():
             a = arr.copy() if copy else arr
             if role == COUNT:
                 out[role] = torch.tensor(int(a[0])) if copy else torch.from_numpy(a)
             elif self._state.role(role).per == "element":
-                out[role] = torch.from_numpy(a).view(t.shape)
+                out[role] = (torch.from_numpy(a) if copy else
+                             self.params.state_view(self._state, role, lo, hi)).view(t.shape)
             else:
                 out[role] = torch.from_numpy(a)
         return out
@@ -391,18 +452,25 @@ class Optimizer(torch.optim.Optimizer):
         idle = [m or not t.requires_grad for m, t in zip(missing, tp.tensors, strict=True)]
         skip = ([all(idle[t] for t in share) for share in self._share_group] if any(idle)
                 else self._no_skip)
-        lr_scale, wd = self._sync_groups()
+        lr_scale, wd, sign = self._sync_groups()
         self._plan(skip)
         pset = tp.pset
         grads = tp.owner_grads()
+        gscale = self._grad_scale * sign
         try:
+            norm = None
+            if any(run.updater.conf.clip_norm > 0 for run in self._runs):
+                # clip_norm: the norm of every gradient of the optimizer, all runs together
+                norm = math.sqrt(sum(
+                    tp.sum_squares(run.updater, grads, run.a, run.b, run.state,
+                                   gscale[run.a:run.b]) for run in self._runs))
             for run in self._runs:
                 a, b = run.a, run.b
-                run.updater.apply(self.step_count, pset.values[run.lo:run.hi],
-                                  grads[run.lo:run.hi], run.state, lr_scale[a:b], wd[a:b],
-                                  self._grad_scale[a:b])
+                tp.update(run.updater, self.step_count, grads, a, b, run.state,
+                          lr_scale[a:b], wd[a:b], gscale[a:b], norm)
         finally:
             tp.restore_grads()
+        tp.finish()
         for k, p in enumerate(pset.owners):
             if not skip[k]:
                 p.version += 1
@@ -412,12 +480,13 @@ class Optimizer(torch.optim.Optimizer):
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Zero every gradient in place, in one pass; ``set_to_none`` is not followed.
+        """Zero every gradient in place, in one pass; ``set_to_none`` is not followed
+        (but for ``placement="offload"``, whose gradients are the module's own).
 
         Keeping ``.grad`` as views of the flat buffer is what lets autograd write straight
         into paramserver's memory.
         """
-        self.params.zero_grad()
+        self.params.zero_grad(set_to_none)
 
     @property
     def lr(self) -> float:
@@ -439,6 +508,7 @@ class Optimizer(torch.optim.Optimizer):
 
     def _export_state(self) -> dict[int, UpdaterState]:
         """Each owner's state (copies), by tensor id."""
+        self.params.to_host(self._state, values=False)
         return {id(t): self._state.segments(k, k + 1).copy()
                 for k, t in enumerate(self._owner_tensors)}
 
@@ -452,6 +522,7 @@ class Optimizer(torch.optim.Optimizer):
             for role in old.names:
                 if role in mine and old[role].size == mine[role].size:
                     mine[role][...] = old[role]
+        self.params.from_host(self._state, values=False)
 
     @property
     def _names(self) -> list[str]:
@@ -467,8 +538,11 @@ class Optimizer(torch.optim.Optimizer):
         parameter names.
         """
         # A scheduler's (or the user's) write to group["lr"] since the last step is taken
-        # in now, so that the saved lr_scale is the one the next step would use.
+        # in now, so that the saved lr_scale is the one the next step would use; so are
+        # writes to other keys (refused when no setting reads them).
+        self._check_keys()
         self._take_lr_writes(len(self.param_groups))
+        self.params.to_host(self._state, values=False)
         index = {id(t): k for k, _, t in self._indexed()}
         state = {index[id(t)]: self._tensors(k, copy=True)
                  for k, t in enumerate(self._owner_tensors)}
@@ -477,9 +551,14 @@ class Optimizer(torch.optim.Optimizer):
             g = {k: v for k, v in group.items() if k != "params"}
             g["params"] = [index[id(t)] for t in group["params"]]
             groups.append(g)
-        return {"state": state, "param_groups": groups,
-                "paramserver": {"step": self.step_count, "updater": self.conf.to_dict(),
-                                "names": [n for _, n, _ in self._indexed()]}}
+        meta: dict[str, Any] = {"step": self.step_count, "updater": self.conf.to_dict(),
+                                "names": [n for _, n, _ in self._indexed()]}
+        if self.params.lossy:
+            # The parameters show the values at a lower precision than the master holds
+            # them: the master goes with the state, or a resumed run would not be this run.
+            meta["master"] = {p.name: torch.from_numpy(p.data.copy())
+                              for p in self.params.pset.owners}
+        return {"state": state, "param_groups": groups, "paramserver": meta}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict`'s output; checked whole before anything changes."""
@@ -525,6 +604,9 @@ class Optimizer(torch.optim.Optimizer):
                  for r in self._updater_for(self._settings(g)).roles}
         target = self._state.with_roles(roles)
         problems += target.problems(arrays, names)
+        masters = meta.get("master") if self.params.lossy else None
+        if masters is not None:
+            problems += _master_problems(masters, self.params.pset)
         if problems:
             raise ParamError(problems)
         for group, saved in zip(self.param_groups, saved_groups, strict=True):
@@ -542,6 +624,10 @@ class Optimizer(torch.optim.Optimizer):
         self._plan_key = None
         self._plan([False] * len(self.params.pset.owners))
         self._state.load(arrays, names)
+        if masters is not None:
+            for p in self.params.pset.owners:
+                p.data[...] = masters[p.name].detach().cpu().reshape(p.shape).numpy()
+        self.params.from_host(self._state, values=masters is not None)
 
     # -- paramserver checkpoints ------------------------------------------------------------
 
@@ -557,11 +643,14 @@ class Optimizer(torch.optim.Optimizer):
         sd = self.state_dict()
         names = sd["paramserver"]["names"]
         pset = self.params.pset
+        self.params.to_host(self._state, values=True)
         arrays: dict[str, np.ndarray] = {f"param/{p.name}": p.data for p in pset.owners}
         for idx, entry in sd["state"].items():
             for role, t in entry.items():
                 arrays[f"state/{names[idx]}/{role}"] = t.numpy()
-        meta = {"kind": _CHECKPOINT_KIND, **sd["paramserver"],
+        # the master is the checkpoint's values (param/<name>), not its metadata
+        meta = {"kind": _CHECKPOINT_KIND,
+                **{k: v for k, v in sd["paramserver"].items() if k != "master"},
                 "param_groups": sd["param_groups"],
                 "versions": {p.name: p.version for p in pset.owners},
                 TABLE: param_table(pset)}  # names and shapes, for paramserver export
@@ -615,6 +704,7 @@ class Optimizer(torch.optim.Optimizer):
         for p in pset.owners:
             p.data[...] = arrays[f"param/{p.name}"]
             p.version = int(versions.get(p.name, 0))
+        self.params.from_host(self._state, values=True)
 
     def __repr__(self) -> str:
         return f"paramserver.torch.Optimizer({self.updater!r}, {self.params!r})"

@@ -238,7 +238,8 @@ class Net:
                 conf = pc.copy()
                 conf.__dict__["name"] = name
                 out.append(ParamSpec(name, tuple(shape), conf,
-                                     f"layer '{layer.conf.name}', param {i}"))
+                                     f"layer '{layer.conf.name}', param {i}",
+                                     whole is layer and i in layer.row_sparse_params))
             net.specs[layer.name] = out
         return net
 
@@ -609,12 +610,14 @@ class Weights:
         self.device = device
         self.host: dict[str, Any] = {}
         self.dev: dict[str, Any] = {}
+        self.tables: dict[str, Any] = {}
         if pset is None or not len(pset):
             return
         torch = require_torch()
         from ..tensors import param_tensors
 
         self.host = dict(param_tensors(pset))
+        self.tables = {t.name: t for t in pset.tables}  # rows by id: the layers read them
         if device is not None and torch.device(device).type != "cpu":
             for n, t in self.host.items():
                 d = torch.nn.Parameter(t.detach().to(device))
@@ -622,6 +625,8 @@ class Weights:
                 self.dev[n] = d
 
     def __getitem__(self, name: str) -> Any:
+        if name in self.tables:
+            return self.tables[name]
         return self.dev.get(name) if self.dev else self.host[name]
 
     def to_device(self) -> None:

@@ -175,9 +175,9 @@ class Trainer:
             if spec.name in frozen and spec.conf.share_from is None:
                 conf = spec.conf.copy()
                 conf.__dict__.update(lr_scale=0.0, wd_scale=0.0)
-                spec = type(spec)(spec.name, spec.shape, conf, spec.place)
+                spec = type(spec)(spec.name, spec.shape, conf, spec.place, spec.row_sparse)
             specs.append(spec)
-        params = ParamSet(specs)
+        params = ParamSet(specs, tables=True)  # an embedding's table: rows by id (SPEC §10)
         init_params(params, self.job.seed)
         loaded = singa_checkpoints.load_checkpoints(params, job.checkpoint_path)
         self._base_versions = {

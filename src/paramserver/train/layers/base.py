@@ -135,6 +135,11 @@ class Layer:
     is_loss: ClassVar[bool] = False
     #: Whether the layer may read a layer written after it (RBMVis reads RBMHid, kCD).
     reads_later: ClassVar[bool] = False
+    #: The Params (by position) the layer reads and trains by rows (an embedding's table):
+    #: in a training job they are row-sparse tables (SPEC §10) that workers pull and push
+    #: by row id, and the layer's weight is then the :class:`~paramserver.params.TableParam`
+    #: itself, not a tensor.
+    row_sparse_params: ClassVar[tuple[int, ...]] = ()
 
     def __init__(self, conf: LayerConf, srcs: Sequence[Layer] = (), *, dtype: Any = np.float32,
                  seed: int = 0, base_dir: str | os.PathLike[str] | None = None):

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ...config.job import LayerConf, ParamConf
+from ...params import TableParam
 from ...singa.confs import (
     ActivationConf,
     DropoutConf,
@@ -287,9 +288,14 @@ class EmbeddingLayer(Layer):
 
     Param: the table, shape ``(vocab_size, feature_dim)``; default init kGaussian (std 1).
     Gradients of repeated ids add up; the ids get none.
+
+    In a training job the table is row-sparse (SPEC §10): a worker pulls the rows of its
+    batch's ids from the servers and pushes their gradient as rows by id; it never holds
+    the table, and the servers update only those rows (lazily, for stateful updaters).
     """
 
     Config = EmbeddingConf
+    row_sparse_params = (0,)
 
     def setup(self) -> None:
         super().setup()
@@ -315,7 +321,14 @@ class EmbeddingLayer(Layer):
         return ParamConf.parse({"init": {"type": "kGaussian"}})
 
     def compute(self, ids: Any) -> Any:
-        return self.weights[0][ids]
+        table = self.weights[0]
+        if not isinstance(table, TableParam):
+            return table[ids]
+        torch = require_torch()  # a table's rows by id, from where it is held
+        unique, at = np.unique(ids.reshape(-1).cpu().numpy(), return_inverse=True)
+        rows = torch.from_numpy(table.rows(unique)).to(ids.device)
+        self._rows = (unique, torch.from_numpy(at.reshape(-1)).to(ids.device))
+        return rows[self._rows[1]].reshape(*ids.shape, table.dim)
 
     def forward(self, phase: str, rng: np.random.Generator | None) -> None:
         ids = self.srcs[0].data
@@ -325,6 +338,13 @@ class EmbeddingLayer(Layer):
         self.data = self.compute(ids)
 
     def backward(self) -> None:
+        if isinstance(self.weights[0], TableParam):
+            table = self.weights[0]
+            unique, at = self._rows
+            g = self.grad.new_zeros((len(unique), table.dim))
+            g.index_add_(0, at, self.grad.reshape(-1, table.dim))
+            table.add_grad_rows(unique, g.cpu().numpy())
+            return
         table = self.weights[0].grad
         ids = self.srcs[0].data.reshape(-1)
         table.index_add_(0, ids, self.grad.reshape(-1, table.shape[1]))

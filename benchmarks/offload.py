@@ -1,0 +1,224 @@
+"""Offloading: the host's Adam step of a 100M-parameter model, and (with a GPU) the
+offloaded training step.
+
+CPU part (runs anywhere). The step that an offloading optimizer runs on the host -- Adam over
+fp32 master values, gradients and two moments in host memory -- for a model of ~100M
+parameters (24 tensors of 2048x2048 and their biases), by:
+
+- ``paramserver``: ``paramserver.torch.Adam`` with the values and the state in paramserver's
+  flat buffers (one fused numba kernel over all of them);
+- ``deepspeed``: DeepSpeed's ``DeepSpeedCPUAdam`` (ZeRO-Offload's CPU Adam, AVX C++), when
+  DeepSpeed is installed and its op builds (``pip install deepspeed``; the first build
+  takes a minute or two);
+- ``torch fused``: ``torch.optim.Adam(fused=True)`` on the CPU, always.
+
+Each contender has its own copy of the parameters with the same gradients, and steps in
+turn, round by round (the order rotating), so that machine noise falls on all alike. The
+table gives min / median / max per contender and the ratio of each baseline's median to
+paramserver's (the target is >= 1.0 against DeepSpeed's CPU Adam, or torch's fused Adam
+where DeepSpeed is not installed); the load average is printed before and after.
+
+GPU part (with CUDA only): a small transformer-like stack of Linear layers in bfloat16
+trained with ``paramserver.torch.Adam(placement="offload")`` against the same model trained
+fully on the GPU with ``torch.optim.Adam(fused=True)`` (fp32 parameters under bf16
+autocast): training-step time, forward and backward included.
+
+    python benchmarks/offload.py [--rounds 7] [--params 100] [--no-deepspeed] [--gpu-only]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import paramserver.torch as pst
+
+WIDTH = 2048
+
+
+def free_memory() -> int | None:
+    """Bytes of memory available now (Linux), or None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def make_params(millions: float) -> list[torch.Tensor]:
+    """Weights of WIDTH x WIDTH and their biases, ~``millions`` million values in all, with
+    gradients (random, once: a step's cost does not depend on where they come from)."""
+    n = max(1, round(millions * 1e6 / (WIDTH * WIDTH + WIDTH)))
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for _ in range(n):
+        for shape in ((WIDTH, WIDTH), (WIDTH,)):
+            p = torch.nn.Parameter(torch.randn(shape, generator=g) * 0.02)
+            p.grad = torch.randn(shape, generator=g) * 1e-3
+            out.append(p)
+    return out
+
+
+def copy_params(params: list[torch.Tensor]) -> list[torch.Tensor]:
+    out = []
+    for p in params:
+        q = torch.nn.Parameter(p.detach().clone())
+        q.grad = p.grad.clone()
+        out.append(q)
+    return out
+
+
+def deepspeed_adam(params: list[torch.Tensor]) -> Any:
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    return DeepSpeedCPUAdam(params, lr=1e-3, adamw_mode=False)
+
+
+def summary(times: list[float]) -> str:
+    return (f"{min(times) * 1e3:8.1f} {statistics.median(times) * 1e3:8.1f} "
+            f"{max(times) * 1e3:8.1f}")
+
+
+def cpu_part(args: argparse.Namespace) -> None:
+    base = make_params(args.params)
+    n = sum(p.numel() for p in base)
+    per = n * 4 * 4  # values, gradients, two moments, float32
+    contenders: dict[str, Callable[[], Any]] = {}
+    available = free_memory()
+    wanted = 3 if not args.no_deepspeed else 2
+    if available is not None and per * (wanted + 1) > available:
+        print(f"only {available / 2**30:.1f} GiB free for {wanted} contenders of "
+              f"{per / 2**30:.1f} GiB each: fewer contenders")
+    ours = copy_params(base)
+    opt = pst.Adam(ours, lr=1e-3)  # host placement: paramserver's flat buffers
+    for p, q in zip(ours, base, strict=True):
+        p.grad.copy_(q.grad)  # .grad views paramserver's gradient buffer
+    contenders["paramserver"] = opt.step
+    baseline = "torch fused"
+    if not args.no_deepspeed and (available is None or per * 3 < available):
+        try:
+            t = time.perf_counter()
+            ds = deepspeed_adam(copy_params(base))
+            print(f"DeepSpeed's CPU Adam ready in {time.perf_counter() - t:.1f} s")
+            contenders["deepspeed"] = ds.step
+            baseline = "deepspeed"
+        except Exception as e:  # not installed, or its op does not build here
+            print(f"DeepSpeed's CPU Adam unavailable ({type(e).__name__}: {e}); torch's "
+                  "fused CPU Adam is the baseline")
+    if available is None or per * (len(contenders) + 1) < available:
+        contenders["torch fused"] = torch.optim.Adam(copy_params(base), lr=1e-3,
+                                                     fused=True).step
+    del base
+    import numba
+
+    print(f"{n / 1e6:.1f}M float32 parameters in {len(ours)} tensors; torch "
+          f"{torch.__version__} with {torch.get_num_threads()} threads, numba with "
+          f"{numba.get_num_threads()} threads, {os.cpu_count()} CPUs; load average before "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    names = list(contenders)
+    times: dict[str, list[float]] = {k: [] for k in names}
+    for step in contenders.values():  # warm-up: compile, touch the state
+        step()
+    for r in range(args.rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for k in order:
+            t = time.perf_counter()
+            contenders[k]()
+            times[k].append(time.perf_counter() - t)
+    print(f"Adam step, {args.rounds} rounds, interleaved; ms:")
+    print(f"{'contender':<14} {'min':>8} {'median':>8} {'max':>8}   median / paramserver's")
+    ours_med = statistics.median(times["paramserver"])
+    for k in names:
+        print(f"{k:<14} {summary(times[k])}   {statistics.median(times[k]) / ours_med:.2f}x")
+    print(f"load average after {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    ratio = statistics.median(times[baseline]) / ours_med
+    print(f"target: {baseline} / paramserver >= 1.0: {ratio:.2f} "
+          f"({'met' if ratio >= 1.0 else 'NOT met'})")
+
+
+class Block(torch.nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.up = torch.nn.Linear(width, 4 * width)
+        self.down = torch.nn.Linear(4 * width, width)
+        self.norm = torch.nn.LayerNorm(width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+
+def gpu_part(args: argparse.Namespace) -> None:
+    if not torch.cuda.is_available():
+        print("GPU part: no CUDA device, skipped")
+        return
+    width, depth, batch = 1024, max(1, round(args.params / 8.4)), 16
+    torch.manual_seed(0)
+    x = torch.randn(batch, 256, width, device="cuda")
+
+    def model() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(*[Block(width) for _ in range(depth)]).cuda()
+
+    offloaded = model().to(torch.bfloat16)
+    opt_off = pst.Adam(offloaded.parameters(), lr=1e-4, placement="offload")
+    resident = model()
+    opt_gpu = torch.optim.Adam(resident.parameters(), lr=1e-4, fused=True)
+
+    def step_off() -> None:
+        opt_off.zero_grad()
+        offloaded(x.bfloat16()).float().pow(2).mean().backward()
+        opt_off.step()
+        torch.cuda.synchronize()
+
+    def step_gpu() -> None:
+        opt_gpu.zero_grad()
+        with torch.autocast("cuda", torch.bfloat16):
+            loss = resident(x).float().pow(2).mean()
+        loss.backward()
+        opt_gpu.step()
+        torch.cuda.synchronize()
+
+    steps = {"offload (bf16, fp32 master on host)": step_off,
+             "all on the GPU (fused Adam)": step_gpu}
+    times: dict[str, list[float]] = {k: [] for k in steps}
+    for s in steps.values():
+        s()
+    for r in range(args.rounds):
+        for k in (list(steps) if r % 2 == 0 else list(reversed(steps))):
+            t = time.perf_counter()
+            steps[k]()
+            times[k].append(time.perf_counter() - t)
+    n = sum(p.numel() for p in resident.parameters())
+    print(f"GPU part: {n / 1e6:.1f}M parameters, {torch.cuda.get_device_name()}; training "
+          f"step, ms (min median max):")
+    for k, v in times.items():
+        print(f"  {k:<38} {summary(v)}")
+    off, gpu = (statistics.median(v) for v in times.values())
+    print(f"  offloaded / on the GPU: {off / gpu:.2f}x")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=7, help="timed rounds (default 7, at least 5)")
+    ap.add_argument("--params", type=float, default=100.0, help="millions of parameters "
+                    "(default 100)")
+    ap.add_argument("--no-deepspeed", action="store_true", help="do not try DeepSpeed")
+    ap.add_argument("--gpu-only", action="store_true", help="only the GPU part")
+    args = ap.parse_args()
+    args.rounds = max(5, args.rounds)
+    if not args.gpu_only:
+        cpu_part(args)
+    gpu_part(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,427 @@
+"""The servers of a key-value store (SPEC §10): keys placed on servers, one Server per piece.
+
+A key's value is placed on the servers by :func:`plan_key`, the same in every client (a pure
+function of the key, its shape and the number of servers):
+
+- a small value (fewer than ``bound`` values) lies whole on the key's *home* server
+  (``key % num_servers`` for an int key, a CRC-32 of the name for a str key): small keys are
+  spread over the servers;
+- a large one is cut with SINGA's slicing (:func:`~.slicing.compute_slices`,
+  :func:`~.slicing.partition_slices`) into one piece per server it lands on; a row-sparse
+  table is cut at row boundaries (its rows are sliced, not its values).
+
+A :class:`KeyServer` is one server of the store: for every piece it holds, a
+:class:`~paramserver.cluster.server.Server` of one segment, so that each key has the
+server's whole vocabulary of its own — rounds of a worker group's pushes (the sum of a
+synchronous step's, or every push at once between asynchronous workers), a clock per worker
+group (bounded staleness per key), versions, row-sparse pushes and pulls, its updater state
+and its checks of non-finite gradients. It adds what keys need:
+
+- :class:`~.messages.KeyInit`: a key's piece (rank 0's value, or a fill made here) and, on
+  its home server, its description — a second init of a key is refused there;
+- :class:`~.messages.Describe`: a key's description, answered once the key is initialised;
+- :class:`~.messages.Keyed`: a request for one key's piece; one that comes before the key
+  waits for it (the other workers' pushes and pulls may come before rank 0's init);
+- :class:`~.messages.SetUpdater`: every key's update method (none: a push replaces the
+  values by the sum of the step's gradients);
+- :class:`~.messages.Barrier`: every live worker meets.
+
+It answers the driver's requests of a run (put, get, leave, state) as a server holding no
+range does, so that a :class:`~paramserver.cluster.driver.Driver` runs the store's workers as
+it runs a cluster's.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..config import ParamError
+from ..config.job import ClusterConf, UpdaterConf
+from ..state import UpdaterState
+from ..updaters import Updater, create_updater
+from .errors import ClusterError
+from .layout import ServerLayout
+from .messages import (
+    Ack,
+    Barrier,
+    Describe,
+    ErrorReply,
+    Flush,
+    Get,
+    GetState,
+    Keyed,
+    KeyInfo,
+    KeyInit,
+    Leave,
+    Put,
+    Reply,
+    Request,
+    SetUpdater,
+    State,
+    Values,
+)
+from .server import Server, server_name
+from .slicing import compute_slices, partition_slices
+from .transport import ReplyFn
+
+#: Values below which a key lies whole on one server (MXNet's bigarray bound).
+BOUND = 1_000_000
+
+
+# -- placement ---------------------------------------------------------------------------------
+
+def key_name(key: Any) -> tuple[str, bool]:
+    """A key's name and whether it is an int key; refuses other types."""
+    if isinstance(key, (bool, np.bool_)) or not isinstance(key, (int, np.integer, str)):
+        raise ParamError(f"a key must be an int or a str, not {type(key).__name__} "
+                         f"({key!r})")
+    if isinstance(key, str):
+        if not key:
+            raise ParamError("a key must not be the empty string")
+        return key, False
+    if key < 0:
+        raise ParamError(f"an int key must be >= 0, not {key}")
+    return str(int(key)), True
+
+
+def home_of(name: str, int_key: bool, num_servers: int) -> int:
+    """The server that keeps a key's description (and a small key's value)."""
+    n = int(name) if int_key else zlib.crc32(name.encode("utf-8"))
+    return n % num_servers
+
+
+def row_dim(shape: tuple[int, ...]) -> int:
+    """Values per row of a table of ``shape`` (rows are the first dimension)."""
+    return int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
+
+
+def plan_key(name: str, int_key: bool, shape: tuple[int, ...], row_sparse: bool,
+             num_servers: int, bound: int = BOUND) -> list[tuple[int, int, int]]:
+    """Where a key's value lies: ``(server, lo, hi)`` per piece, in order; ``lo:hi`` are rows
+    of a table, values of a dense key."""
+    size = int(np.prod(shape, dtype=np.int64))
+    units = int(shape[0]) if row_sparse and shape else size
+    home = home_of(name, int_key, num_servers)
+    if size < bound or num_servers == 1 or units <= 1:
+        return [(home, 0, units)]
+    pieces = compute_slices([units], num_servers)[0]
+    where = partition_slices(pieces, num_servers)
+    out: list[tuple[int, int, int]] = []
+    lo = 0
+    for size_, server in zip(pieces, where, strict=True):
+        if out and out[-1][0] == server:
+            out[-1] = (server, out[-1][1], lo + size_)
+        else:
+            out.append((server, lo, lo + size_))
+        lo += size_
+    return out
+
+
+def piece_layout(index: int, name: str, shape: tuple[int, ...], dtype: Any,
+                 row_sparse: bool, lo: int, hi: int) -> ServerLayout:
+    """The layout of a key's piece on server ``index``: one segment (a table's rows
+    ``lo:hi``, or values ``lo:hi``), one slice."""
+    dim = row_dim(shape) if row_sparse else 0
+    size = (hi - lo) * (dim or 1)
+    one = np.zeros(1, np.int64)
+    return ServerLayout(index=index, start=0, stop=size, slice_ids=one.copy(),
+                        slice_offsets=np.array([0, size], np.int64), slice_owners=one.copy(),
+                        offsets=np.array([0, size], np.int64), owners=one.copy(),
+                        names=(name,), lr_scale=np.ones(1), wd_scale=np.ones(1),
+                        dtype=np.dtype(dtype), row_dims=np.array([dim], np.int64),
+                        first_rows=np.array([lo if row_sparse else 0], np.int64))
+
+
+def empty_layout(index: int, dtype: Any = np.float32) -> ServerLayout:
+    """A range of nothing: what a key server shows the driver of a run."""
+    none = np.zeros(0, np.int64)
+    return ServerLayout(index=index, start=0, stop=0, slice_ids=none, slice_offsets=np.zeros(
+        1, np.int64), slice_owners=none, offsets=np.zeros(1, np.int64), owners=none, names=(),
+        lr_scale=np.zeros(0), wd_scale=np.zeros(0), dtype=np.dtype(dtype))
+
+
+# -- no update method ---------------------------------------------------------------------------
+
+class Replace(Updater):
+    """No update method: a step's (summed) gradient becomes the values, as MXNet's KVStore
+    does without an optimizer. Its configuration is the default one; it keeps no state."""
+
+    def __init__(self) -> None:
+        super().__init__(UpdaterConf())
+
+    def _run(self, w: np.ndarray, g: np.ndarray, state: UpdaterState, lr: np.ndarray,
+             wd: np.ndarray, gscale: np.ndarray, check: bool = False,
+             bf16_values: np.ndarray | None = None) -> int:
+        # bf16_values: never given (its configuration keeps float32 values, no master copy)
+        nonfinite = int(g.size - np.count_nonzero(np.isfinite(g)))
+        if check and nonfinite:
+            return nonfinite
+        off = state.offsets
+        for i in range(state.num_segments):
+            np.multiply(g[off[i]:off[i + 1]], w.dtype.type(gscale[i]), out=w[off[i]:off[i + 1]])
+        return nonfinite
+
+    def _run_rows(self, w: np.ndarray, g: np.ndarray, ids: np.ndarray, dim: int,
+                  state: UpdaterState, lr: float, wd: float, gscale: float,
+                  check: bool = False) -> int:
+        nonfinite = int(g.size - np.count_nonzero(np.isfinite(g)))
+        if check and nonfinite:
+            return nonfinite
+        w.reshape(-1, dim)[ids] = g.reshape(-1, dim) * w.dtype.type(gscale)
+        return nonfinite
+
+
+def updater_text(updater: Updater | None) -> str:
+    """The JSON of an updater's configuration ("" for none)."""
+    return "" if updater is None or isinstance(updater, Replace) else updater.conf.to_json()
+
+
+def make_updater(text: str) -> Updater:
+    """The updater of a :class:`~.messages.SetUpdater` (its JSON; "" for none)."""
+    return create_updater(json.loads(text)) if text else Replace()
+
+
+def fill_piece(fill: str, name: str, shape: tuple[int, ...], out: np.ndarray, offset: int,
+               seed: int) -> None:
+    """Fill ``out``, the values ``offset:offset + out.size`` of a key, as the init method
+    ``fill`` (JSON) fills the whole key (element ``i`` a function of the seed, the name, i)."""
+    from ..init import create_param_generator, fill_range
+
+    fill_range(create_param_generator(json.loads(fill)), name, shape, out, offset, seed)
+
+
+# -- the server ---------------------------------------------------------------------------------
+
+class KeyServer:
+    """Server ``index`` of a key-value store; see the module docstring.
+
+    Args:
+        index: its index among the store's servers.
+        conf: the store's cluster configuration (workers, groups, timeout, staleness).
+        updater: the update method's JSON ("" for none).
+    """
+
+    def __init__(self, index: int, conf: ClusterConf, updater: str = ""):
+        self.index = index
+        self.conf = conf
+        self.name = server_name(index, 0, 1)
+        self.layout = empty_layout(index)
+        self._updater_text = updater
+        self._updater = make_updater(updater)
+        self._keys: dict[str, Server] = {}
+        self._meta: dict[str, KeyInfo] = {}
+        self._waiting: dict[str, list[tuple[Request, ReplyFn]]] = {}
+        self._gone: dict[tuple[int, int], int] = {}
+        self._barriers: dict[int, tuple[set[tuple[int, int]], list[ReplyFn]]] = {}
+        self._aborted: str | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def keys(self) -> dict[str, Server]:
+        """The servers of the pieces held, by key name."""
+        return dict(self._keys)
+
+    def connect(self, send: Callable[..., Any]) -> None:
+        """(Server groups are not a key-value store's: nothing to connect.)"""
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def handle(self, request: Request, reply: ReplyFn) -> None:
+        """Handle one request; ``reply`` is called once, now or later."""
+        out: list[tuple[ReplyFn, Reply]] = []
+        forward: list[tuple[Server, Request, ReplyFn]] = []
+        with self._lock:
+            try:
+                out = self._dispatch(request, reply, forward)
+            except (ClusterError, ParamError) as e:
+                out = [(reply, ErrorReply(f"{self.name}: {e}"))]
+            except Exception as e:
+                out = [(reply, ErrorReply(f"{self.name}: {type(request).__name__} failed: "
+                                          f"{type(e).__name__}: {e}"))]
+        for fn, answer in out:  # outside the lock: a reply may run the caller's code
+            fn(answer)
+        for server, inner, fn in forward:  # a key's own server, with its own lock
+            server.handle(inner, fn)
+
+    def _dispatch(self, request: Request, reply: ReplyFn,
+                  forward: list[tuple[Server, Request, ReplyFn]]
+                  ) -> list[tuple[ReplyFn, Reply]]:
+        if isinstance(request, Keyed):
+            if self._aborted is not None:
+                return [(reply, ErrorReply(self._aborted))]
+            server = self._keys.get(request.key)
+            if server is None:
+                self._waiting.setdefault(request.key, []).append((request, reply))
+            else:
+                forward.append((server, request.request, reply))
+            return []
+        if isinstance(request, Describe):
+            if self._aborted is not None:
+                return [(reply, ErrorReply(self._aborted))]
+            info = self._meta.get(request.key)
+            if info is None and not request.wait:
+                raise ClusterError(f"key '{request.key}' is not initialised (init it first)")
+            if info is None:
+                self._waiting.setdefault(request.key, []).append((request, reply))
+                return []
+            return [(reply, info)]
+        if isinstance(request, KeyInit):
+            return self._init(request, reply, forward)
+        if isinstance(request, SetUpdater):
+            if request.updater != self._updater_text:
+                updater = make_updater(request.updater)
+                for server in self._keys.values():
+                    server.set_updater(updater)
+                self._updater, self._updater_text = updater, request.updater
+            return [(reply, Ack())]
+        if isinstance(request, Barrier):
+            return self._barrier(request, reply)
+        if isinstance(request, Leave):
+            self._gone[(request.group, request.worker)] = request.step
+            for server in self._keys.values():
+                forward.append((server, request, _ignore))
+            return [(reply, Ack()), *self._ready_barriers()]
+        if isinstance(request, Put):  # a run begins: every worker is live, nothing waits
+            self._gone.clear()
+            self._aborted = None
+            out: list[tuple[ReplyFn, Reply]] = [(reply, Ack())]
+            for server in self._keys.values():
+                out += server.revive()
+            return out
+        if isinstance(request, Get):  # the driver's: no range
+            return [(reply, Values(np.zeros(0, np.float32), np.zeros(0, np.int64)))]
+        if isinstance(request, GetState):  # the driver's (no range), and a list of keys
+            arrays = {"versions": np.zeros(0, np.int64),
+                      "updater": np.frombuffer(self._updater_text.encode(), np.uint8).copy()}
+            arrays.update((f"key/{name}", np.array(info.shape, np.int64))
+                          for name, info in self._meta.items())
+            return [(reply, State(arrays))]
+        if isinstance(request, Flush):
+            return [(reply, Ack())]
+        raise ClusterError(f"a key-value store's server does not take a "
+                           f"{type(request).__name__}")
+
+    def _init(self, msg: KeyInit, reply: ReplyFn, forward: list[tuple[Server, Request, ReplyFn]]
+              ) -> list[tuple[ReplyFn, Reply]]:
+        shape = tuple(int(x) for x in msg.shape)
+        info = KeyInfo(msg.key, shape, str(np.dtype(msg.dtype)), bool(msg.row_sparse),
+                       bool(msg.int_key))
+        if msg.home and msg.key in self._meta:
+            raise ClusterError(f"key '{msg.key}' is initialised already (a second init of a "
+                               "key is an error)")
+        if msg.piece is not None and msg.key in self._keys:
+            raise ClusterError(f"key '{msg.key}' has a piece here already (a second init)")
+        server = None
+        if msg.piece is not None:
+            lo, hi = (int(x) for x in msg.piece)
+            layout = piece_layout(self.index, msg.key, shape, msg.dtype, msg.row_sparse, lo, hi)
+            values = self._values(msg, layout, lo)
+            server = Server(layout, self._updater, self.conf, 0, None, average=False)
+            server.handle(Put(values, np.ones(1, np.int64), 0), _ignore)
+            for (g, w), step in sorted(self._gone.items()):
+                server.handle(Leave(g, w, step), _ignore)
+        if msg.home:
+            self._meta[msg.key] = info
+        if server is not None:
+            self._keys[msg.key] = server
+        out: list[tuple[ReplyFn, Reply]] = [(reply, Ack())]
+        still = []
+        for request, fn in self._waiting.pop(msg.key, []):
+            if isinstance(request, Describe) and msg.key in self._meta:
+                out.append((fn, self._meta[msg.key]))
+            elif isinstance(request, Keyed) and server is not None:
+                forward.append((server, request.request, fn))
+            else:
+                still.append((request, fn))
+        if still:
+            self._waiting[msg.key] = still
+        return out
+
+    def _values(self, msg: KeyInit, layout: ServerLayout, lo: int) -> np.ndarray:
+        size, dtype = layout.size, layout.dtype
+        if msg.values is not None:
+            values = np.asarray(msg.values)
+            if values.dtype != dtype or values.size != size:
+                raise ClusterError(f"init of key '{msg.key}': {values.size} {values.dtype} "
+                                   f"values for a piece of {size} {dtype}")
+            values = values.reshape(-1)
+            return values if values.flags.writeable else values.copy()
+        values = np.empty(size, dtype)
+        if not msg.fill:
+            raise ClusterError(f"init of key '{msg.key}' without values or a fill")
+        offset = lo * int(layout.dims[0] or 1)
+        fill_piece(msg.fill, msg.key, tuple(msg.shape), values, offset, msg.seed)
+        return values
+
+    # -- barriers ---------------------------------------------------------------------------
+
+    def _live(self) -> set[tuple[int, int]]:
+        c = self.conf
+        return {(g, w) for g in range(c.nworker_groups) for w in range(c.nworkers_per_group)
+                if (g, w) not in self._gone}
+
+    def _barrier(self, msg: Barrier, reply: ReplyFn) -> list[tuple[ReplyFn, Reply]]:
+        if self._aborted is not None:
+            return [(reply, ErrorReply(self._aborted))]
+        arrived, replies = self._barriers.setdefault(msg.count, (set(), []))
+        arrived.add((msg.group, msg.worker))
+        replies.append(reply)
+        return self._ready_barriers()
+
+    def _ready_barriers(self) -> list[tuple[ReplyFn, Reply]]:
+        live = self._live()
+        out: list[tuple[ReplyFn, Reply]] = []
+        for count in sorted(self._barriers):
+            arrived, replies = self._barriers[count]
+            if arrived >= live:
+                del self._barriers[count]
+                out += [(fn, Ack()) for fn in replies]
+        return out
+
+    # -- stopping and diagnosis -------------------------------------------------------------
+
+    def abort(self, reason: str, lost: bool = False) -> None:
+        """Answer every waiting and later request with ``reason`` (until a run begins)."""
+        with self._lock:
+            self._aborted = reason
+            waiting = [fn for items in self._waiting.values() for _, fn in items]
+            waiting += [fn for _, replies in self._barriers.values() for fn in replies]
+            self._waiting, self._barriers = {}, {}
+            servers = list(self._keys.values())
+        error = ErrorReply(reason, lost)
+        for fn in waiting:
+            fn(error)
+        for server in servers:
+            server.abort(reason, lost)
+
+    def waiting_for(self) -> str:
+        """What this server waits for, in words."""
+        with self._lock:
+            parts = [f"{self.name} waits for the init of key '{k}'"
+                     for k in sorted(self._waiting)]
+            parts += [f"{self.name} waits for workers "
+                      f"{sorted(self._live() - arrived)} at barrier {count}"
+                      for count, (arrived, _) in sorted(self._barriers.items())]
+            servers = sorted(self._keys.items())
+        for key, server in servers:
+            said = server.waiting_for()
+            if "waits" in said or "busy" in said:
+                parts.append(f"key '{key}': {said}")
+        return "; ".join(parts) or f"{self.name} is not waiting"
+
+    def __repr__(self) -> str:
+        return f"KeyServer({self.name}, {len(self._keys)} keys)"
+
+
+def _ignore(reply: Reply) -> None:
+    """For requests the key server makes itself (their outcome is known)."""
+
+
+__all__ = ["BOUND", "KeyServer", "Replace", "empty_layout", "fill_piece", "home_of",
+           "key_name", "make_updater", "piece_layout", "plan_key", "row_dim", "updater_text"]

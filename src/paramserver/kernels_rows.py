@@ -1,0 +1,367 @@
+"""Row-sparse fused update kernels: the updaters of SPEC §5 on the given rows of a table.
+
+A row-sparse gradient is ``(ids, rows)``: the row indices of a 2-D table (a Param of shape
+``(num_rows, dim)``, flat in memory) and one row of ``dim`` gradient values per index. These
+kernels apply one update of a method to those rows only, in one pass: each touched row of
+the values and of the state is read once and written once; nothing else is read or written.
+
+Per element of a touched row, the order is SPEC §5's (the dense kernels'): clip, scale by
+``gscale``, add ``wd × w`` (not for AdamW), then the method's rule — the very per-element
+rule functions of :mod:`paramserver.kernels` (``_sgd_rule``, ``_adam_rule``, ...), compiled
+into this driver, so a touched row ends exactly as a dense update of that row would leave it.
+
+Lazy semantics (as MXNet's ``lazy_update`` and ``torch.optim.SparseAdam``): the state of an
+untouched row does not change — momentum does not decay, Adam's moments are not updated,
+weight decay is not applied — and the update count (Adam's and AdaMax's ``t``, for the bias
+correction) is the table's: it goes up by one per update of the table, whichever rows it
+touches. A dense update with a gradient that is zero outside the rows would instead decay
+every row's state (and move its values by momentum and weight decay).
+
+``ids`` must be strictly increasing (sorted, no repeats: the server sums the rows of one id
+first) and inside the table; a kernel checks both before writing anything. The per-method
+wrappers take the arguments of :mod:`paramserver.kernels`' (one segment: scalars), with
+``ids`` and ``dim`` in place of ``offsets``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from numba import prange
+
+from .config import ParamError
+from .kernels import (
+    CHUNK,
+    _adadelta_rule,
+    _adagrad_rule,
+    _adam_inner_delta_rule,
+    _adam_rule,
+    _adamax_rule,
+    _momentum_rule,
+    _nesterov_rule,
+    _rmsprop_rule,
+    _sgd_rule,
+    threads_for,
+)
+from .numba_cache import njit
+
+__all__ = ["adadelta", "adagrad", "adam", "adamax", "check_rows", "nesterov", "rmsprop", "sgd",
+           "sum_rows_in_order", "warmup"]
+
+_NUM_PARAMS = 5
+_NUM_COEFS = 3
+
+# ---------------------------------------------------------------------------------------------
+# The driver. ``_row_kernel(rule, nstate)`` makes
+#
+#     kernel(w, g, h, u, ids, dim, coef, hyp, clip, check) -> int
+#
+# with ``coef = (gscale, wd, k0, k1, k2)`` and ``hyp = (clip_low, clip_high, p0, ..., p4)`` of
+# the data type. ``w`` (and ``h``, ``u``) are the table flat, ``g`` the rows flat. It first
+# checks ``ids`` (strictly increasing, inside the table), returning -1 before anything is
+# written when they are not. Work items are runs of rows of about CHUNK values, in parallel;
+# the inner loop over one row's ``dim`` values is the dense kernel's loop body, vectorised.
+# With ``check``, a read-only pass over ``g`` first returns its count of NaN and Inf when there
+# are any (nothing written), as the dense kernels do.
+
+
+def _row_kernel(rule: Callable[..., Any], nstate: int, name: str) -> Any:
+    def kernel(w, g, h, u, ids, dim, coef, hyp, clip, check):  # type: ignore[no-untyped-def]
+        n = ids.shape[0]
+        num_rows = w.shape[0] // dim if dim > 0 else 0
+        last = -1
+        for r in range(n):
+            i = ids[r]
+            if i <= last or i >= num_rows:
+                return -1
+            last = i
+        per = max(1, CHUNK // max(dim, 1))  # rows per work item
+        items = (n + per - 1) // per
+        if check:
+            found = 0
+            for c in prange(items):
+                count = 0
+                for r in range(c * per, min(c * per + per, n)):
+                    gr = g[r * dim:r * dim + dim]
+                    for j in range(dim):
+                        z = gr[j] - gr[j]
+                        count += z != z
+                found += count
+            if found > 0:
+                return found
+        clip_low = hyp[0]
+        clip_high = hyp[1]
+        p = (hyp[2], hyp[3], hyp[4], hyp[5], hyp[6])
+        gscale = coef[0]
+        wd = coef[1]
+        k = (coef[2], coef[3], coef[4])
+        nonfinite = 0
+        for c in prange(items):
+            bad = 0
+            for r in range(c * per, min(c * per + per, n)):
+                base = ids[r] * dim
+                ws = w[base:base + dim]
+                gs = g[r * dim:r * dim + dim]
+                hs = h[base:base + dim] if nstate >= 1 else h
+                us = u[base:base + dim] if nstate >= 2 else u
+                for j in range(dim):
+                    gi = gs[j]
+                    d = gi - gi
+                    bad += d != d
+                    if clip:
+                        gi = min(max(gi, clip_low), clip_high)
+                    gi = gi * gscale
+                    wi = ws[j]
+                    if wd > 0:
+                        gi = gi + wd * wi
+                    hi = hs[j] if nstate >= 1 else gi
+                    ui = us[j] if nstate >= 2 else gi
+                    wi, hi, ui = rule(wi, gi, hi, ui, k, p)
+                    ws[j] = wi
+                    if nstate >= 1:
+                        hs[j] = hi
+                    if nstate >= 2:
+                        us[j] = ui
+            nonfinite += bad
+        return nonfinite
+
+    kernel.__name__ = kernel.__qualname__ = name
+    return njit(nogil=True, parallel=True, cache=True, fastmath=False, error_model="numpy")(kernel)
+
+
+_sgd_rows = _row_kernel(_sgd_rule, 0, "_sgd_rows")
+_momentum_rows = _row_kernel(_momentum_rule, 1, "_momentum_rows")
+_nesterov_rows = _row_kernel(_nesterov_rule, 1, "_nesterov_rows")
+_adagrad_rows = _row_kernel(_adagrad_rule, 1, "_adagrad_rows")
+_rmsprop_rows = _row_kernel(_rmsprop_rule, 1, "_rmsprop_rows")
+_rmsprop_momentum_rows = _row_kernel(_rmsprop_rule, 2, "_rmsprop_momentum_rows")
+_adadelta_rows = _row_kernel(_adadelta_rule, 2, "_adadelta_rows")
+_adam_rows = _row_kernel(_adam_rule, 2, "_adam_rows")
+_adam_inner_delta_rows = _row_kernel(_adam_inner_delta_rule, 2, "_adam_inner_delta_rows")
+_adamax_rows = _row_kernel(_adamax_rule, 2, "_adamax_rows")
+
+
+@njit(nogil=True, cache=True)
+def _sum_in_order(rows, order, bounds, out):  # type: ignore[no-untyped-def]
+    for k in range(bounds.shape[0] - 1):
+        for q in range(bounds[k], bounds[k + 1]):
+            r = order[q]
+            for j in range(rows.shape[1]):
+                out[k, j] += rows[r, j]
+
+
+def sum_rows_in_order(rows: np.ndarray, order: np.ndarray, bounds: np.ndarray,
+                      out: np.ndarray) -> None:
+    """``out[k] += rows[order[q]]`` for ``q`` in ``bounds[k]:bounds[k + 1]``, one after the
+    other: the per-id sums of a row-sparse gradient (ids sorted stably by ``order``) in the
+    order the rows were given — what ``np.add.at`` computes, bit for bit, without its
+    per-element dispatch (0.4 ms against 5 ms for 4,096 rows of 50)."""
+    _sum_in_order(rows, order, bounds, out)
+
+
+# ---------------------------------------------------------------------------------------------
+# The Python side: check the arrays, round the coefficients to the data type, launch.
+
+
+def check_rows(ids: Any, num_rows: int, where: str = "row ids") -> np.ndarray:
+    """``ids`` as int64, checked strictly increasing and inside ``[0, num_rows)``."""
+    arr = np.asarray(ids)
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+        raise ParamError(f"{where} must be a 1-D array of integers, not {arr.dtype} of shape "
+                         f"{arr.shape}")
+    arr = np.ascontiguousarray(arr, np.int64)
+    if arr.size and (arr[0] < 0 or arr[-1] >= num_rows or np.any(np.diff(arr) <= 0)):
+        bad = arr[(arr < 0) | (arr >= num_rows)]
+        what = (f"{int(bad[0])} is outside the table's rows [0, {num_rows})" if bad.size
+                else "they are not strictly increasing (sorted, each row once)")
+        raise ParamError(f"{where}: {what}")
+    return arr
+
+
+def _launch(kernel: Any, w: np.ndarray, g: np.ndarray, ids: npt.ArrayLike, dim: int,
+            states: dict[str, np.ndarray], gscale: float, wd: float, k: tuple[float, ...],
+            p: tuple[float, ...], clip_low: float, clip_high: float, check: bool) -> int:
+    if not isinstance(w, np.ndarray) or w.dtype not in (np.float32, np.float64):
+        raise ParamError(f"w must be a float32 or float64 numpy array, not {type(w).__name__}")
+    dtype = w.dtype
+    if isinstance(dim, bool) or int(dim) < 1 or w.ndim != 1 or w.shape[0] % int(dim):
+        raise ParamError(f"dim must be an integer >= 1 that divides len(w) = {w.size}, not "
+                         f"{dim!r}")
+    dim = int(dim)
+    ids = np.ascontiguousarray(ids, np.int64)  # type: ignore[arg-type]
+    if ids.ndim != 1:
+        raise ParamError(f"ids must be 1-D, not of shape {ids.shape}")
+    for role, a in (("w", w), *states.items()):
+        if (not isinstance(a, np.ndarray) or a.dtype != dtype or a.shape != w.shape
+                or not a.flags.c_contiguous or not a.flags.writeable):
+            raise ParamError(f"{role} must be a writeable, C-contiguous 1-D {dtype} array of "
+                             f"w's length {w.shape[0]}")
+    if (not isinstance(g, np.ndarray) or g.dtype != dtype
+            or g.size != ids.size * dim or not g.flags.c_contiguous):
+        raise ParamError(f"the rows must be a C-contiguous {dtype} array of {ids.size} × {dim} "
+                         f"values, not {getattr(g, 'dtype', type(g).__name__)} of shape "
+                         f"{getattr(g, 'shape', '?')}")
+    gv = g.reshape(-1).view()
+    gv.flags.writeable = False  # one compiled signature, whether or not the caller's is
+    coef = np.zeros(2 + _NUM_COEFS, dtype)
+    coef[:2 + len(k)] = (gscale, wd, *k)
+    hyp = np.zeros(2 + _NUM_PARAMS, dtype)
+    hyp[:2 + len(p)] = (clip_low, clip_high, *p)
+    h, u = (*states.values(), w[:0], w[:0])[:2]
+    with threads_for(ids.size * dim):
+        found = int(kernel(w, gv, h, u, ids, np.int64(dim), coef, hyp,
+                           bool(clip_high > clip_low), bool(check)))
+    if found < 0:
+        check_rows(ids, w.shape[0] // dim)  # says which
+        raise AssertionError("unreachable")
+    return found
+
+
+def _f(x: Any) -> float:
+    return float(np.asarray(x, np.float64))
+
+
+def sgd(w: np.ndarray, g: np.ndarray, ids: npt.ArrayLike, dim: int, h: np.ndarray,
+        lr: float, wd: float = 0.0, gscale: float = 1.0, *, momentum: float = 0.0,
+        dampening: float = 0.0, torch_form: bool = False, clip_low: float = 0.0,
+        clip_high: float = 0.0, check: bool = False) -> int:
+    """SGD on rows ``ids`` of the table ``w`` (``num_rows × dim`` flat): as
+    :func:`paramserver.kernels.sgd`; ``h`` is not touched (may be empty) without momentum.
+
+    Args:
+      w: the table's values, flat; rows ``ids`` updated in place.
+      g: one row of ``dim`` gradient values per id (``len(ids) × dim``); only read.
+      ids: strictly increasing row indices.
+      dim: values per row.
+      h: the momentum history, the table's shape.
+      lr, wd, gscale: learning rate (times ``lr_scale``), weight decay (times ``wd_scale``),
+        gradient scale.
+      momentum, dampening, torch_form, clip_low, clip_high, check: as the dense kernel's
+        (``dampening`` one number: the table's).
+
+    Returns:
+      The number of NaN or Inf gradient values (nothing written with ``check`` when > 0).
+    """
+    if momentum > 0:
+        keep = 1.0 - _f(dampening)
+        k = (-keep, -_f(lr)) if torch_form else (_f(lr) * keep, 1.0)
+        return _launch(_momentum_rows, w, g, ids, dim, {"h": h}, gscale, wd, k,
+                       (momentum,), clip_low, clip_high, check)
+    return _launch(_sgd_rows, w, g, ids, dim, {}, gscale, wd, (_f(lr),), (), clip_low,
+                   clip_high, check)
+
+
+def nesterov(w: np.ndarray, g: np.ndarray, ids: npt.ArrayLike, dim: int, h: np.ndarray,
+             lr: float, wd: float = 0.0, gscale: float = 1.0, *, momentum: float,
+             torch_form: bool = False, clip_low: float = 0.0, clip_high: float = 0.0,
+             check: bool = False) -> int:
+    """Nesterov on rows ``ids``: as :func:`paramserver.kernels.nesterov` (see :func:`sgd`)."""
+    return _launch(_nesterov_rows, w, g, ids, dim, {"h": h}, gscale, wd,
+                   (1.0, _f(lr)) if torch_form else (_f(lr), 1.0),
+                   (momentum, 1.0 + momentum), clip_low, clip_high, check)
+
+
+def adagrad(w: np.ndarray, g: np.ndarray, ids: npt.ArrayLike, dim: int, h: np.ndarray,
+            lr: float, wd: float = 0.0, gscale: float = 1.0, *, delta: float = 1e-8,
+            torch_form: bool = False, clip_low: float = 0.0, clip_high: float = 0.0,
+            check: bool = False) -> int:
+    """AdaGrad on rows ``ids``: as :func:`paramserver.kernels.adagrad` (see :func:`sgd`)."""
+    return _launch(_adagrad_rows, w, g, ids, dim, {"h": h}, gscale, wd, (_f(lr),),
+                   (0.0, delta) if torch_form else (delta, 0.0), clip_low, clip_high, check)
+
+
+def rmsprop(w: np.ndarray, g: np.ndarray, ids: npt.ArrayLike, dim: int, h: np.ndarray,
+            lr: float, wd: float = 0.0, gscale: float = 1.0, *, rho: float,
+            delta: float = 1e-8, torch_form: bool = False, momentum: float = 0.0,
+            u: np.ndarray | None = None, clip_low: float = 0.0, clip_high: float = 0.0,
+            check: bool = False) -> int:
+    """RMSProp on rows ``ids``: as :func:`paramserver.kernels.rmsprop` (see :func:`sgd`;
+    ``u`` torch's momentum buffer, the table's shape)."""
+    inner, outer = (0.0, delta) if torch_form else (delta, 0.0)
+    if momentum > 0:
+        if u is None or not torch_form:
+            raise ParamError("RMSProp's momentum is torch.optim's: it needs torch_form and "
+                             "the momentum buffer u")
+        return _launch(_rmsprop_momentum_rows, w, g, ids, dim, {"h": h, "u": u}, gscale, wd,
+                       (_f(lr),), (rho, 1.0 - rho, inner, outer, momentum), clip_low,
+                       clip_high, check)
+    return _launch(_rmsprop_rows, w, g, ids, dim, {"h": h}, gscale, wd, (_f(lr),),
+                   (rho, 1.0 - rho, inner, outer, 0.0), clip_low, clip_high, check)
+
+
+def adadelta(w: np.ndarray, g: np.ndarray, ids: npt.ArrayLike, dim: int, h: np.ndarray,
+             u: np.ndarray, lr: float, wd: float = 0.0, gscale: float = 1.0, *, rho: float,
+             delta: float = 1e-8, clip_low: float = 0.0, clip_high: float = 0.0,
+             check: bool = False) -> int:
+    """AdaDelta on rows ``ids``: as :func:`paramserver.kernels.adadelta` (see :func:`sgd`)."""
+    return _launch(_adadelta_rows, w, g, ids, dim, {"h": h, "u": u}, gscale, wd, (_f(lr),),
+                   (rho, 1.0 - rho, delta), clip_low, clip_high, check)
+
+
+def _bias(beta: float, t: float) -> float:
+    """``1 - beta^t``, accurately for small ``t·log(beta)`` (as the dense wrappers)."""
+    return float(-np.expm1(t * np.log(beta)))
+
+
+def adam(w: np.ndarray, g: np.ndarray, ids: npt.ArrayLike, dim: int, m: np.ndarray,
+         v: np.ndarray, lr: float, wd: float = 0.0, gscale: float = 1.0, *, step: float,
+         beta1: float = 0.9, beta2: float = 0.999, delta: float = 1e-8,
+         decoupled: bool = False, bias_correction: bool = True, clip_low: float = 0.0,
+         clip_high: float = 0.0, check: bool = False) -> int:
+    """Adam / AdamW on rows ``ids``: as :func:`paramserver.kernels.adam` (see :func:`sgd`);
+    ``step`` is the table's update count (this update's number, >= 1)."""
+    lr64 = _f(lr)
+    if bias_correction:
+        t = _step(step)
+        a = lr64 / _bias(beta1, t) if beta1 > 0 else lr64
+        b = 1.0 / np.sqrt(_bias(beta2, t)) if beta2 > 0 else 1.0
+    else:
+        a, b = lr64, 1.0
+    coupled_wd, decay = (0.0, 1.0 - lr64 * _f(wd)) if decoupled else (_f(wd), 1.0)
+    return _launch(_adam_rows if bias_correction else _adam_inner_delta_rows, w, g, ids, dim,
+                   {"m": m, "v": v}, gscale, coupled_wd, (a, float(b), decay),
+                   (beta1, 1.0 - beta1, beta2, 1.0 - beta2, delta), clip_low, clip_high, check)
+
+
+def adamax(w: np.ndarray, g: np.ndarray, ids: npt.ArrayLike, dim: int, m: np.ndarray,
+           u: np.ndarray, lr: float, wd: float = 0.0, gscale: float = 1.0, *, step: float,
+           beta1: float = 0.9, beta2: float = 0.999, delta: float = 1e-8,
+           bias_correction: bool = True, clip_low: float = 0.0, clip_high: float = 0.0,
+           check: bool = False) -> int:
+    """AdaMax on rows ``ids``: as :func:`paramserver.kernels.adamax` (see :func:`sgd`)."""
+    lr64 = _f(lr)
+    if bias_correction:
+        t = _step(step)
+        a = lr64 / _bias(beta1, t) if beta1 > 0 else lr64
+        inner, outer = delta, 0.0
+    else:
+        a, inner, outer = lr64, 0.0, delta
+    return _launch(_adamax_rows, w, g, ids, dim, {"m": m, "u": u}, gscale, wd, (a,),
+                   (beta1, 1.0 - beta1, beta2, inner, outer), clip_low, clip_high, check)
+
+
+def _step(step: Any) -> float:
+    t = _f(step)
+    if not t >= 1:
+        raise ParamError(f"step must be >= 1 (the number of this update), got {step!r}")
+    return t
+
+
+def warmup(dtype: npt.DTypeLike = np.float32) -> None:
+    """Compile, or load from numba's cache, every row kernel for ``dtype``."""
+    w = np.zeros(2, dtype)
+    g = np.zeros(1, dtype)
+    ids = np.zeros(1, np.int64)
+    sgd(w, g, ids, 1, w[:0], 0.0)
+    sgd(w, g, ids, 1, w.copy(), 0.0, momentum=0.5)
+    nesterov(w, g, ids, 1, w.copy(), 0.0, momentum=0.5)
+    adagrad(w, g, ids, 1, w.copy(), 0.0)
+    rmsprop(w, g, ids, 1, w.copy(), 0.0, rho=0.9)
+    rmsprop(w, g, ids, 1, w.copy(), 0.0, rho=0.9, torch_form=True, momentum=0.5, u=w.copy())
+    adadelta(w, g, ids, 1, w.copy(), w.copy(), 0.0, rho=0.9)
+    adam(w, g, ids, 1, w.copy(), w.copy(), 0.0, step=1)
+    adam(w, g, ids, 1, w.copy(), w.copy(), 0.0, step=1, bias_correction=False)
+    adamax(w, g, ids, 1, w.copy(), w.copy(), 0.0, step=1)

@@ -1,0 +1,889 @@
+"""The key-value client (SPEC §10), in the spirit of MXNet's KVStore and ps-lite's KVWorker.
+
+``create(mode)`` makes the servers (:class:`~paramserver.cluster.keys.KeyServer`, embedded or
+as Ray actors) and returns the :class:`KVStore` of the caller::
+
+    kv = paramserver.kv.create("local")
+    kv.init(3, np.ones((2, 3), np.float32))
+    kv.push(3, [g1, g2])              # summed first
+    kv.pull(3, out=w)                 # without an updater: w = g1 + g2
+
+With several workers (``dist_sync``, ``dist_async``), :meth:`KVStore.run` runs a function on
+every worker — threads of this process, or Ray actors — each with a store of its own rank::
+
+    kv = paramserver.kv.create("dist_sync", num_workers=4, num_servers=2)
+    def train(kv):
+        kv.init("w", w0)              # rank 0's value is used
+        kv.set_updater({"type": "kSGD", "learning_rate": {"base_lr": 0.1}})
+        for step in range(100):
+            kv.push("w", grad(kv.rank, step))
+            kv.pull("w", out=w)
+    kv.run(train)
+
+Every request is a message of :mod:`paramserver.cluster.messages` through the backend's
+transport, and the driver of a run is the cluster's
+(:class:`~paramserver.cluster.driver.Driver`): the same code on both backends.
+
+Ordering: a push returns at once; a later pull (or push) of the same key by the same store
+waits for it first, so a store reads its own writes; :meth:`KVStore.wait` waits for every
+push. In ``dist_sync`` a push is applied when every live worker has pushed that key as many
+times (one update with the sum); in ``dist_async`` each push is applied as it comes, and
+with ``staleness`` a pull waits until no worker is more than that many pushes of the key
+behind the puller.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..checkpoint import load_checkpoint, save_checkpoint
+from ..cluster.compression import Compression, encode, encode_ids
+from ..cluster.driver import Driver
+from ..cluster.errors import ClusterError
+from ..cluster.keys import BOUND, home_of, key_name, plan_key, row_dim
+from ..cluster.layout import plan_servers
+from ..cluster.messages import (
+    Barrier,
+    Describe,
+    Get,
+    GetState,
+    Keyed,
+    KeyInfo,
+    KeyInit,
+    Problems,
+    Reply,
+    SetState,
+    SetUpdater,
+    State,
+    Update,
+    Values,
+)
+from ..cluster.transport import Pending, Transport
+from ..config import ParamError
+from ..config.job import ClusterConf, UpdaterConf
+from ..params import ParamSet
+from ..updaters import Updater, create_updater
+from .values import Fill, RowResidual, RowSparse, value_dtype
+
+#: The modes, and the names MXNet users know them by.
+MODES = {"local": "local", "device": "local", "dist_sync": "dist_sync",
+         "dist_sync_device": "dist_sync", "dist_device_sync": "dist_sync",
+         "dist_async": "dist_async"}
+FORMAT = "paramserver-kv/1"
+
+
+@dataclass(frozen=True)
+class StoreSpec:
+    """What every store of one key-value store shares, as plain data (sent to Ray workers).
+
+    Attributes:
+        mode: ``local``, ``dist_sync`` or ``dist_async``.
+        num_workers, num_servers: the store's.
+        bound: values below which a key lies whole on one server.
+        compression: ``{"type", "threshold"}`` of the pushes.
+        cluster: the cluster configuration's JSON.
+    """
+
+    mode: str
+    num_workers: int
+    num_servers: int
+    bound: int
+    compression: tuple[str, float]
+    cluster: str
+
+    def conf(self) -> ClusterConf:
+        return ClusterConf.parse(json.loads(self.cluster))
+
+
+@dataclass
+class _Key:
+    """A key as a store knows it: its description, where its pieces lie, its pushes."""
+
+    name: str
+    int_key: bool
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    row_sparse: bool
+    pieces: list[tuple[int, int, int]]
+    pending: list[Pending] = field(default_factory=list)
+    residuals: list[Any] = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def dim(self) -> int:
+        return row_dim(self.shape) if self.row_sparse else 1
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.shape[0]) if self.shape else 1
+
+    def bounds(self, lo: int, hi: int) -> tuple[int, int]:
+        """Values ``lo:hi`` of the flat value for a piece of rows (table) or values."""
+        return (lo * self.dim, hi * self.dim) if self.row_sparse else (lo, hi)
+
+    def describe(self) -> str:
+        kind = "row-sparse " if self.row_sparse else ""
+        return f"{kind}{self.dtype.name} {self.shape}"
+
+
+def _is_list(x: Any) -> bool:
+    return isinstance(x, (list, tuple))
+
+
+class KVStore:
+    """A key-value store as one worker (or the process that made it) sees it.
+
+    Made by :func:`create`; the stores of a run's workers are made by :meth:`run`.
+
+    Attributes:
+        type: the mode (``local``, ``dist_sync``, ``dist_async``).
+        rank: this worker's rank (0 for the store :func:`create` returns).
+        num_workers: the workers of the store.
+        num_servers: its servers.
+    """
+
+    def __init__(self, spec: StoreSpec, transport: Transport, *, group: int = 0,
+                 index: int = 0, rank: int = 0, worker: bool = True,
+                 driver: Driver | None = None):
+        self._spec = spec
+        self._conf = spec.conf()
+        self._transport = transport
+        self._group, self._index, self.rank = group, index, rank
+        self._worker = worker
+        self._driver = driver
+        self._keys: dict[str, _Key] = {}
+        self._int_keys: bool | None = None
+        self._compression = Compression.parse(
+            {"type": spec.compression[0], **({"threshold": spec.compression[1]}
+                                              if spec.compression[0] == "2bit" else {})})
+        self._barriers = 0
+        self._updater: str | None = None
+        self._closed = False
+        self._lock = threading.Lock()
+
+    # -- what it is -------------------------------------------------------------------------
+
+    @property
+    def type(self) -> str:
+        return self._spec.mode
+
+    @property
+    def num_workers(self) -> int:
+        return self._spec.num_workers
+
+    @property
+    def num_servers(self) -> int:
+        return self._spec.num_servers
+
+    @property
+    def _who(self) -> str:
+        return f"worker {self.rank}" if self._worker else "the store's maker"
+
+    def __repr__(self) -> str:
+        return (f"KVStore({self.type}, rank {self.rank} of {self.num_workers} workers, "
+                f"{self.num_servers} servers, {len(self._keys)} keys known)")
+
+    # -- messages ---------------------------------------------------------------------------
+
+    def _send(self, server: int, request: Any, what: str) -> Pending:
+        return self._transport.send((0, server), request, f"server {server}'s {what}")
+
+    def _wait(self, pendings: Sequence[Pending]) -> list[Reply]:
+        return [p.wait(self._conf.timeout, self._who) for p in pendings]
+
+    # -- keys -------------------------------------------------------------------------------
+
+    def _name(self, key: Any) -> tuple[str, bool]:
+        name, int_key = key_name(key)
+        if self._int_keys is not None and int_key != self._int_keys:
+            have = "int" if self._int_keys else "str"
+            raise ParamError(f"key {key!r} is {'an int' if int_key else 'a str'}, but this store's "
+                             f"keys are {have}s: a store's keys are all int or all str")
+        return name, int_key
+
+    def _key(self, key: Any) -> _Key:
+        """A key's description: known, or asked of its home server (waits for its init)."""
+        name, int_key = self._name(key)
+        found = self._keys.get(name)
+        if found is not None:
+            return found
+        home = home_of(name, int_key, self.num_servers)
+        # With other workers, rank 0 may not have made it yet: wait for its init.
+        try:
+            reply = self._wait([self._send(home, Describe(name, self.num_workers > 1),
+                                           f"description of key {key!r} (its init)")])[0]
+        except ClusterError as e:
+            raise (ParamError(str(e).split(": ", 1)[-1]) if self.num_workers == 1
+                   else e) from None
+        assert isinstance(reply, KeyInfo)
+        return self._remember(reply)
+
+    def _remember(self, info: KeyInfo) -> _Key:
+        shape = tuple(int(x) for x in info.shape)
+        k = _Key(info.key, bool(info.int_key), shape, np.dtype(info.dtype),
+                 bool(info.row_sparse), plan_key(info.key, bool(info.int_key), shape,
+                                                 bool(info.row_sparse), self.num_servers,
+                                                 self._spec.bound))
+        k.residuals = [None] * len(k.pieces)
+        self._keys[k.name] = k
+        if self._int_keys is None:
+            self._int_keys = k.int_key
+        return k
+
+    @staticmethod
+    def _pairs(keys: Any, values: Any, what: str) -> list[tuple[Any, Any]]:
+        """MXNet's pairing: one key and a value (or a list of values for it), or a list of
+        keys and one value (or list) for each."""
+        if _is_list(keys):
+            if not _is_list(values) or len(values) != len(keys):
+                raise ParamError(f"{what}: {len(keys)} keys need a list of {len(keys)} values, "
+                                 f"one per key")
+            return list(zip(keys, values, strict=True))
+        return [(keys, values)]
+
+    # -- init -------------------------------------------------------------------------------
+
+    def init(self, key: Any, value: Any, *, row_sparse: bool | Sequence[bool] = False) -> None:
+        """Initialise keys (an int or str, or a list) with values (arrays, or :class:`Fill`,
+        or a list). Every worker calls it for the same keys; only rank 0's values are used
+        (the others wait for them, and their shapes must agree). A second init of a key is
+        an error. ``row_sparse`` (for every key, or a list with one per key): the keys are
+        tables whose rows are pulled and pushed by id (:meth:`row_sparse_pull`), sliced over
+        the servers by rows."""
+        pairs = self._pairs(key, value, "init")
+        sparse = (list(row_sparse) if isinstance(row_sparse, (list, tuple))
+                  else [bool(row_sparse)] * len(pairs))
+        if len(sparse) != len(pairs):
+            raise ParamError(f"init: row_sparse has {len(sparse)} flags for {len(pairs)} keys")
+        seen: set[str] = set()
+        for k, _ in pairs:  # every problem of the call before anything is sent
+            name, _ = self._name(k)
+            if name in self._keys or name in seen:
+                raise ParamError(f"init of key {k!r}: it is initialised already (a second init "
+                                 "of a key is an error)")
+            seen.add(name)
+        for (k, v), flag in zip(pairs, sparse, strict=True):
+            self._init_one(k, v, bool(flag))
+
+    def _init_one(self, key: Any, value: Any, row_sparse: bool) -> None:
+        name, int_key = self._name(key)
+        where = f"init of key {key!r}"
+        if isinstance(value, Fill):
+            shape = tuple(int(x) for x in value.shape)
+            dtype = value_dtype(value.dtype, where)
+            array = None
+        else:
+            array = np.asarray(value)
+            shape, dtype = tuple(array.shape), value_dtype(array.dtype, where)
+        if row_sparse and len(shape) < 1:
+            raise ParamError(f"{where}: a row-sparse key is a table (rows first), not a scalar")
+        info = KeyInfo(name, shape, dtype.name, row_sparse, int_key)
+        if self.rank != 0:  # rank 0's value is used: wait for it, and check ours agrees
+            k = self._key(key)
+            if (k.shape, k.dtype, k.row_sparse) != (shape, dtype, row_sparse):
+                raise ParamError(f"{where} on rank {self.rank}: {info_text(info)}, but rank 0 "
+                                 f"initialised it as {k.describe()}")
+            return
+        if self._int_keys is None:
+            self._int_keys = int_key
+        plan = plan_key(name, int_key, shape, row_sparse, self.num_servers, self._spec.bound)
+        k = _Key(name, int_key, shape, dtype, row_sparse, plan)
+        fill, seed = "", 0
+        flat: np.ndarray | None = None
+        if isinstance(value, Fill):
+            gen_conf = value.conf()
+            from ..init import create_param_generator
+
+            generator = create_param_generator(gen_conf)
+            if generator.fills_pieces:
+                fill, seed = gen_conf.to_json(), int(value.seed)
+            else:  # a method that fills whole Params: filled here, sent as values
+                flat = _fill_whole(generator, name, shape, dtype, int(value.seed))
+        else:
+            assert array is not None
+            flat = np.ascontiguousarray(array, dtype).reshape(-1)
+        home = home_of(name, int_key, self.num_servers)
+
+        def message(server: int, lo: int, hi: int, is_home: bool) -> KeyInit:
+            a, b = k.bounds(lo, hi)
+            return KeyInit(name, shape, dtype.name, row_sparse, int_key, is_home, (lo, hi),
+                           None if flat is None else flat[a:b], fill, seed)
+
+        holds = {s: (lo, hi) for s, lo, hi in plan}
+        first = (message(home, *holds[home], True) if home in holds else
+                 KeyInit(name, shape, dtype.name, row_sparse, int_key, True, None))
+        # The home server first: it refuses a second init before any piece is made.
+        self._wait([self._send(home, first, f"reply to the init of key {key!r}")])
+        self._wait([self._send(s, message(s, lo, hi, False), f"reply to the init of key {key!r}")
+                    for s, lo, hi in plan if s != home])
+        k.residuals = [None] * len(plan)
+        self._keys[name] = k
+
+    # -- the updater ------------------------------------------------------------------------
+
+    def set_updater(self, updater: UpdaterConf | Mapping[str, Any] | str | Updater | None
+                    ) -> None:
+        """The update method of every key, as a declaration: an ``updater { }`` block's text,
+        a dict or an ``UpdaterConf`` (SPEC §5), never a pickled object; None: none (a push
+        then replaces the values by the sum of the step's gradients). Changing the method
+        starts every key's updater state from zero; setting the same one changes nothing."""
+        text = _updater_text(updater)
+        self._wait([self._send(s, SetUpdater(text), "reply to set_updater")
+                    for s in range(self.num_servers)])
+        self._updater = text
+
+    #: MXNet's name (it takes the same declarations).
+    set_optimizer = set_updater
+
+    def set_gradient_compression(self, compression: Mapping[str, Any] | str | None) -> None:
+        """Compress this store's pushes: ``{"type": "2bit", "threshold": 0.5}`` (MXNet's),
+        ``{"type": "bf16"}`` or None (see :mod:`paramserver.cluster.compression`)."""
+        self._compression = Compression.parse(compression)
+        for k in self._keys.values():
+            k.residuals = [None] * len(k.pieces)
+
+    # -- push -------------------------------------------------------------------------------
+
+    def push(self, key: Any, value: Any, priority: int = 0) -> None:
+        """Push gradients: a key and its value (an array, a :class:`RowSparse` or an
+        ``(ids, rows)`` tuple for a table, or a list of them, summed first), or a list of
+        keys and a value (or list) for each. Returns at
+        once; the store's next pull or push of the key waits for it. ``priority`` is
+        accepted and not used."""
+        if not self._worker:
+            raise ParamError("push: the store's maker does not push when the store has "
+                             f"{self.num_workers} workers; its workers do, in run()")
+        for k, v in self._pairs(key, value, "push"):
+            self._push_one(k, v)
+
+    def _push_one(self, key: Any, value: Any) -> None:
+        k = self._key(key)
+        values = list(value) if isinstance(value, list) else [value]  # a tuple: (ids, rows)
+        if not values:
+            raise ParamError(f"push of key {key!r}: no values")
+        where = f"push of key {key!r}"
+        self._finish(k)
+        c = self._compression
+        if k.row_sparse:
+            ids, rows = self._sum_rows(k, values, where)
+            parts = self._split_rows(k, ids, rows)
+            pendings = []
+            for i, (s, _, _) in enumerate(k.pieces):
+                pids, prows = parts[i]
+                if c.codec:
+                    if c.error_feedback:
+                        if k.residuals[i] is None:
+                            k.residuals[i] = RowResidual(k.dim, k.dtype)
+                        data = k.residuals[i].encode(pids, prows, c.threshold)
+                    else:
+                        data = encode(prows.reshape(-1), c.codec)
+                    update = Update(self._group, self._index, -1, None, encode_ids(pids),
+                                    data, None, c.codec, c.threshold, pids.size)
+                else:
+                    update = Update(self._group, self._index, -1, None, pids,
+                                    prows.reshape(-1), None)
+                pendings.append(self._send(s, Keyed(k.name, update), f"reply to a push of "
+                                                                     f"key {key!r}"))
+        else:
+            flat = self._sum_dense(k, values, where)
+            pendings = []
+            for i, (s, lo, hi) in enumerate(k.pieces):
+                part = flat[lo:hi]
+                if c.codec:
+                    if c.error_feedback and k.residuals[i] is None:
+                        k.residuals[i] = np.zeros(part.size, k.dtype)
+                    part = encode(part, c.codec, c.threshold, k.residuals[i])
+                update = Update(self._group, self._index, -1, part, codec=c.codec,
+                                threshold=c.threshold)
+                pendings.append(self._send(s, Keyed(k.name, update), f"reply to a push of "
+                                                                     f"key {key!r}"))
+        k.pending = pendings
+
+    def _sum_dense(self, k: _Key, values: list[Any], where: str) -> np.ndarray:
+        """The sum of the values pushed for a dense key, in the order given (flat)."""
+        total: np.ndarray | None = None
+        for v in values:
+            if isinstance(v, RowSparse):
+                ids, rows = v.coalesced(k.num_rows, row_dim(k.shape), k.dtype, where)
+                dense = np.zeros((k.num_rows, row_dim(k.shape)), k.dtype)
+                dense[ids] = rows
+                arr = dense.reshape(-1)
+            else:
+                arr = np.asarray(v)
+                if arr.shape != k.shape:
+                    raise ParamError(f"{where}: a value of shape {arr.shape}, the key's is "
+                                     f"{k.shape}")
+                if arr.dtype.kind != "f":
+                    raise ParamError(f"{where}: gradients are floats, not {arr.dtype}")
+                arr = arr.reshape(-1)
+            total = arr.astype(k.dtype) if total is None else total + arr
+        assert total is not None
+        return total  # a copy: the caller may change its arrays once push returns
+
+    def _sum_rows(self, k: _Key, values: list[Any], where: str
+                  ) -> tuple[np.ndarray, np.ndarray]:
+        """The coalesced rows pushed for a table (several values: summed in order)."""
+        parts = []
+        for v in values:
+            if isinstance(v, tuple) and len(v) == 2:
+                v = RowSparse(*v)
+            if not isinstance(v, RowSparse):
+                arr = np.asarray(v)
+                if arr.shape == k.shape:
+                    v = RowSparse(np.arange(k.num_rows), arr)
+                else:
+                    raise ParamError(f"{where}: a table's gradient is a RowSparse(ids, rows), "
+                                     f"an (ids, rows) pair or an array of the table's shape "
+                                     f"{k.shape}, not {type(v).__name__}")
+            parts.append(v.coalesced(k.num_rows, k.dim, k.dtype, where))
+        if len(parts) == 1:  # copies: the caller may change its arrays once push returns
+            return parts[0][0].copy(), parts[0][1].copy()
+        return RowSparse(np.concatenate([p[0] for p in parts]),
+                         np.concatenate([p[1] for p in parts])).coalesced(
+            k.num_rows, k.dim, k.dtype, where)
+
+    @staticmethod
+    def _split_rows(k: _Key, ids: np.ndarray, rows: np.ndarray
+                    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Sorted ids and their rows, per piece (ids from the piece's first row)."""
+        out = []
+        for _, lo, hi in k.pieces:
+            a, b = np.searchsorted(ids, [lo, hi])
+            out.append((ids[a:b] - lo, rows[a:b]))
+        return out
+
+    def _finish(self, k: _Key) -> None:
+        """Wait for the key's last push (its errors are raised here)."""
+        pending, k.pending = k.pending, []
+        self._wait(pending)
+
+    def wait(self) -> None:
+        """Wait for every push of this store (ps-lite's ``Wait``); raise their errors."""
+        for k in list(self._keys.values()):
+            self._finish(k)
+
+    # -- pull -------------------------------------------------------------------------------
+
+    def _lag(self) -> int | None:
+        c = self._conf
+        return (c.staleness if self._worker and c.staleness is not None
+                and c.nworker_groups > 1 else None)
+
+    def _get(self, ids: np.ndarray | None = None) -> Get:
+        """A get of a key's piece: whole, or rows ``ids`` of a table."""
+        return Get(self._group, self._index if self._worker else -1, 0, ids=ids,
+                   segment=-1 if ids is None else 0, whole=ids is None, lag=self._lag())
+
+    def pull(self, key: Any, out: Any = None, priority: int = 0, ignore_sparse: bool = True
+             ) -> Any:
+        """The values of keys: into ``out`` (an array of the key's shape, or a list of them
+        for one key, or a list per key); without ``out``, returned as new arrays. A pull of
+        a table pulls every row. ``priority`` and ``ignore_sparse`` are accepted and not
+        used."""
+        if out is None:
+            keys = list(key) if _is_list(key) else [key]
+            got = [self._pull_one(k, None) for k in keys]
+            return got if _is_list(key) else got[0]
+        for k, o in self._pairs(key, out, "pull"):
+            for target in (o if _is_list(o) else [o]):
+                self._pull_one(k, target)
+        return out
+
+    def _pull_one(self, key: Any, out: np.ndarray | None) -> np.ndarray:
+        k = self._key(key)
+        if out is not None:
+            _check_out(out, k.shape, f"pull of key {key!r}")
+        self._finish(k)
+        replies = self._wait([self._send(s, Keyed(k.name, self._get()),
+                                         f"values of key {key!r}") for s, _, _ in k.pieces])
+        target = out if out is not None else np.empty(k.shape, k.dtype)
+        flat = target.reshape(-1)
+        for (_, lo, hi), reply in zip(k.pieces, replies, strict=True):
+            assert isinstance(reply, Values)
+            a, b = k.bounds(lo, hi)
+            flat[a:b] = reply.values
+        return target
+
+    def row_sparse_pull(self, key: Any, out: Any = None, priority: int = 0,
+                        row_ids: Any = None) -> Any:
+        """Rows ``row_ids`` of a table (need not be sorted or unique): into ``out`` — an
+        array of ``len(row_ids)`` rows (in the order of ``row_ids``), or one of the table's
+        shape (those rows written, the others left) — or returned as a new array of rows.
+        Lists of keys, outs and row ids go together. Only the rows asked for travel."""
+        if row_ids is None:
+            raise ParamError("row_sparse_pull needs row_ids")
+        if _is_list(key):
+            outs = out if out is not None else [None] * len(key)
+            if not _is_list(outs) or not _is_list(row_ids) or not (
+                    len(outs) == len(row_ids) == len(key)):
+                raise ParamError("row_sparse_pull: lists of keys, outs and row_ids go "
+                                 "together, one of each per key")
+            return [self._rows_one(k, o, r) for k, o, r in zip(key, outs, row_ids, strict=True)]
+        if _is_list(out):
+            ids_list = row_ids if _is_list(row_ids) else [row_ids] * len(out)
+            return [self._rows_one(key, o, r) for o, r in zip(out, ids_list, strict=True)]
+        return self._rows_one(key, out, row_ids)
+
+    def _rows_one(self, key: Any, out: np.ndarray | None, row_ids: Any) -> np.ndarray:
+        k = self._key(key)
+        where = f"row_sparse_pull of key {key!r}"
+        if not k.row_sparse:
+            raise ParamError(f"{where}: the key is not row-sparse (init it with "
+                             "row_sparse=True); pull it whole with pull()")
+        ids = np.asarray(row_ids)
+        if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+            raise ParamError(f"{where}: row_ids must be a 1-D array of integers, not "
+                             f"{ids.dtype} of shape {ids.shape}")
+        ids = ids.astype(np.int64, copy=False)
+        if ids.size and (ids.min() < 0 or ids.max() >= k.num_rows):
+            bad = ids[(ids < 0) | (ids >= k.num_rows)][0]
+            raise ParamError(f"{where}: row id {int(bad)} is outside the table's rows "
+                             f"[0, {k.num_rows})")
+        row_shape = k.shape[1:]
+        whole = out is not None and tuple(out.shape) == k.shape and ids.size != k.num_rows
+        if out is not None and not whole:
+            _check_out(out, (ids.size, *row_shape), where)
+        self._finish(k)
+        unique, at = np.unique(ids, return_inverse=True)
+        pendings, spans = [], []
+        for s, lo, hi in k.pieces:
+            a, b = (int(x) for x in np.searchsorted(unique, [lo, hi]))
+            if b > a:
+                pendings.append(self._send(s, Keyed(k.name, self._get(unique[a:b] - lo)),
+                                           f"rows of key {key!r}"))
+                spans.append((a, b))
+        rows = np.empty((unique.size, k.dim), k.dtype)
+        for (a, b), reply in zip(spans, self._wait(pendings), strict=True):
+            assert isinstance(reply, Values)
+            rows[a:b] = reply.values.reshape(b - a, k.dim)
+        if whole:
+            assert out is not None
+            out.reshape(k.num_rows, k.dim)[unique] = rows
+            return out
+        target = out if out is not None else np.empty((ids.size, *row_shape), k.dtype)
+        target.reshape(ids.size, k.dim)[...] = rows[at]
+        return target
+
+    def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> Any:
+        """:meth:`push`, then :meth:`pull` into ``out`` (by default into ``value``)."""
+        self.push(key, value, priority)
+        return self.pull(key, value if out is None else out, priority)
+
+    # -- barrier ----------------------------------------------------------------------------
+
+    def barrier(self) -> None:
+        """Wait until every live worker has come here (its pushes done first)."""
+        if not self._worker:
+            raise ParamError("barrier: the store's maker is not one of its workers")
+        self.wait()
+        self._barriers += 1
+        self._wait([self._send(0, Barrier(self._group, self._index, self._barriers),
+                               f"barrier {self._barriers}")])
+
+    #: MXNet's name.
+    _barrier = barrier
+
+    # -- server state -----------------------------------------------------------------------
+
+    def _all_keys(self) -> list[_Key]:
+        """Every key of the store (their home servers list them)."""
+        out = []
+        replies = self._wait([self._send(s, GetState(), "list of keys")
+                              for s in range(self.num_servers)])
+        for server, reply in enumerate(replies):
+            assert isinstance(reply, State)
+            for entry in sorted(reply.arrays):
+                if not entry.startswith("key/"):
+                    continue
+                name = entry[len("key/"):]
+                k = self._keys.get(name)
+                if k is None:
+                    info = self._wait([self._send(server, Describe(name),
+                                                  f"description of key '{name}'")])[0]
+                    assert isinstance(info, KeyInfo)
+                    k = self._remember(info)
+                out.append(k)
+        return sorted(out, key=lambda k: k.name)
+
+    def _updater_held(self) -> str:
+        reply = self._wait([self._send(0, GetState(), "state")])[0]
+        assert isinstance(reply, State)
+        return bytes(reply.arrays.get("updater", np.zeros(0, np.uint8))).decode()
+
+    def save(self, path: str) -> None:
+        """Write the servers' state — every key's values, its updater state (MXNet cannot
+        save those) and versions, and the updater — to ``path`` (safetensors, atomically).
+        Waits for this store's pushes first."""
+        self.wait()
+        arrays: dict[str, np.ndarray] = {}
+        keys = {}
+        for k in self._all_keys():
+            parts = self._wait([self._send(s, Keyed(k.name, GetState()), f"state of key "
+                                                                           f"'{k.name}'")
+                                for s, _, _ in k.pieces])
+            states = [p.arrays for p in parts if isinstance(p, State)]
+            arrays[f"{k.name}/values"] = np.concatenate(
+                [st["values"] for st in states]).reshape(k.shape)
+            arrays[f"{k.name}/version"] = np.array(min(int(st["versions"].min())
+                                                       for st in states), np.int64)
+            prefix = f"state/{k.name}/"
+            roles = sorted({n[len(prefix):] for st in states for n in st if n.startswith(prefix)})
+            for role in roles:
+                pieces = [st[prefix + role] for st in states]
+                arrays[f"{k.name}/state/{role}"] = (
+                    pieces[0] if role == "count" else np.concatenate(pieces))
+            keys[k.name] = {"shape": list(k.shape), "dtype": k.dtype.name,
+                            "row_sparse": k.row_sparse, "int_key": k.int_key}
+        meta = {"format": FORMAT, "updater": self._updater_held(), "keys": keys}
+        save_checkpoint(path, arrays, meta)
+
+    #: MXNet's name (here the values are saved too).
+    save_optimizer_states = save
+
+    def load(self, path: str) -> None:
+        """Restore :meth:`save`'s file: keys that exist take its values and updater state
+        (checked whole, by every server, before anything changes); keys that do not are
+        initialised from it. The updater must be the file's (or none, then the file's is
+        set)."""
+        arrays, meta = load_checkpoint(path)
+        if meta.get("format") != FORMAT:
+            raise ParamError(f"{path}: not a key-value store's state (format "
+                             f"{meta.get('format')!r}, expected {FORMAT!r})")
+        saved, held = str(meta.get("updater", "")), self._updater_held()
+        if held and saved and held != saved:
+            raise ParamError(f"{path} was saved with the updater {saved}, and the store has "
+                             f"{held}: set_updater() the file's first")
+        if saved and not held:
+            self.set_updater(json.loads(saved))
+        self.wait()
+        existing = {k.name: k for k in self._all_keys()}
+        problems: list[str] = []
+        plan: list[tuple[_Key | KeyInfo, dict[str, Any]]] = []
+        for name, d in sorted(dict(meta.get("keys", {})).items()):
+            info = KeyInfo(name, tuple(d["shape"]), d["dtype"], bool(d["row_sparse"]),
+                           bool(d["int_key"]))
+            k = existing.get(name)
+            if k is not None and (k.shape, k.dtype.name, k.row_sparse) != (
+                    info.shape, info.dtype, info.row_sparse):
+                problems.append(f"key '{name}' is {k.describe()} here, {info_text(info)} in "
+                                f"{path}")
+            plan.append((k if k is not None else info, d))
+        if problems:
+            raise ParamError(problems)
+        for target, _ in plan:
+            if isinstance(target, KeyInfo):
+                key: Any = int(target.key) if target.int_key else target.key
+                self._init_one(key, arrays[f"{target.key}/values"], target.row_sparse)
+        pieces: list[tuple[_Key, int, dict[str, np.ndarray]]] = []
+        for target, _ in plan:
+            k = self._keys[target.key if isinstance(target, KeyInfo) else target.name]
+            for s, lo, hi in k.pieces:
+                pieces.append((k, s, self._piece_state(k, arrays, lo, hi)))
+        checks = self._wait([self._send(s, Keyed(k.name, SetState(part, True,
+                                                                  f"{path}: '{k.name}' ")),
+                                        "check of a state") for k, s, part in pieces])
+        for reply in checks:
+            assert isinstance(reply, Problems)
+            problems += reply.problems
+        if problems:
+            raise ParamError(problems)
+        self._wait([self._send(s, Keyed(k.name, SetState(part)), "load of a state")
+                    for k, s, part in pieces])
+
+    #: MXNet's name.
+    load_optimizer_states = load
+
+    @staticmethod
+    def _piece_state(k: _Key, arrays: Mapping[str, np.ndarray], lo: int, hi: int
+                     ) -> dict[str, np.ndarray]:
+        a, b = k.bounds(lo, hi)
+        out = {"values": np.asarray(arrays[f"{k.name}/values"]).reshape(-1)[a:b],
+               "versions": np.asarray(arrays.get(f"{k.name}/version", 0), np.int64).reshape(1)}
+        prefix = f"{k.name}/state/"
+        for name, arr in arrays.items():
+            if name.startswith(prefix):
+                role = name[len(prefix):]
+                arr = np.asarray(arr).reshape(-1)
+                out[f"state/{k.name}/{role}"] = arr if role == "count" else arr[a:b]
+        return out
+
+    # -- runs -------------------------------------------------------------------------------
+
+    def run(self, fn: Callable[..., Any], *args: Any) -> list[Any]:
+        """Run ``fn(kv, *args)`` on every worker, each with the store of its rank (threads of
+        this process, or Ray actors, which get ``fn`` pickled); returns their results by
+        rank. A worker's exception stops the run (``on_worker_failure: stop``) and is raised
+        as a :class:`~paramserver.cluster.ClusterError` with it as the cause."""
+        if self._driver is None:
+            raise ParamError("run: only the store create() returned runs workers")
+        results = self._driver.run(_Run(fn, args, self._spec), 1)
+        return [None if r is None else r.get("result") for r in results[0]]
+
+    def close(self) -> None:
+        """Stop the servers (Ray: their actors). Idempotent."""
+        if not self._closed and self._driver is not None:
+            self._closed = True
+            self._driver.close()
+
+    def __enter__(self) -> KVStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def info_text(info: KeyInfo) -> str:
+    kind = "row-sparse " if info.row_sparse else ""
+    return f"{kind}{info.dtype} {tuple(info.shape)}"
+
+
+def _check_out(out: Any, shape: tuple[int, ...], where: str) -> None:
+    if not isinstance(out, np.ndarray) or tuple(out.shape) != tuple(shape):
+        what = (f"an array of shape {out.shape}" if isinstance(out, np.ndarray)
+                else type(out).__name__)
+        raise ParamError(f"{where}: out must be a numpy array of shape {tuple(shape)}, not "
+                         f"{what}")
+    if not out.flags.writeable or not out.flags.c_contiguous:
+        raise ParamError(f"{where}: out must be writeable and C-contiguous")
+
+
+def _updater_text(updater: Any) -> str:
+    if updater is None:
+        return ""
+    if isinstance(updater, Updater):
+        return updater.conf.to_json()
+    if isinstance(updater, (UpdaterConf, Mapping, str)):
+        made = create_updater(dict(updater) if isinstance(updater, Mapping) else updater)
+        return made.conf.to_json()
+    raise ParamError(f"set_updater takes a declaration (an updater {{ }} block's text, a dict "
+                     f"or an UpdaterConf; SPEC §5), not a {type(updater).__name__} object: "
+                     "updaters never travel pickled")
+
+
+def _fill_whole(generator: Any, name: str, shape: tuple[int, ...], dtype: np.dtype[Any],
+                seed: int) -> np.ndarray:
+    from ..init import stream
+    from ..params import Param
+
+    p = Param(name, shape, dtype)
+    generator.fill(p, stream(seed, name))
+    return p.data.reshape(-1)
+
+
+# -- the workers of a run ----------------------------------------------------------------------
+
+_STORES: weakref.WeakKeyDictionary[Any, KVStore] = weakref.WeakKeyDictionary()
+
+
+class _Run:
+    """A run's gradient function for the cluster's driver: ``fn(kv, *args)`` once, with the
+    store of the worker (kept with the worker from run to run: its residuals, barriers)."""
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], spec: StoreSpec):
+        self.fn, self.args, self.spec = fn, args, spec
+
+    def __call__(self, worker: Any, step: int) -> dict[str, Any]:
+        store = _STORES.get(worker)
+        if store is None:
+            store = _STORES[worker] = KVStore(self.spec, worker._transport, group=worker.group,
+                                              index=worker.index, rank=worker.rank)
+        result = self.fn(store, *self.args)
+        store.wait()
+        return {"result": result}
+
+
+def create(name: str = "local", *, num_workers: int = 1, num_servers: int = 1,
+           backend: str = "local", updater: Any = None, staleness: int | None = None,
+           compression: Mapping[str, Any] | str | None = None, timeout: float = 60.0,
+           bound: int = BOUND, on_worker_failure: str = "stop", nonfinite: str = "error",
+           ray_address: str | None = None, transport: Any = None, **options: Any) -> KVStore:
+    """A key-value store (SPEC §10) and the caller's store of it.
+
+    Args:
+        name: the mode: ``local`` (one worker), ``dist_sync`` (workers in step: each key is
+            updated once per round with the sum of every worker's push), ``dist_async``
+            (each push applied as it comes); MXNet's ``device``, ``dist_sync_device`` and
+            ``dist_device_sync`` are accepted.
+        num_workers: workers (``run`` runs them); with one, the store returned is rank 0.
+        num_servers: servers (keys are placed on them as :mod:`~paramserver.cluster.keys`
+            says).
+        backend: ``local`` (embedded: servers and workers in this process) or ``ray``.
+        updater: the update method (see :meth:`KVStore.set_updater`); default none.
+        staleness: (``dist_async``) how many pushes of a key a worker may be ahead of the
+            slowest when it pulls the key (default: no bound).
+        compression: of every worker's pushes (see
+            :meth:`KVStore.set_gradient_compression`).
+        timeout: seconds any wait may take before it is an error.
+        bound: values below which a key lies whole on one server (MXNet's
+            ``MXNET_KVSTORE_BIGARRAY_BOUND``, 10^6).
+        on_worker_failure, nonfinite: as the cluster's (``stop``/``continue``,
+            ``error``/``skip``).
+        ray_address: an existing Ray cluster (default: this machine's, started if needed).
+        transport: (embedded) makes the transport from the servers; the seam for tests
+            and benchmarks (e.g. to count the bytes of every message).
+        **options: the Ray backend's (``placement``, ``server_options``, ...).
+    """
+    mode = MODES.get(name)
+    if mode is None:
+        raise ParamError(f"Invalid Input: '{name}', valid values are: "
+                         f"{{{', '.join(repr(m) for m in MODES)}}} (key-value store type)")
+    for what, n in (("num_workers", num_workers), ("num_servers", num_servers),
+                    ("bound", bound)):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ParamError(f"{what} must be an integer >= 1, not {n!r}")
+    if mode == "local" and num_workers != 1:
+        raise ParamError(f"a 'local' store has one worker, not {num_workers}: use 'dist_sync' "
+                         "or 'dist_async' for several")
+    if staleness is not None and mode != "dist_async":
+        raise ParamError("staleness bounds 'dist_async' stores (a 'dist_sync' store's workers "
+                         "are in step)")
+    groups, per_group = (num_workers, 1) if mode == "dist_async" else (1, num_workers)
+    conf = ClusterConf(nworker_groups=groups, nworkers_per_group=per_group,
+                       nservers_per_group=num_servers, backend=backend, timeout=timeout,
+                       staleness=staleness, on_worker_failure=on_worker_failure,
+                       nonfinite=nonfinite, ray_address=ray_address)
+    comp = Compression.parse(compression)
+    spec = StoreSpec(name if mode == name else mode, num_workers, num_servers, int(bound),
+                     (comp.type, comp.threshold), conf.to_json())
+    params = ParamSet([])
+    layouts = plan_servers(params, num_servers)
+    text = _updater_text(updater)
+    made = create_updater(json.loads(text)) if text else None
+    if backend == "ray":
+        from ..cluster.ray_backend import RayBackend
+
+        if transport is not None:
+            raise ParamError("the Ray backend has its own transport; 'transport' is for the "
+                             "embedded store")
+        back: Any = RayBackend(conf, params, layouts, made, None, actor_restarts=0, keys=True,
+                               **options)
+    else:
+        if options:
+            raise ParamError(f"unknown options {sorted(options)} (they are the Ray backend's)")
+        from ..cluster.local import LocalBackend
+
+        back = LocalBackend(conf, params, layouts, made, None, transport, keys=True)
+    driver = Driver(conf, params, layouts, back, max_restarts=0, checkpoint_dir=None,
+                    temp_dir=False, checkpoint_freq=0)
+    try:
+        driver._put_values(0)
+    except BaseException:
+        driver.close()
+        raise
+    store = KVStore(spec, back.transport, rank=0, worker=num_workers == 1, driver=driver)
+    store._updater = text
+    return store
+
+
+__all__ = ["FORMAT", "MODES", "KVStore", "StoreSpec", "create"]

@@ -1,0 +1,279 @@
+"""torch.optim's constructors on paramserver's updaters: ``SGD``, ``Adam``, ``AdamW``,
+``Adagrad``, ``RMSprop``, ``Adadelta``.
+
+Each takes torch's arguments by torch's names, with torch's defaults, and makes a
+:class:`~paramserver.torch.Optimizer` whose updater computes what the torch.optim class
+computes, step for step: the methods in torch.optim's form (``form: torch``, the one
+documented variant field of the updaters, see :mod:`paramserver.updaters`), a fixed
+learning-rate method of rate 1 with each group's ``lr`` as its ``lr_scale`` (so a group's
+rate is its ``lr`` exactly, whatever a scheduler writes), and the groups' keys torch's own
+(``betas``, ``eps``, ``alpha``, ``nesterov``, ``maximize``, ...), translated per group into
+the updater's fields. Per-parameter ``lr_scale``/``wd_scale`` rules, placement (host,
+offload, device) and paramserver checkpoints work as for the general optimizer.
+
+What torch.optim has and paramserver's updaters do not is refused with a message
+(``amsgrad=True``, ``centered=True``, ``differentiable=True``); the implementation flags
+(``foreach``, ``fused``, ``capturable``) are accepted and change nothing: every step here is
+one fused update per run of groups with equal settings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, ClassVar
+
+import torch
+
+from ..config import ParamError
+from ..config.job import UpdaterConf
+from ._groupkeys import GroupKeys
+from ._optim import Optimizer, Placement
+from ._rules import RulesLike
+
+#: Implementation flags of torch.optim's constructors: accepted, with no effect here.
+_FLAGS = ("foreach", "fused", "capturable")
+
+
+class TorchKeys(GroupKeys):
+    """A torch.optim class's group keys (its constructor's arguments but ``params``, ``lr``
+    and ``weight_decay``) and the updater they make."""
+
+    method: ClassVar[str]
+    #: torch's defaults of the keys.
+    keys: ClassVar[dict[str, Any]]
+
+    def __init__(self, **given: Any):
+        self.owner = f"torch.optim.{self.method}"
+        self._defaults = {**self.keys, **given}
+        self.check(self._defaults, "the optimizer")
+
+    def defaults(self) -> dict[str, Any]:
+        return dict(self._defaults)
+
+    def hint(self, key: str) -> str:
+        return ""
+
+    def check(self, values: Mapping[str, Any], where: str) -> None:
+        """Refuse what paramserver's updaters do not do (and torch's own refusals)."""
+        if values.get("differentiable"):
+            raise ParamError(f"{where}: differentiable=True is not supported: paramserver's "
+                             "updates are not recorded by autograd")
+
+    def updater(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """The updater's fields (besides form, learning rate and weight decay)."""
+        raise NotImplementedError
+
+    def conf_for(self, values: Mapping[str, Any]) -> UpdaterConf:
+        self.check(values, "param group")
+        fields = {**self.updater(values), "form": "torch",
+                  "learning_rate": {"type": "kFixed", "base_lr": 1.0}}
+        try:
+            return UpdaterConf.parse(fields)
+        except ParamError as e:
+            raise e.at(f"{self.owner} param group") from None
+
+
+def _eps(values: Mapping[str, Any]) -> float:
+    return float(values["eps"])
+
+
+class SGDKeys(TorchKeys):
+    method = "SGD"
+    keys: ClassVar[dict[str, Any]] = {
+        "momentum": 0.0, "dampening": 0.0, "nesterov": False, "maximize": False,
+        "foreach": None, "differentiable": False, "fused": None}
+
+    def check(self, values: Mapping[str, Any], where: str) -> None:
+        super().check(values, where)
+        if values["nesterov"] and (values["momentum"] <= 0 or values["dampening"] != 0):
+            raise ParamError(f"{where}: Nesterov momentum requires a momentum and zero "
+                             "dampening")
+
+    def updater(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        if values["nesterov"]:
+            return {"type": "kNesterov", "momentum": values["momentum"]}
+        return {"type": "kSGD", "momentum": values["momentum"],
+                "sgd_conf": {"dampening": values["dampening"]}}
+
+
+class AdamKeys(TorchKeys):
+    method = "Adam"
+    keys: ClassVar[dict[str, Any]] = {
+        "betas": (0.9, 0.999), "eps": 1e-8, "amsgrad": False, "maximize": False,
+        "foreach": None, "capturable": False, "differentiable": False, "fused": None,
+        "decoupled_weight_decay": False}
+
+    def check(self, values: Mapping[str, Any], where: str) -> None:
+        super().check(values, where)
+        if values["amsgrad"]:
+            raise ParamError(f"{where}: amsgrad=True is not supported: paramserver's Adam "
+                             "keeps two moments (AMSGrad needs a third array of state)")
+        betas = values["betas"]
+        if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
+            raise ParamError(f"{where}: betas must be two numbers, not {betas!r}")
+
+    def updater(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        decoupled = bool(values["decoupled_weight_decay"])
+        b1, b2 = (float(b) for b in values["betas"])
+        return {"type": "kAdamW" if decoupled else "kAdam", "delta": _eps(values),
+                "adamw_conf" if decoupled else "adam_conf": {"beta1": b1, "beta2": b2}}
+
+
+class AdamWKeys(AdamKeys):
+    method = "AdamW"
+    keys: ClassVar[dict[str, Any]] = {**AdamKeys.keys, "decoupled_weight_decay": True}
+
+
+class AdagradKeys(TorchKeys):
+    method = "Adagrad"
+    keys: ClassVar[dict[str, Any]] = {
+        "lr_decay": 0.0, "initial_accumulator_value": 0.0, "eps": 1e-10, "maximize": False,
+        "foreach": None, "differentiable": False, "fused": None}
+
+    def updater(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        return {"type": "kAdaGrad", "delta": _eps(values),
+                "adagrad_conf": {"lr_decay": values["lr_decay"],
+                                 "initial_accumulator_value":
+                                     values["initial_accumulator_value"]}}
+
+
+class RMSpropKeys(TorchKeys):
+    method = "RMSprop"
+    keys: ClassVar[dict[str, Any]] = {
+        "alpha": 0.99, "eps": 1e-8, "momentum": 0.0, "centered": False, "capturable": False,
+        "foreach": None, "maximize": False, "differentiable": False}
+
+    def check(self, values: Mapping[str, Any], where: str) -> None:
+        super().check(values, where)
+        if values["centered"]:
+            raise ParamError(f"{where}: centered=True is not supported: paramserver's "
+                             "RMSProp keeps no running mean of the gradient")
+
+    def updater(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        return {"type": "kRMSProp", "delta": _eps(values), "momentum": values["momentum"],
+                "rmsprop_conf": {"rho": values["alpha"]}}
+
+
+class AdadeltaKeys(TorchKeys):
+    method = "Adadelta"
+    keys: ClassVar[dict[str, Any]] = {
+        "rho": 0.9, "eps": 1e-6, "foreach": None, "capturable": False, "maximize": False,
+        "differentiable": False}
+
+    def updater(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        return {"type": "kAdaDelta", "delta": _eps(values),
+                "adadelta_conf": {"rho": values["rho"]}}
+
+
+def _make(keys: TorchKeys, params: Iterable[Any], lr: float | torch.Tensor,
+          weight_decay: float, param_conf: RulesLike, seed: int, placement: Placement
+          ) -> dict[str, Any]:
+    if isinstance(lr, torch.Tensor):
+        lr = float(lr.item())
+    if not lr >= 0:
+        raise ParamError(f"Invalid learning rate: {lr}")
+    if not weight_decay >= 0:
+        raise ParamError(f"Invalid weight_decay value: {weight_decay}")
+    return {"params": params, "param_conf": param_conf, "seed": seed, "placement": placement,
+            "_keys": keys, "_lr": float(lr), "_weight_decay": float(weight_decay)}
+
+
+class SGD(Optimizer):
+    """``torch.optim.SGD``'s arguments and defaults on paramserver (kSGD, or kNesterov with
+    ``nesterov=True``, in torch's form: ``buf = momentum·buf + (1 − dampening)·g;
+    w −= lr·buf``). See :mod:`paramserver.torch._torchstyle`."""
+
+    def __init__(self, params: Iterable[Any], lr: float | torch.Tensor = 1e-3,
+                 momentum: float = 0.0, dampening: float = 0.0, weight_decay: float = 0.0,
+                 nesterov: bool = False, *, maximize: bool = False,
+                 foreach: bool | None = None, differentiable: bool = False,
+                 fused: bool | None = None, param_conf: RulesLike = None, seed: int = 0,
+                 placement: Placement = "auto"):
+        keys = SGDKeys(momentum=momentum, dampening=dampening, nesterov=nesterov,
+                       maximize=maximize, foreach=foreach, differentiable=differentiable,
+                       fused=fused)
+        super().__init__(**_make(keys, params, lr, weight_decay, param_conf, seed, placement))
+
+
+class Adam(Optimizer):
+    """``torch.optim.Adam``'s arguments and defaults on paramserver (kAdam; kAdamW with
+    ``decoupled_weight_decay=True``). ``amsgrad=True`` is refused."""
+
+    def __init__(self, params: Iterable[Any], lr: float | torch.Tensor = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, amsgrad: bool = False, *,
+                 foreach: bool | None = None, maximize: bool = False,
+                 capturable: bool = False, differentiable: bool = False,
+                 fused: bool | None = None, decoupled_weight_decay: bool = False,
+                 param_conf: RulesLike = None, seed: int = 0, placement: Placement = "auto"):
+        keys = AdamKeys(betas=tuple(betas), eps=eps, amsgrad=amsgrad, maximize=maximize,
+                        foreach=foreach, capturable=capturable, differentiable=differentiable,
+                        fused=fused, decoupled_weight_decay=decoupled_weight_decay)
+        super().__init__(**_make(keys, params, lr, weight_decay, param_conf, seed, placement))
+
+
+class AdamW(Optimizer):
+    """``torch.optim.AdamW``'s arguments and defaults on paramserver (kAdamW; weight decay
+    0.01). ``amsgrad=True`` is refused."""
+
+    def __init__(self, params: Iterable[Any], lr: float | torch.Tensor = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 1e-2, amsgrad: bool = False, *,
+                 maximize: bool = False, foreach: bool | None = None,
+                 capturable: bool = False, differentiable: bool = False,
+                 fused: bool | None = None, param_conf: RulesLike = None, seed: int = 0,
+                 placement: Placement = "auto"):
+        keys = AdamWKeys(betas=tuple(betas), eps=eps, amsgrad=amsgrad, maximize=maximize,
+                         foreach=foreach, capturable=capturable, differentiable=differentiable,
+                         fused=fused)
+        super().__init__(**_make(keys, params, lr, weight_decay, param_conf, seed, placement))
+
+
+class Adagrad(Optimizer):
+    """``torch.optim.Adagrad``'s arguments and defaults on paramserver (kAdaGrad in torch's
+    form: ``eps`` after the square root, ``lr_decay``, ``initial_accumulator_value``)."""
+
+    def __init__(self, params: Iterable[Any], lr: float | torch.Tensor = 1e-2,
+                 lr_decay: float = 0.0, weight_decay: float = 0.0,
+                 initial_accumulator_value: float = 0.0, eps: float = 1e-10,
+                 foreach: bool | None = None, *, maximize: bool = False,
+                 differentiable: bool = False, fused: bool | None = None,
+                 param_conf: RulesLike = None, seed: int = 0, placement: Placement = "auto"):
+        keys = AdagradKeys(lr_decay=lr_decay, initial_accumulator_value=initial_accumulator_value,
+                           eps=eps, maximize=maximize, foreach=foreach,
+                           differentiable=differentiable, fused=fused)
+        super().__init__(**_make(keys, params, lr, weight_decay, param_conf, seed, placement))
+
+
+class RMSprop(Optimizer):
+    """``torch.optim.RMSprop``'s arguments and defaults on paramserver (kRMSProp in torch's
+    form: ``rho`` = ``alpha``, ``eps`` after the square root, torch's momentum).
+    ``centered=True`` is refused."""
+
+    def __init__(self, params: Iterable[Any], lr: float | torch.Tensor = 1e-2,
+                 alpha: float = 0.99, eps: float = 1e-8, weight_decay: float = 0.0,
+                 momentum: float = 0.0, centered: bool = False, capturable: bool = False,
+                 foreach: bool | None = None, maximize: bool = False,
+                 differentiable: bool = False, *, param_conf: RulesLike = None, seed: int = 0,
+                 placement: Placement = "auto"):
+        keys = RMSpropKeys(alpha=alpha, eps=eps, momentum=momentum, centered=centered,
+                           capturable=capturable, foreach=foreach, maximize=maximize,
+                           differentiable=differentiable)
+        super().__init__(**_make(keys, params, lr, weight_decay, param_conf, seed, placement))
+
+
+class Adadelta(Optimizer):
+    """``torch.optim.Adadelta``'s arguments and defaults on paramserver (kAdaDelta; ``lr``
+    1.0, ``eps`` 1e-6)."""
+
+    def __init__(self, params: Iterable[Any], lr: float | torch.Tensor = 1.0,
+                 rho: float = 0.9, eps: float = 1e-6, weight_decay: float = 0.0,
+                 foreach: bool | None = None, *, capturable: bool = False,
+                 maximize: bool = False, differentiable: bool = False,
+                 param_conf: RulesLike = None, seed: int = 0, placement: Placement = "auto"):
+        keys = AdadeltaKeys(rho=rho, eps=eps, foreach=foreach, capturable=capturable,
+                            maximize=maximize, differentiable=differentiable)
+        super().__init__(**_make(keys, params, lr, weight_decay, param_conf, seed, placement))
+
+
+__all__ = ["SGD", "Adadelta", "Adagrad", "Adam", "AdamW", "RMSprop", "TorchKeys"]

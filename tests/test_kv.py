@@ -1,0 +1,368 @@
+"""The key-value store (SPEC §10): MXNet's KVStore semantics on paramserver's servers.
+
+Pushes of one key are summed; ``dist_sync`` equals one worker pushing the sum; ``dist_async``
+applies every push once; only rank 0's init counts; int and str keys (not both); a second
+init is refused; row-sparse pushes and pulls move the rows only; the servers' state (values
+and updater state) saves and loads; a synchronous run is the same bit for bit on Ray.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import paramserver.kv as kv
+from paramserver import ClusterError, ParamError
+from paramserver.cluster.keys import plan_key
+from paramserver.cluster.transport import LocalTransport, MeteredTransport
+from paramserver.init import init_params
+from paramserver.params import ParamSet
+
+ADAM = {"type": "kAdam", "learning_rate": {"base_lr": 0.01}, "weight_decay": 0.001}
+SGD = {"type": "kSGD", "learning_rate": {"base_lr": 1.0}}
+ROWS, DIM = 50, 6
+
+
+@pytest.fixture
+def local() -> Iterator[kv.KVStore]:
+    with kv.create("local") as store:
+        yield store
+
+
+def grad(rank: int, step: int, shape: tuple[int, ...] = (4, 5)) -> np.ndarray:
+    return np.random.default_rng([rank, step]).standard_normal(shape).astype(np.float32)
+
+
+def rows(rank: int, step: int) -> kv.RowSparse:
+    rng = np.random.default_rng([rank, step, 1])
+    ids = rng.integers(0, ROWS, 8)  # unsorted, with repeats
+    return kv.RowSparse(ids, rng.standard_normal((8, DIM)).astype(np.float32))
+
+
+# -- pushes and pulls ----------------------------------------------------------------------------
+
+def test_pushes_of_one_key_are_summed_and_replace_the_value_without_an_updater(
+        local: kv.KVStore) -> None:
+    a, b, c = (np.full((2, 3), x, np.float32) for x in (1, 2, 4))
+    local.init(3, np.zeros((2, 3), np.float32))
+    local.push(3, [a, b, c])
+    assert local.pull(3).tolist() == [[7.0] * 3] * 2
+    local.init([5, 7], [np.zeros(2, np.float32), np.zeros(1, np.float64)])
+    local.push([5, 7], [[a[0, :2], b[0, :2]], np.ones(1)])
+    out = [np.empty(2, np.float32), np.empty(2, np.float32)]
+    local.pull(5, out=out)
+    assert [o.tolist() for o in out] == [[3.0, 3.0]] * 2
+    assert local.pull(7).dtype == np.float64
+
+
+def test_with_an_updater_a_push_is_one_update_with_the_sum(local: kv.KVStore) -> None:
+    local.init("w", np.ones(4, np.float32))
+    local.set_updater({"type": "kSGD", "momentum": 0.5, "learning_rate": {"base_lr": 0.1}})
+    local.push("w", [np.ones(4, np.float32), np.ones(4, np.float32)])
+    local.push("w", np.ones(4, np.float32))
+    # h = -0.2; w = 0.8; h = 0.5 * -0.2 - 0.1 = -0.2; w = 0.6
+    np.testing.assert_allclose(local.pull("w"), 0.6, rtol=1e-6)
+    w = np.empty(4, np.float32)
+    assert local.pushpull("w", np.zeros(4, np.float32), out=w) is w
+    np.testing.assert_allclose(w, 0.5, rtol=1e-6)  # momentum alone: h = -0.1
+
+
+def test_the_caller_may_change_its_gradient_once_push_returns() -> None:
+    with kv.create("dist_sync", num_workers=2) as store:
+        def train(s: kv.KVStore) -> list[float]:
+            s.init("w", np.zeros(3, np.float32))
+            g = np.full(3, s.rank + 1.0, np.float32)
+            s.push("w", g)
+            g[...] = 100  # the round may not be complete yet
+            return s.pull("w").tolist()
+
+        assert store.run(train) == [[3.0] * 3] * 2
+
+
+def test_row_sparse_pull_takes_rows_in_any_order_with_repeats(local: kv.KVStore) -> None:
+    table = np.arange(ROWS * DIM, dtype=np.float32).reshape(ROWS, DIM)
+    local.init("emb", table, row_sparse=True)
+    ids = np.array([7, 2, 7, 49, 0])
+    np.testing.assert_array_equal(local.row_sparse_pull("emb", row_ids=ids), table[ids])
+    whole = np.full((ROWS, DIM), -1, np.float32)
+    local.row_sparse_pull("emb", out=whole, row_ids=[3, 1])
+    assert (whole[[1, 3]] == table[[1, 3]]).all() and (whole[0] == -1).all()
+    np.testing.assert_array_equal(local.pull("emb"), table)
+    with pytest.raises(ParamError, match="row id 50 is outside the table's rows"):
+        local.row_sparse_pull("emb", row_ids=[50])
+    with pytest.raises(ParamError, match="not row-sparse"):
+        local.init("dense", np.zeros(3, np.float32))
+        local.row_sparse_pull("dense", row_ids=[0])
+
+
+def test_row_sparse_pushes_sum_repeated_ids_and_touch_only_their_rows(local: kv.KVStore) -> None:
+    local.init("emb", np.zeros((ROWS, DIM), np.float32), row_sparse=True)
+    local.set_updater(SGD)
+    local.push("emb", [kv.RowSparse([4, 1, 4], np.ones((3, DIM), np.float32)),
+                       (np.array([1]), np.ones((1, DIM), np.float32))])
+    table = local.pull("emb")
+    assert table[4].tolist() == [-2.0] * DIM and table[1].tolist() == [-2.0] * DIM
+    assert np.count_nonzero(table) == 2 * DIM
+
+
+def test_only_the_rows_pushed_and_pulled_travel() -> None:
+    meter: list[MeteredTransport] = []
+
+    def metered(servers: Any) -> MeteredTransport:
+        meter.append(MeteredTransport(LocalTransport(servers)))
+        return meter[0]
+
+    with kv.create("local", num_servers=2, bound=100, transport=metered) as store:
+        store.init("emb", kv.Fill((10_000, 16)), row_sparse=True)
+        store.set_updater(ADAM)
+        moved = {}
+        for n in (10, 100):
+            meter[0].reset()
+            ids = np.arange(n) * 97
+            store.push("emb", kv.RowSparse(ids, np.ones((n, 16), np.float32)))
+            store.row_sparse_pull("emb", row_ids=ids)
+            assert meter[0].sent["Update"] == n * (8 + 16 * 4)  # int64 ids, float32 rows
+            moved[n] = meter[0].received["Values"]
+        # rows, and a version per reply (one reply per server to the push and to the pull)
+        assert all(0 <= moved[n] - n * 16 * 4 <= 4 * 8 for n in moved)
+
+
+# -- keys and init -------------------------------------------------------------------------------
+
+def test_int_and_str_keys_but_not_both(local: kv.KVStore) -> None:
+    local.init(0, np.zeros(1, np.float32))
+    with pytest.raises(ParamError, match="a store's keys are all int or all str"):
+        local.init("w", np.zeros(1, np.float32))
+    with kv.create("local") as other:
+        other.init(["w", "b"], [np.zeros(1, np.float32), np.zeros(2, np.float32)])
+        with pytest.raises(ParamError, match="key 3 is an int"):
+            other.push(3, np.zeros(1, np.float32))
+    with pytest.raises(ParamError, match="a key must be an int or a str, not float"):
+        local.init(1.5, np.zeros(1, np.float32))
+
+
+def test_a_second_init_is_refused_and_changes_nothing(local: kv.KVStore) -> None:
+    local.init("w", np.ones(3, np.float32))
+    with pytest.raises(ParamError, match="key 'w': it is initialised already"):
+        local.init(["v", "w"], [np.zeros(1, np.float32), np.zeros(3, np.float32)])
+    assert local.pull("w").tolist() == [1.0] * 3
+    with pytest.raises(ParamError, match="key 'v' is not initialised"):
+        local.pull("v", out=np.zeros(1, np.float32))  # "v" was not made either
+
+
+def test_only_rank_0s_init_is_used_and_the_others_must_agree() -> None:
+    with kv.create("dist_sync", num_workers=3, num_servers=2, bound=4) as store:
+        def train(s: kv.KVStore) -> list[float]:
+            s.init("w", np.full(10, s.rank + 1.0, np.float32))
+            return s.pull("w").tolist()
+
+        assert store.run(train) == [[1.0] * 10] * 3
+
+        def bad(s: kv.KVStore) -> None:
+            s.init("v", np.zeros((2, 3) if s.rank == 0 else (3, 2), np.float32))
+
+        with pytest.raises(ClusterError, match=r"rank 1: float32 \(3, 2\), but rank 0 "
+                                               r"initialised it as float32 \(2, 3\)"):
+            store.run(bad)
+
+
+def test_a_key_made_by_the_stores_maker_is_known_to_the_workers() -> None:
+    with kv.create("dist_sync", num_workers=2, num_servers=3) as store:
+        store.init(["a", "b"], [np.arange(5, dtype=np.float32), kv.Fill((6, 2))],)
+        assert store.run(lambda s: s.pull("a").tolist()) == [[0, 1, 2, 3, 4]] * 2
+        with pytest.raises(ClusterError, match="initialised already"):
+            store.run(lambda s: s.init("a", np.zeros(5, np.float32)))
+
+
+def test_a_fill_on_the_servers_equals_the_fill_of_the_whole_param() -> None:
+    init = {"type": "kGaussian", "std": 0.5}
+    ps = ParamSet([("emb", (1000, 7), {"init": init})])
+    init_params(ps, seed=3)
+    for servers in (1, 3):
+        with kv.create("local", num_servers=servers, bound=10) as store:
+            store.init("emb", kv.Fill((1000, 7), init, seed=3), row_sparse=True)
+            assert len(plan_key("emb", False, (1000, 7), True, servers, 10)) == servers
+            np.testing.assert_array_equal(store.pull("emb"), ps.values.reshape(1000, 7))
+
+
+def test_large_keys_are_sliced_and_small_ones_spread() -> None:
+    assert plan_key("w", False, (3, 4), False, 4, 100) == [(plan_key("w", False, (1,), False,
+                                                                      4, 100)[0][0], 0, 12)]
+    assert {plan_key(k, True, (2,), False, 4)[0][0] for k in ("0", "1", "2", "3")} == {
+        0, 1, 2, 3}
+    pieces = plan_key("big", False, (1000, 10), True, 3, 100)
+    assert [p[0] for p in pieces] == [0, 1, 2] and pieces[-1][2] == 1000
+    assert all(a[2] == b[1] for a, b in itertools.pairwise(pieces))
+
+
+def test_updaters_are_declarations() -> None:
+    with kv.create("local") as store:
+        with pytest.raises(ParamError, match="not a object object"):
+            store.set_updater(object())
+        store.set_updater('type: kAdaGrad learning_rate { base_lr: 0.5 }')
+        with pytest.raises(ParamError, match="Invalid Input: 'kNope'"):
+            store.set_updater({"type": "kNope"})
+
+
+# -- workers ------------------------------------------------------------------------------------
+
+def _run_sync(backend: str, updater: dict[str, Any] = ADAM, steps: int = 4
+              ) -> dict[str, np.ndarray]:
+    with kv.create("dist_sync", num_workers=3, num_servers=2, bound=30,
+                   backend=backend) as store:
+        store.init(["w", "emb"], [np.linspace(-1, 1, 20, dtype=np.float32).reshape(4, 5),
+                                  kv.Fill((ROWS, DIM), {"type": "kUniform"})],
+                   row_sparse=[False, True])
+        store.set_updater(updater)
+
+        def train(s: kv.KVStore) -> None:
+            for step in range(steps):
+                s.push("w", grad(s.rank, step))
+                s.push("emb", rows(s.rank, step))
+                s.row_sparse_pull("emb", row_ids=rows(s.rank, step + 1).ids)
+
+        store.run(train)
+        return {"w": store.pull("w"), "emb": store.pull("emb")}
+
+
+def _run_one(updater: dict[str, Any] = ADAM, steps: int = 4) -> dict[str, np.ndarray]:
+    with kv.create("local", num_servers=2, bound=30) as store:
+        store.init(["w", "emb"], [np.linspace(-1, 1, 20, dtype=np.float32).reshape(4, 5),
+                                  kv.Fill((ROWS, DIM), {"type": "kUniform"})],
+                   row_sparse=[False, True])
+        store.set_updater(updater)
+        for step in range(steps):
+            store.push("w", [grad(r, step) for r in range(3)])
+            store.push("emb", [rows(r, step) for r in range(3)])
+        return {"w": store.pull("w"), "emb": store.pull("emb")}
+
+
+def test_dist_sync_equals_one_worker_pushing_the_sum() -> None:
+    got, want = _run_sync("local"), _run_one()
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
+
+
+def test_dist_async_applies_every_push_exactly_once() -> None:
+    with kv.create("dist_async", num_workers=3, num_servers=2, bound=5) as store:
+        store.init(["w", "emb"], [np.zeros(8, np.float32), np.zeros((ROWS, DIM), np.float32)],
+                   row_sparse=False)
+        store.set_updater(SGD)
+
+        def train(s: kv.KVStore) -> None:
+            for _ in range(5 + s.rank):
+                s.push("w", np.ones(8, np.float32))
+                s.push("emb", np.ones((ROWS, DIM), np.float32))
+
+        store.run(train)
+        assert store.pull("w").tolist() == [-18.0] * 8
+        assert (store.pull("emb") == -18).all()
+
+
+def test_bounded_staleness_holds_a_pull_until_the_slowest_is_close_enough() -> None:
+    def train(s: kv.KVStore) -> None:
+        s.init("w", np.zeros(2, np.float32))
+        pushes = 1 if s.rank == 1 else 3
+        for _ in range(pushes):
+            s.push("w", np.ones(2, np.float32))
+        if s.rank == 0:
+            s.pull("w")  # 3 pushes against worker 1's 1
+        s.barrier()
+
+    with kv.create("dist_async", num_workers=2, staleness=2) as store:
+        store.run(train)  # 3 - 1 <= 2
+    with kv.create("dist_async", num_workers=2, staleness=1, timeout=1.0) as store:
+        with pytest.raises(ClusterError, match="waited 1 s for server 0's values of key 'w'"):
+            store.run(train)
+
+
+def test_a_failing_worker_stops_the_run_with_its_error() -> None:
+    def train(s: kv.KVStore) -> None:
+        s.init("w", np.zeros(2, np.float32))
+        if s.rank == 1:
+            raise ValueError("boom")
+        s.push("w", np.ones(2, np.float32))
+        s.pull("w")
+
+    with kv.create("dist_sync", num_workers=2, timeout=20) as store:
+        with pytest.raises(ClusterError, match="boom") as e:
+            store.run(train)
+        assert isinstance(e.value.__cause__, ValueError)
+
+
+def test_a_nonfinite_push_is_refused_and_named() -> None:
+    with kv.create("local") as store:
+        store.init("w", np.zeros(2, np.float32))
+        store.set_updater(SGD)
+        store.push("w", np.array([1.0, np.nan], np.float32))
+        with pytest.raises(ClusterError, match=r"non-finite gradient .* 'w' \(1 NaN\)"):
+            store.pull("w")
+        assert store.pull("w").tolist() == [0.0, 0.0]
+
+
+# -- compression -------------------------------------------------------------------------------
+
+def test_compressed_pushes_deliver_what_was_pushed_in_the_end() -> None:
+    """2-bit with error feedback: the pushed gradients less the residual kept, which stays
+    below the threshold where the gradients do; bf16: each value to 2^-8 relative."""
+    g = np.random.default_rng(0).uniform(-0.24, 0.24, (ROWS, DIM)).astype(np.float32)
+    with kv.create("local", compression={"type": "2bit", "threshold": 0.25}) as store:
+        store.init(["w", "emb"], [np.zeros((ROWS, DIM), np.float32)] * 2)
+        store.init("t", np.zeros((ROWS, DIM), np.float32), row_sparse=True)
+        store.set_updater(SGD)
+        for _ in range(40):
+            store.push(["w", "t"], [g, kv.RowSparse(np.arange(ROWS), g)])
+        for name in ("w", "t"):
+            np.testing.assert_allclose(store.pull(name), -40 * g, atol=0.25 + 1e-5)
+    with kv.create("local", compression="bf16") as store:
+        store.init("w", np.zeros((ROWS, DIM), np.float32))
+        store.set_updater(SGD)
+        store.push("w", g)
+        np.testing.assert_allclose(store.pull("w"), -g, rtol=2 ** -8)
+    with pytest.raises(ParamError, match="valid values are"):
+        kv.create("local", compression={"type": "1bit"})
+
+
+# -- state -------------------------------------------------------------------------------------
+
+def test_save_and_load_continue_bit_for_bit_on_any_number_of_servers(tmp_path: Path) -> None:
+    def steps(store: kv.KVStore, first: int) -> None:
+        for step in range(first, first + 3):
+            store.push("w", grad(0, step))
+            store.push("emb", rows(0, step))
+
+    with kv.create("local", num_servers=2, bound=30) as store:
+        store.init(["w", "emb"], [np.zeros((4, 5), np.float32),
+                                  kv.Fill((ROWS, DIM), {"type": "kUniform"})],
+                   row_sparse=[False, True])
+        store.set_updater(ADAM)
+        steps(store, 0)
+        store.save(tmp_path / "kv.safetensors")
+        steps(store, 3)
+        want = {k: store.pull(k) for k in ("w", "emb")}
+    with kv.create("local", num_servers=3, bound=30) as store:
+        store.load(tmp_path / "kv.safetensors")  # makes the keys, sets the file's updater
+        steps(store, 3)
+        for k in want:
+            np.testing.assert_array_equal(store.pull(k), want[k])
+    with kv.create("local") as store:
+        store.init("w", np.zeros((5, 4), np.float32))
+        with pytest.raises(ParamError, match=r"key 'w' is float32 \(5, 4\) here, float32 "
+                                             r"\(4, 5\) in"):
+            store.load(tmp_path / "kv.safetensors")
+        store.set_updater(SGD)
+        with pytest.raises(ParamError, match="set_updater\\(\\) the file's first"):
+            store.load(tmp_path / "kv.safetensors")
+
+
+# -- Ray ----------------------------------------------------------------------------------------
+
+def test_a_synchronous_sparse_run_is_the_same_on_ray(ray_session: Any) -> None:
+    got, want = _run_sync("ray"), _run_sync("local")
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
