@@ -195,3 +195,12 @@ def test_torch_optimizer_keeps_the_master_and_resumes_exactly() -> None:
     step(model2, opt2)
     for p, q in zip(model.parameters(), model2.parameters()):
         assert torch.equal(p, q)
+
+
+def test_row_sparse_updates_refuse_a_master_copy() -> None:
+    up = create_updater("type: kAdam value_dtype: bfloat16")
+    state = up.init_state([0, 8], np.float32)
+    w = np.zeros(8, np.float32)
+    with pytest.raises(ParamError, match="row-sparse updates do not keep a float32 master"):
+        up.apply_rows(0, w, np.array([1]), np.ones((1, 2), np.float32), 2, state)
+    assert not w.any() and not state.counts.any()
