@@ -15,14 +15,14 @@ Both are timed in the same worker thread, step after step, as pairs:
   ``nonfinite: error``), the replies, the versions.
 
 Pairs taken a few milliseconds apart see the same load on the machine, so the median of the
-per-step ratios is steady even where the times themselves are not. Printed: the median
-times, and the min / median / max of the per-step ratios, with the load average before and
-after.
+per-step ratios is steady even where the times themselves are not. The configurations run in
+interleaved rounds (at least 5); the table gives min / median / max over the rounds and the
+load average (benchmarks/_timing.py).
 
-The last line measures what ``nonfinite: error`` costs one server alone: the updater kernel
-with its read-only check of the gradient (``refuse_nonfinite``, what a server with one
-worker runs, so that a refused step writes nothing) against the same kernel without it,
-interleaved call by call (information: the cluster's ratio above includes it).
+The last line measures what ``nonfinite: error`` costs one server alone, in the same rounds:
+the updater kernel with its read-only check of the gradient (``refuse_nonfinite``, what a
+server with one worker runs, so that a refused step writes nothing) against the same kernel
+without it, call by call (information: the cluster's ratio above includes it).
 ``--nonfinite skip`` measures the other policy, whose workers read their gradients once more
 before sending (a push must be dropped before anything is written). Run:
 ``python benchmarks/cluster.py [--params-m 16] [--rounds 5] [--steps 20] [--nonfinite skip]``.
@@ -32,10 +32,14 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _timing import Spread, load_average, rounds_arg
 
 from paramserver.cluster import Cluster, Worker
 from paramserver.config.job import ClusterConf
@@ -59,13 +63,12 @@ def model(million: int) -> ParamSet:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--params-m", type=int, default=16, help="model size in 2^20 values")
-    ap.add_argument("--rounds", type=int, default=5, help="rounds over the configurations")
+    rounds_arg(ap)
     ap.add_argument("--steps", type=int, default=20, help="steps per round and config")
     ap.add_argument("--nonfinite", choices=("error", "skip"), default="error",
                     help="the cluster's policy for NaN and Inf gradients (default: error, "
                          "checked inside the kernels' pass)")
     args = ap.parse_args()
-    load_before = os.getloadavg()
 
     ps = model(args.params_m)
     updater = create_updater(UPDATER)
@@ -97,51 +100,48 @@ def main() -> None:
 
     for c in clusters.values():  # warm-up: compile or load kernels, touch every page
         pairs(c, 3)
+    # Per config and round: the round's median bare time, step time and step/bare ratio.
+    per_round: dict[str, list[tuple[float, float, float]]] = {n: [] for n in CONFIGS}
     check_state = updater.init_state(ps.offsets, ps.dtype)
     work = ps.values.copy()
 
-    def checked(n: int) -> list[float]:
-        """Ratios (kernel with the read-only check) / (kernel without), ``n`` pairs."""
+    def checked(n: int) -> float:
+        """The median over ``n`` pairs of (kernel with the read-only check) / (without)."""
         out = []
         for i in range(n):
-            times = []
+            times = {}
             for check in (i % 2 == 0, i % 2 == 1):  # alternate which goes first
                 t0 = time.perf_counter()
                 updater.apply(0, work, grad, check_state, lr, wd, gs, refuse_nonfinite=check)
-                times.append((time.perf_counter() - t0, check))
-            with_check = next(t for t, c in times if c)
-            without = next(t for t, c in times if not c)
-            out.append(with_check / without)
-        return out
+                times[check] = time.perf_counter() - t0
+            out.append(times[True] / times[False])
+        return float(np.median(out))
 
     checked(2)
-    samples: dict[str, tuple[list[float], list[float]]] = {n: ([], []) for n in CONFIGS}
-    check_ratios: list[float] = []
+    check_rounds: list[float] = []
+    load_before = load_average()
     for _ in range(args.rounds):
         for name, c in clusters.items():
             bare, step = pairs(c, args.steps)
-            samples[name][0].extend(bare)
-            samples[name][1].extend(step)
-        check_ratios += checked(args.steps // 2)
-    load_after = os.getloadavg()
+            per_round[name].append((float(np.median(bare)), float(np.median(step)),
+                                    float(np.median(np.array(step) / np.array(bare)))))
+        check_rounds.append(checked(max(3, args.steps // 2)))
 
     print(f"model: {ps.values.size:,} float32 parameters in {len(ps.owners)} Params; "
-          f"updater kSGD momentum 0.9; {args.rounds} x {args.steps} paired steps each; "
-          f"nonfinite: {args.nonfinite}")
-    print(f"load average before {' '.join(f'{x:.2f}' for x in load_before)}, after "
-          f"{' '.join(f'{x:.2f}' for x in load_after)}; {os.cpu_count()} CPUs")
-    print(f"{'':23}{'bare ms':>9}{'step ms':>9}   {'ratio: min median   max':>23}   target")
-    for name, (bare, step) in samples.items():
-        ratios = np.array(step) / np.array(bare)
-        ratio = float(np.median(ratios))
-        verdict = (f"<= {TARGET}: {'ok' if ratio <= TARGET else 'MISSED'}"
+          f"updater kSGD momentum 0.9; {args.rounds} interleaved rounds of {args.steps} paired "
+          f"steps each; nonfinite: {args.nonfinite}; load average before: {load_before}, "
+          f"after: {load_average()}")
+    print(f"{'':23}{'bare ms':>20}{'step ms':>20}{'ratio':>24}   target")
+    for name, rows in per_round.items():
+        bare_s, step_s, ratio_s = (Spread.of([r[i] for r in rows]) for i in range(3))
+        verdict = (f"<= {TARGET}: {'met' if ratio_s.median <= TARGET else 'MISSED'}"
                    if name.startswith("1 worker") else "(information)")
-        print(f"{name:23}{np.median(bare) * 1e3:9.2f}{np.median(step) * 1e3:9.2f}   "
-              f"{ratios.min():7.3f} {ratio:7.3f} {ratios.max():7.3f}   {verdict}")
-    c = np.array(check_ratios)
-    print(f"{'kernel check / none':23}{'':18}   {c.min():7.3f} {np.median(c):7.3f} "
-          f"{c.max():7.3f}   (information: nonfinite 'error', one worker)")
-
+        print(f"{name:23}{bare_s.scaled(1e3).fmt():>20}{step_s.scaled(1e3).fmt():>20}"
+              f"{ratio_s.fmt(3):>24}   {verdict}")
+    print(f"{'kernel check / none':23}{'':40}{Spread.of(check_rounds).fmt(3):>24}   "
+          "(information: nonfinite 'error', one worker)")
+    print("\nmedian [min–max] over the rounds of each round's median (ratio: of the per-step "
+          "ratios step / bare).")
 
 if __name__ == "__main__":
     main()

@@ -5,11 +5,14 @@ bias and a LayerNorm): the shape of a small transformer's MLP stack, where torch
 ``foreach`` and ``fused`` implementations are at their best. Every optimizer gets its own
 copy of the module with the same gradients (random, filled once: a step's cost does not
 depend on where gradients come from). For each method, torch's variants (for-loop,
-``foreach``, ``fused`` where torch has it on the CPU) and paramserver's Optimizer are timed
-in turn, repetition by repetition, so that machine noise falls on all of them alike; the
-table gives medians after warm-up, and the ratio of torch's best to paramserver's.
+``foreach``, ``fused`` where torch has it on the CPU) and paramserver's Optimizer run in
+interleaved rounds (benchmarks/_timing.py: at least 5), so that machine noise falls on all
+of them alike; the table gives each one's milliseconds per step (median [min–max] over the
+rounds) and the ratio of torch's best to paramserver's (per round, median [min–max]), with
+the load average.
 
-    python benchmarks/torch_optimizer.py [--reps 15] [--blocks 16] [--width 1024]
+    python benchmarks/torch_optimizer.py [--rounds 5] [--per-round 0.3] [--blocks 16]
+                                         [--width 1024]
                                          [--methods sgd nesterov adam adamw adadelta]
 """
 
@@ -18,12 +21,15 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import statistics
-import time
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _timing import Spread, interleaved, load_average, ratios, rounds_arg
 
 import paramserver.torch as pst
 
@@ -73,13 +79,9 @@ def fill_grads(module: torch.nn.Module) -> None:
             p.grad.copy_(grad)  # paramserver's: keep the view of the flat buffer
 
 
-def timed(step: Callable[[], Any]) -> float:
-    t = time.perf_counter()
-    step()
-    return time.perf_counter() - t
-
-
-def bench(name: str, base: torch.nn.Module, reps: int, warmup: int) -> dict[str, float]:
+def bench(name: str, base: torch.nn.Module, rounds: int,
+          per_round: float) -> dict[str, list[float]]:
+    """Per contender, its seconds per step in each round."""
     updater, cls, kwargs, variants = METHODS[name]
     steps: dict[str, Callable[[], Any]] = {}
     for v in variants:
@@ -93,21 +95,16 @@ def bench(name: str, base: torch.nn.Module, reps: int, warmup: int) -> dict[str,
     opt = pst.Optimizer(m.parameters(), updater)
     fill_grads(m)
     steps["paramserver"] = opt.step
-    times: dict[str, list[float]] = {k: [] for k in steps}
-    for _ in range(warmup):
-        for step in steps.values():
-            step()
-    for _ in range(reps):
-        for k, step in steps.items():
-            times[k].append(timed(step))
-    return {k: statistics.median(v) for k, v in times.items()}
+    for step in steps.values():  # compile or load the kernels, first-touch the state
+        step()
+    return interleaved(steps, rounds, per_round)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--reps", type=int, default=15, help="timed steps per contender "
-                    "(default: 15)")
-    ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (default: 3)")
+    rounds_arg(ap)
+    ap.add_argument("--per-round", type=float, default=0.3,
+                    help="seconds of timed steps per contender and round (default 0.3)")
     ap.add_argument("--blocks", type=int, default=16, help="Linear+LayerNorm blocks "
                     "(default: 16)")
     ap.add_argument("--width", type=int, default=1024, help="width of a block (default: 1024)")
@@ -122,22 +119,26 @@ def main() -> None:
     print(f"module: {n / 1e6:.1f}M float32 parameters in {len(list(base.parameters()))} tensors"
           f"; torch {torch.__version__} with {torch.get_num_threads()} threads, numba "
           f"{numba.__version__} with {numba.get_num_threads()} threads, {os.cpu_count()} CPUs;"
-          f" medians of {args.reps} steps after {args.warmup} warm-up steps")
+          f" {args.rounds} interleaved rounds of {args.per_round} s per contender; load "
+          f"average before: {load_average()}")
     print()
-    print(f"| method | {'torch for-loop':>14} | {'torch foreach':>13} | {'torch fused':>11} | "
-          f"{'paramserver':>11} | torch best / paramserver |")
-    print("|---|---:|---:|---:|---:|---:|")
+    cols = ("torch for-loop", "torch foreach", "torch fused", "paramserver")
+    print("| method | " + " | ".join(f"{c} ms" for c in cols)
+          + " | torch best / paramserver |")
+    print("|---|" + "---:|" * (len(cols) + 1))
     for name in (OPTIONS[m] for m in args.methods):
-        med = bench(name, base, args.reps, args.warmup)
-        torch_best = min(v for k, v in med.items() if k.startswith("torch"))
-        best_name = min((v, k) for k, v in med.items() if k.startswith("torch"))[1]
+        times = bench(name, base, args.rounds, args.per_round)
+        best = min((k for k in times if k.startswith("torch")),
+                   key=lambda k: Spread.of(times[k]).median)
 
-        def ms(key: str, med: dict[str, float] = med) -> str:
-            return f"{med[key] * 1e3:.1f} ms" if key in med else "—"
+        def ms(key: str, times: dict[str, list[float]] = times) -> str:
+            return Spread.of(times[key]).scaled(1e3).fmt(1) if key in times else "—"
 
-        print(f"| {name} | {ms('torch for-loop'):>14} | {ms('torch foreach'):>13} | "
-              f"{ms('torch fused'):>11} | {ms('paramserver'):>11} | "
-              f"{torch_best / med['paramserver']:.2f}× (vs {best_name[6:]}) |", flush=True)
+        print(f"| {name} | " + " | ".join(ms(c) for c in cols)
+              + f" | {ratios(times[best], times['paramserver']).fmt()}× (vs {best[6:]}) |",
+              flush=True)
+    print(f"\nms: median [min–max] over the rounds of each round's median step; ratios per "
+          f"round. Load average after: {load_average()}")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """Speed of the fused update kernels against torch.optim and a memory-speed yardstick.
 
-    python benchmarks/updaters.py [--quick] [--best] [--threads N] [--methods Adam ...]
+    python benchmarks/updaters.py [--quick] [--rounds 5] [--threads N] [--methods Adam ...]
+                                  [--cases '200 x 4096' ...] [--no-compile]
 
 For every method and three float32 cases (one Param of 16M elements; 200 Params of mixed sizes
-totalling 16M; 200 Params of 4096), all in this process, medians after warm-up (``--best``:
-the fastest call, for hosts shared with other work):
+totalling 16M; 200 Params of 4096), all in this process, in interleaved rounds
+(benchmarks/_timing.py: at least 5, min / median / max over the rounds, the load average):
 
 - ``paramserver``: the fused kernel of :mod:`paramserver.kernels`, one call per step over the
   flat buffers;
@@ -16,20 +17,18 @@ the fastest call, for hosts shared with other work):
   arrays as the method, with trivial arithmetic: what the memory system allows.
 
 GB/s counts the bytes a method must move per step (each array read once, values and state
-written once), for every contender, so it is also an effective bandwidth for torch. Contenders
-are measured in interleaved rounds, so that a busy machine hurts them alike. Last, the time to
-compile the kernels and to load them from numba's cache is measured in fresh processes.
+written once), for every contender, so it is also an effective bandwidth for torch. Last, the
+time to compile the float32 kernels and to load them from numba's cache is measured in fresh
+processes.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +40,9 @@ from numba import njit, prange
 SRC = Path(__file__).resolve().parents[1] / "src"
 if str(SRC) not in sys.path:
     sys.path.insert(0, str(SRC))
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _timing import Spread, interleaved, load_average, ratios, rounds_arg  # noqa: E402
 
 from paramserver import kernels  # noqa: E402
 
@@ -225,45 +227,20 @@ def torch_steppers(method: Method, sizes: list[int]) -> dict[str, Callable[[], N
     return out
 
 
-def measure(
-    contenders: dict[str, Callable[[], None]], rounds: int, per_round_s: float
-) -> dict[str, list[float]]:
-    """Seconds per call of each contender, from interleaved rounds.
-
-    Each round starts every contender with an untimed call, which absorbs the switch between
-    thread pools (numba's and torch's) and the first-touch of its memory.
-    """
-    samples: dict[str, list[float]] = {name: [] for name in contenders}
-    for fn in contenders.values():
-        fn()
-    for _ in range(rounds):
-        for name, fn in contenders.items():
-            fn()
-            start = time.perf_counter()
-            reps = 0
-            while reps < 3 or time.perf_counter() - start < per_round_s:
-                t0 = time.perf_counter()
-                fn()
-                samples[name].append(time.perf_counter() - t0)
-                reps += 1
-    return samples
-
-
 @dataclass
 class Row:
     method: str
     case: str
     nparams: int
     nbytes: int
-    ours: float
-    reference: float
-    torch: float
+    ours: list[float]  # per round, seconds per call
+    reference: list[float]
+    torch: list[float]
     torch_variant: str
 
 
-def bench_case(
-    method: Method, case: str, sizes: list[int], quick: bool, stat: Callable[[list[float]], float]
-) -> Row:
+def bench_case(method: Method, case: str, sizes: list[int], rounds: int,
+               per_round_s: float) -> Row:
     b = Buffers(sizes)
     stream = STREAMS[method.nstate]
     a, c = DTYPE(1e-6), DTYPE(0.5)
@@ -274,44 +251,29 @@ def bench_case(
     torch_variants = torch_steppers(method, sizes)
     contenders.update({f"torch {k}": v for k, v in torch_variants.items()})
     small = sum(sizes) < TOTAL
-    samples = measure(
-        contenders,
-        rounds=2 if quick else 5,
-        per_round_s=(0.05 if quick else 0.2) * (0.5 if small else 1),
-    )
-    times = {name: stat(values) for name, values in samples.items()}
-    best = min(torch_variants, key=lambda k: times[f"torch {k}"])
+    times = interleaved(contenders, rounds, per_round_s * (0.5 if small else 1))
+    best = min(torch_variants, key=lambda k: Spread.of(times[f"torch {k}"]).median)
     nbytes = (3 + 2 * method.nstate) * sum(sizes) * np.dtype(DTYPE).itemsize
-    return Row(
-        method.name,
-        case,
-        len(sizes),
-        nbytes,
-        times["ours"],
-        times["reference"],
-        times[f"torch {best}"],
-        best,
-    )
+    return Row(method.name, case, len(sizes), nbytes, times["ours"], times["reference"],
+               times[f"torch {best}"], best)
 
 
 def print_table(rows: list[Row]) -> None:
-    head = (
-        f"{'method':<13} {'case':<15} {'ours ms':>8} {'GB/s':>6} {'ref GB/s':>8} "
-        f"{'ours/ref':>8} {'torch ms':>9} {'torch variant':<13} {'x torch':>7} "
-        f"{'us/Param ours':>13} {'torch':>6}"
-    )
+    head = (f"{'method':<13} {'case':<15} {'ours ms':>8} {'GB/s':>6} {'ref GB/s':>8} "
+            f"{'ours/ref median [min–max]':>26} {'torch ms':>9} {'torch variant':<13} "
+            f"{'x torch median [min–max]':>25} {'us/Param ours [min–max]':>24} {'torch':>6}")
     print(head)
     print("-" * len(head))
     for r in rows:
+        ours, ref, torch = (Spread.of(x) for x in (r.ours, r.reference, r.torch))
         per_param = ""
         if r.nparams > 1 and r.nbytes / r.nparams < 1e6:
-            per_param = f"{r.ours / r.nparams * 1e6:13.2f} {r.torch / r.nparams * 1e6:6.1f}"
-        print(
-            f"{r.method:<13} {r.case:<15} {r.ours * 1e3:8.3f} {r.nbytes / r.ours / 1e9:6.1f} "
-            f"{r.nbytes / r.reference / 1e9:8.1f} {r.reference / r.ours:8.2f} "
-            f"{r.torch * 1e3:9.3f} {r.torch_variant:<13} {r.torch / r.ours:7.2f} "
-            f"{per_param}"
-        )
+            per_param = (f"{ours.scaled(1e6 / r.nparams).fmt():>24} "
+                         f"{torch.median / r.nparams * 1e6:6.1f}")
+        print(f"{r.method:<13} {r.case:<15} {ours.median * 1e3:8.3f} "
+              f"{r.nbytes / ours.median / 1e9:6.1f} {r.nbytes / ref.median / 1e9:8.1f} "
+              f"{ratios(r.reference, r.ours).fmt():>26} {torch.median * 1e3:9.3f} "
+              f"{r.torch_variant:<13} {ratios(r.torch, r.ours).fmt():>25} {per_param}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -325,12 +287,12 @@ import paramserver.kernels as k
 t1 = time.perf_counter()
 k.warmup(np.float32)
 t2 = time.perf_counter()
-print(t1 - t0, t2 - t1)
+print(t1 - t0, t2 - t1, len(k._made))
 """
 
 
-def compile_times() -> list[tuple[float, float]]:
-    """(import, warmup(float32)) seconds: first with an empty cache, then from the cache."""
+def compile_times() -> list[tuple[float, float, int]]:
+    """(import, warmup(float32), kernels) seconds: first with an empty cache, then from it."""
     out = []
     with tempfile.TemporaryDirectory() as cache:
         env = {
@@ -339,32 +301,28 @@ def compile_times() -> list[tuple[float, float]]:
             "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
         }
         for _ in range(2):
-            res = subprocess.run(
-                [sys.executable, "-c", _TIMING_SCRIPT],
-                env=env,
-                check=True,
-                capture_output=True,
-                text=True,
-            )
-            imp, warm = map(float, res.stdout.split())
-            out.append((imp, warm))
+            res = subprocess.run([sys.executable, "-c", _TIMING_SCRIPT], env=env, check=True,
+                                 capture_output=True, text=True)
+            imp, warm, made = res.stdout.split()
+            out.append((float(imp), float(warm), int(made)))
     return out
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer and shorter rounds")
+    parser.add_argument("--quick", action="store_true", help="shorter rounds")
+    rounds_arg(parser)
     names = [m.name for m in METHODS]
     parser.add_argument("--methods", nargs="+", metavar="METHOD",
                         type=lambda x: next((n for n in names if n.lower() == x.lower()), x),
                         choices=names, help=f"only these methods, of: {', '.join(names)} "
                                             "(default: all)")
-    parser.add_argument(
-        "--best", action="store_true", help="the fastest call instead of the median (busy hosts)"
-    )
+    parser.add_argument("--cases", nargs="+", choices=list(cases()), metavar="CASE",
+                        help=f"only these cases, of: {', '.join(map(repr, cases()))}")
     parser.add_argument("--threads", type=int, help="threads for numba and torch (default: all)")
+    parser.add_argument("--no-compile", action="store_true",
+                        help="skip the compile-time measurement")
     args = parser.parse_args(argv)
-    stat: Callable[[list[float]], float] = min if args.best else statistics.median
 
     import numba
     import torch
@@ -373,34 +331,33 @@ def main(argv: list[str] | None = None) -> None:
         numba.set_num_threads(args.threads)
         torch.set_num_threads(args.threads)
     kernels.warmup(DTYPE)
-    print(
-        f"cpus {os.cpu_count()}, numba {numba.__version__} ({numba.get_num_threads()} threads), "
-        f"torch {torch.__version__} ({torch.get_num_threads()} threads), float32; "
-        f"load average: {' '.join(f'{x:.1f}' for x in os.getloadavg())}"
-    )
+    per_round = 0.05 if args.quick else 0.2
+    print(f"cpus {os.cpu_count()}, numba {numba.__version__} ({numba.get_num_threads()} "
+          f"threads), torch {torch.__version__} ({torch.get_num_threads()} threads), float32; "
+          f"{args.rounds} interleaved rounds of {per_round} s (half for < 16M); load average: "
+          f"{load_average()}")
     rows = []
     for method in METHODS:
         if args.methods and method.name not in args.methods:
             continue
         for case, sizes in cases().items():
-            rows.append(bench_case(method, case, sizes, args.quick, stat))
+            if args.cases and case not in args.cases:
+                continue
+            rows.append(bench_case(method, case, sizes, args.rounds, per_round))
             print(f"  measured {method.name:<13} {case}", file=sys.stderr)
-    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(f"threading layer: {numba.threading_layer()}; load average at the end: {load}\n")
+    print(f"threading layer: {numba.threading_layer()}; load average at the end: "
+          f"{load_average()}\n")
     print_table(rows)
-    print(
-        f"\nTimes: the {'fastest' if args.best else 'median'} call. GB/s: bytes the method must"
-        " move per step / time. ours/ref: reference time / ours.\nx torch: best torch time /"
-        " ours. us/Param: per Param per step."
-    )
-
-    (imp0, cold), (imp1, warm) = compile_times()
-    n = len(kernels._KERNELS)
+    print("\nTimes: per call, each round's median; the median over the rounds. GB/s: bytes the"
+          " method must move per step / time.\nours/ref: reference time / ours; x torch: best "
+          "torch time / ours; both per round, median [min–max] over the rounds.\nus/Param: per "
+          "Param per step (target for 200 x 4096: <= 1.5).")
+    if args.no_compile:
+        return
+    (imp0, cold, n), (imp1, warm, _) = compile_times()
     print(f"\nimport paramserver.kernels: {imp0:.2f} s (first), {imp1:.2f} s (again)")
-    print(
-        f"warmup(float32), {n} kernels: compile {cold:.2f} s ({cold / n:.2f} s each); "
-        f"load from cache {warm:.3f} s"
-    )
+    print(f"warmup(float32), {n} kernels: compile {cold:.2f} s ({cold / n:.2f} s each); "
+          f"load from cache {warm:.3f} s")
 
 
 if __name__ == "__main__":

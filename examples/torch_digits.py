@@ -6,6 +6,7 @@ no weight decay (as SINGA's examples configure them), all from one job text.
 
     python examples/torch_digits.py               # one process: paramserver.torch.Optimizer
     python examples/torch_digits.py --workers 2   # 2 synchronous workers on the cluster
+    python examples/torch_digits.py --state-dtype int8   # the updater's state in 8 bits
     python examples/torch_digits.py --save digits.ckpt.safetensors   # and keep a checkpoint,
     paramserver export digits.ckpt.safetensors --to digits.safetensors   # then the model:
     # DigitsCNN().load_state_dict(safetensors.torch.load_file("digits.safetensors"))
@@ -92,8 +93,13 @@ def main() -> None:
     ap.add_argument("--save", metavar="CKPT", help="write a paramserver checkpoint here at the "
                     "end (paramserver export turns it into a model file)")
     ap.add_argument("--steps", type=int, help="train this many steps (default: the job's)")
+    ap.add_argument("--state-dtype", choices=("float32", "bfloat16", "int8"),
+                    help="keep the updater's state (the momentum history) in this type "
+                         "(default: the job's, float32)")
     args = ap.parse_args()
     job = pst.parse_job(JOB, "torch_digits.job")
+    if args.state_dtype:
+        job.conf.updater.state_dtype = args.state_dtype
     steps, seed = args.steps or job.conf.train_steps, job.conf.seed
     x_tr, y_tr, x_te, y_te = load()
     torch.manual_seed(seed)

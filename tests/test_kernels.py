@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from paramserver import ParamError, kernels
+from paramserver import ParamError, kernels, quant
 
 # Segment sizes of odd lengths, empty ones among them, so that the kernels' chunks
 # (kernels.CHUNK elements) start and end inside segments and walk across many small ones.
@@ -322,8 +322,12 @@ def test_wrong_arrays_are_refused() -> None:
 def test_warmup_compiles_every_kernel() -> None:
     for dtype in (np.float32, np.float64):
         kernels.warmup(dtype)
-        for kernel in kernels._KERNELS:
-            assert any(arg.dtype.name == np.dtype(dtype).name for arg, *_ in kernel.signatures)
+        for rule, signs in quant.SIGNED_STATE.items():
+            codes = ("float",) * (len(signs) if rule != "sgd" else 0)
+            for parallel in (False, True):  # one chunk: serial; more: parallel
+                kernel = kernels.kernel_for(rule, codes, False, parallel)
+                assert any(arg.dtype.name == np.dtype(dtype).name
+                           for arg, *_ in kernel.signatures), (rule, parallel)
 
 
 def test_importing_the_package_does_not_import_numba() -> None:

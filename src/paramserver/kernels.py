@@ -25,19 +25,25 @@ Importing this module is what pays the numba import; compiled kernels are cached
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Union
 
 import numpy as np
 import numpy.typing as npt
-from numba import get_num_threads, prange, set_num_threads
-from numba.extending import register_jitable
+from llvmlite import ir as llvm_ir
+from numba import get_num_threads, prange, set_num_threads, types
+from numba.extending import intrinsic, register_jitable
 
+from . import quant
 from .config import ParamError
 from .numba_cache import njit
 
-__all__ = ["adadelta", "adagrad", "adam", "adamax", "nesterov", "rmsprop", "sgd", "threads_for",
-           "warmup"]
+__all__ = ["BLOCK", "CHUNK", "State", "adadelta", "adagrad", "adam", "adamax", "kernel_for",
+           "nesterov", "rmsprop", "sgd", "signed_state", "state_like", "threads_for", "warmup"]
+
+BLOCK = quant.BLOCK
+"""Values per block of 8-bit state (one float32 scale each)."""
 
 CHUNK = 1 << 15
 """Elements per parallel work item. The range is cut into chunks regardless of segment
@@ -153,65 +159,288 @@ def _segment_of(offsets, i):  # type: ignore[no-untyped-def]
     return lo
 
 
+@register_jitable
+def _block_start(offsets, i, n):  # type: ignore[no-untyped-def]
+    """The start of the block holding value ``i`` (blocks of BLOCK counted from each
+    segment's start), or ``n`` for ``i >= n``: where a work item of an 8-bit kernel starts."""
+    if i >= n:
+        return n
+    s = _segment_of(offsets, i)
+    return offsets[s] + (i - offsets[s]) // BLOCK * BLOCK
+
+
+@register_jitable(inline="always")
+def _nonfinite_in(g, lo, hi):  # type: ignore[no-untyped-def]
+    gc = g[lo:hi]  # indices from 0: LLVM sees unit-stride loads
+    count = 0
+    for i in range(gc.shape[0]):
+        z = gc[i] - gc[i]
+        count += z != z
+    return count
+
+
 # ---------------------------------------------------------------------------------------------
-# The one driver. ``_fused_kernel(rule, nstate)`` makes a parallel kernel
-#
-#     kernel(w, g, h, u, offsets, seg, hyp, clip, check) -> int
-#
-# with ``seg[:, s] = (gscale, wd, k0, k1, k2)`` for segment ``s`` and
-# ``hyp = (clip_low, clip_high, p0, ..., p4)``, all of the data type. It first checks that
-# ``offsets`` never decrease (returning False, before writing anything, if they do: the walk
-# below relies on it to stay inside the arrays). Then chunks of CHUNK elements run in parallel;
-# each finds its first segment by binary search over ``offsets`` and walks forward. The inner
-# loop runs over views of one segment's part of the chunk, with an index from 0, so that LLVM
-# sees non-negative unit-stride indices and vectorises it. ``rule`` and ``nstate`` are closure
-# constants: numba compiles the rule into the loop, the unused state branches vanish, and the
-# cache key (which hashes the closure: a module-level function and an int) is the same in
-# every process. ``error_model="numpy"``: a division by zero gives inf or nan, as in NumPy,
-# instead of raising from inside the loop. With ``check``, a first parallel pass reads the
-# gradient only and returns its number of NaN and Inf, writing nothing, when there are any:
-# the step is refused whole (the second pass follows at once, its threads still awake).
+# State codecs (paramserver.quant has the formats and their NumPy reference). A codec is a
+# pair ``load(stored) -> value`` and ``store(value, key, index) -> stored``; a stochastic store
+# draws its random bits from the segment's key and the element's index in its segment. They
+# work on the bit patterns of float32 values in 32-bit integer arithmetic (numba widens
+# integer operations to 64 bits; each result is cast back to 32, which lets LLVM keep 16 lanes
+# to a vector), and are left to LLVM to inline (numba's own inlining of functions with
+# branches trips its SSA checks).
 
 
-def _fused_kernel(rule: Callable[..., Any], nstate: int, name: str) -> Any:
-    def kernel(w, g, h, u, offsets, seg, hyp, clip, check):  # type: ignore[no-untyped-def]
+def _bits_of_float32(typingctx, x):  # type: ignore[no-untyped-def]
+    """The bit pattern of a float32, as uint32."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        return builder.bitcast(args[0], llvm_ir.IntType(32))
+
+    return types.uint32(x), codegen
+
+
+def _float32_of_bits(typingctx, x):  # type: ignore[no-untyped-def]
+    """The float32 whose bit pattern is the low 32 bits of an integer."""
+    if not isinstance(x, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        v = args[0]
+        width = getattr(x, "bitwidth", 32)
+        if width > 32:
+            v = builder.trunc(v, llvm_ir.IntType(32))
+        elif width < 32:
+            v = builder.zext(v, llvm_ir.IntType(32))
+        return builder.bitcast(v, llvm_ir.FloatType())
+
+    return types.float32(x), codegen
+
+
+_bits_of: Any = intrinsic(_bits_of_float32)
+_float_of: Any = intrinsic(_float32_of_bits)
+
+
+_U = np.uint32
+_I = np.int32
+_round_key = register_jitable(quant.round_key)
+_round_bits = register_jitable(quant.round_bits)
+register_jitable(quant.mix32)
+
+
+@register_jitable(inline="always")
+def _as_is(x):  # type: ignore[no-untyped-def]
+    return x
+
+
+@register_jitable(inline="always")
+def _as_is_store(x, key, index):  # type: ignore[no-untyped-def]
+    return x
+
+
+@register_jitable
+def _bf16_load(c):  # type: ignore[no-untyped-def]
+    return _float_of(_U(_U(c) << _U(16)))
+
+
+@register_jitable
+def _bf16(x, add):  # type: ignore[no-untyped-def]
+    b = _U(_bits_of(x) + add)
+    return np.uint16(_U(_U(0x7FC00000) if x != x else b) >> _U(16))
+
+
+@register_jitable
+def _bf16_nearest(x, key, index):  # type: ignore[no-untyped-def]
+    return _bf16(x, _U(_U(0x7FFF) + _U(_U(_bits_of(x) >> _U(16)) & _U(1))))
+
+
+@register_jitable
+def _bf16_stochastic(x, key, index):  # type: ignore[no-untyped-def]
+    return _bf16(x, _U(_U(_round_bits(key, index)) & _U(0xFFFF)))
+
+
+@register_jitable
+def _bf16_value(x):  # type: ignore[no-untyped-def]
+    """``x`` rounded to bfloat16 (nearest, ties to even), as a float32: a value workers read
+    when the updater keeps a float32 master copy (``value_dtype: bfloat16``)."""
+    return _bf16_load(_bf16_nearest(x, 0, 0))
+
+
+# The two 8-bit codes (paramserver.quant.Code8). A block's scale is a power of two, 2^E, so a
+# magnitude code m in a block is the float32 with pattern (m + bias + 8E) << 20, and
+# encoding rounds a value's pattern at bit 20 and takes off the same offset: integer
+# operations only, with the scale folded into a per-block offset.
+assert quant.SIGNED.mbits == quant.UNSIGNED.mbits == 3
+_S_BIAS, _S_TOP = quant.SIGNED.bias, quant.SIGNED.top
+_N_BIAS, _N_TOP = quant.UNSIGNED.bias, quant.UNSIGNED.top
+_E_MIN, _E_MAX = round(np.log2(quant.SCALE_MIN)), round(np.log2(quant.SCALE_MAX))
+
+
+@register_jitable
+def _exponent_of_scale(scale):  # type: ignore[no-untyped-def]
+    """E of a stored scale 2^E (0, a new state's, counts as the least)."""
+    return _I(max(_I(_I(_U(_bits_of(scale) >> _U(23))) - _I(127)), _I(_E_MIN)))
+
+
+@register_jitable
+def _exponent_above(amax):  # type: ignore[no-untyped-def]
+    """The least E with 2^E >= the float32 with pattern ``amax`` (in E_MIN..E_MAX)."""
+    e = _I(_I(_U(amax >> _U(23))) - _I(127) + _I(_U(amax & _U(0x7FFFFF)) != _U(0)))
+    return _I(min(max(e, _I(_E_MIN)), _I(_E_MAX)))
+
+
+@register_jitable
+def _abs_bits(x):  # type: ignore[no-untyped-def]
+    """The pattern of ``abs(x)`` (non-negative state's is its own: never -0.0)."""
+    return _U(_bits_of(x) & _U(0x7FFFFFFF))
+
+
+@register_jitable
+def _scale(e):  # type: ignore[no-untyped-def]
+    return _float_of(_U(_U(e + 127) << _U(23)))
+
+
+@register_jitable
+def _s8_load(c, offset):  # type: ignore[no-untyped-def]
+    u = _U(np.uint8(c))
+    m = _U(u & _U(0x7F))
+    v = _U(_U(m + _U(offset)) << _U(20)) if m != _U(0) else _U(0)  # a signed code's 0 is 0
+    return _float_of(_U(v | _U(_U(u & _U(0x80)) << _U(24))))
+
+
+@register_jitable
+def _u8_load(c, offset):  # type: ignore[no-untyped-def]
+    return _float_of(_U(_U(_U(c) + _U(offset)) << _U(20)))
+
+
+@register_jitable
+def _code(a, add, offset):  # type: ignore[no-untyped-def]
+    """The magnitude code of the float32 with pattern ``a`` (sign cleared), rounded by adding
+    ``add`` below bit 20. No code is above the top one: the value is at most the scale, and
+    rounds at most to it."""
+    return _I(max(_I(_I(_U(_U(a + add) >> _U(20))) - _I(offset)), _I(0)))
+
+
+@register_jitable
+def _nearest_add(a, key, index):  # type: ignore[no-untyped-def]
+    return _U(0x80000)  # to nearest, halves up (exact halves are rare enough to not matter)
+
+
+@register_jitable
+def _random_add(a, key, index):  # type: ignore[no-untyped-def]
+    return _U(_U(_round_bits(key, index)) & _U(0xFFFFF))
+
+
+# Non-negative state is never -0.0 (sums and products of non-negative numbers, and 0 is +0
+# there), so its patterns need no clearing of the sign; a NaN's sign makes it the top code.
+
+
+@register_jitable
+def _s8_nearest(y, offset, key, index):  # type: ignore[no-untyped-def]
+    b = _bits_of(y)
+    a = _U(b & _U(0x7FFFFFFF))
+    m = _code(a, _nearest_add(a, key, index), offset)
+    return np.int8(_U(_U(m) | _U(_U(b >> _U(24)) & _U(0x80))))
+
+
+@register_jitable
+def _s8_stochastic(y, offset, key, index):  # type: ignore[no-untyped-def]
+    b = _bits_of(y)
+    a = _U(b & _U(0x7FFFFFFF))
+    m = _code(a, _random_add(a, key, index), offset)
+    return np.int8(_U(_U(m) | _U(_U(b >> _U(24)) & _U(0x80))))
+
+
+@register_jitable
+def _u8_nearest(y, offset, key, index):  # type: ignore[no-untyped-def]
+    a = _bits_of(y)
+    return np.uint8(_code(a, _nearest_add(a, key, index), offset))
+
+
+@register_jitable
+def _u8_stochastic(y, offset, key, index):  # type: ignore[no-untyped-def]
+    a = _bits_of(y)
+    return np.uint8(_code(a, _random_add(a, key, index), offset))
+
+
+# ---------------------------------------------------------------------------------------------
+# The drivers. ``_fused_kernel(rule, nstate, name)`` makes a kernel
+#
+#     kernel(w, wv, g, h, u, hs, us, offsets, counts, seg, hyp, clip, check) -> int
+#
+# with ``seg[:, s] = (gscale, wd, k0, k1, k2)`` for segment ``s`` and ``hyp = (clip_low, clip_high,
+# p0, ..., p4)``, all of the data type; ``h``, ``u`` the state as stored, ``wv`` (a kernel made with
+# ``master``) the values to write with the bfloat16 rounding of the new ``w`` (then the float32
+# master copy; else unused), ``hs``, ``us`` the block scales of 8-bit state (else unused),
+# ``counts`` the segments' update counts (for the random bits of stochastic rounding; else unused).
+# It first checks that ``offsets`` never decrease (returning -1, before writing anything, if they
+# do: the walk below relies on it to stay inside the arrays), and for 8-bit state that the scales
+# have one entry per block (-2). Then chunks of CHUNK elements run in parallel; each finds its first
+# segment by binary search over ``offsets`` and walks forward. The inner loop runs over views of one
+# segment's part of the chunk, with an index from 0, so that LLVM sees non-negative unit-stride
+# indices and vectorises it. ``rule``, ``nstate`` and the codec are closure constants: numba
+# compiles the rule into the loop, the unused state branches vanish, and the cache key (which hashes
+# the closure: module-level functions and ints) is the same in every process.
+# ``error_model="numpy"``: a division by zero gives inf or nan, as in NumPy, instead of raising from
+# inside the loop. With ``check``, a first pass reads the gradient only and returns its number of
+# NaN and Inf, writing nothing, when there are any: the step is refused whole (the second pass
+# follows at once, its threads still awake).
+#
+# Each kernel is made twice: parallel, and serial for calls of one chunk (a parallel region
+# waits for every thread it wakes, and on a busy machine a thread with nothing to do may not
+# be scheduled for milliseconds; the serial one needs no thread-count change around it, and a
+# job of small Params compiles only it).
+#
+# 8-bit state: a work item is a run of whole blocks (chunks are moved to the block boundary
+# of their segment); each block is updated into a buffer of BLOCK values (L1), its new scale
+# is the largest magnitude there, and the codes are written from the buffer.
+
+
+def _fused_kernel(rule: Callable[..., Any], nstate: int, name: str,
+                  load: Callable[..., Any] = _as_is, store: Callable[..., Any] = _as_is_store,
+                  stochastic: bool = False, parallel: bool = True, master: bool = False) -> Any:
+    """The kernel of ``rule`` with ``nstate`` state arrays, stored through ``load`` and
+    ``store`` (float state by default); with ``master``, ``w`` is the float32 master copy and
+    ``wv`` gets its bfloat16 rounding; see above."""
+
+    def kernel(w, wv, g, h, u, hs, us, offsets, counts, seg, hyp, clip, check):  # type: ignore[no-untyped-def]
         for s in range(offsets.shape[0] - 1):
             if offsets[s + 1] < offsets[s]:
                 return -1
         n = w.shape[0]
+        nchunks = (n + CHUNK - 1) // CHUNK
         if check:  # a read-only pass first: a gradient with NaN or Inf writes nothing
             found = 0
-            for c in prange((n + CHUNK - 1) // CHUNK):
-                gc = g[c * CHUNK:min(c * CHUNK + CHUNK, n)]
-                count = 0
-                for i in range(gc.shape[0]):
-                    z = gc[i] - gc[i]
-                    count += z != z
-                found += count
+            for c in prange(nchunks):
+                found += _nonfinite_in(g, c * CHUNK, min(c * CHUNK + CHUNK, n))
             if found > 0:
                 return found
         clip_low = hyp[0]
         clip_high = hyp[1]
         p = (hyp[2], hyp[3], hyp[4], hyp[5], hyp[6])
         nonfinite = 0
-        for c in prange((n + CHUNK - 1) // CHUNK):
+        for c in prange(nchunks):
             pos = c * CHUNK
             stop = min(pos + CHUNK, n)
             s = _segment_of(offsets, pos)
+            bad = _I(0)  # 32 bits: 16 lanes to a vector (64-bit counts would halve them)
             while pos < stop:
                 end = min(offsets[s + 1], stop)
                 gscale = seg[0, s]
                 wd = seg[1, s]
                 k = (seg[2, s], seg[3, s], seg[4, s])
+                key0 = _round_key(counts[s], 0) if stochastic else np.uint64(0)
+                key1 = _round_key(counts[s], 1) if stochastic else np.uint64(0)
+                first = pos - offsets[s]
                 ws = w[pos:end]
+                vs = wv[pos:end] if master else wv
                 gs = g[pos:end]
-                hs = h[pos:end] if nstate >= 1 else h
-                us = u[pos:end] if nstate >= 2 else u
-                bad = 0
+                hs_ = h[pos:end] if nstate >= 1 else h
+                us_ = u[pos:end] if nstate >= 2 else u
                 for i in range(end - pos):
                     gi = gs[i]
                     d = gi - gi  # 0, or NaN for an Inf or NaN: counted in the same pass
-                    bad += d != d
+                    bad = _I(bad + _I(d != d))
                     if clip:
                         gi = min(max(gi, clip_low), clip_high)
                     gi = gi * gscale
@@ -219,57 +448,247 @@ def _fused_kernel(rule: Callable[..., Any], nstate: int, name: str) -> Any:
                     if wd > 0:
                         gi = gi + wd * wi
                     # The stand-in for a state a rule does not keep is any value of the type.
-                    hi = hs[i] if nstate >= 1 else gi
-                    ui = us[i] if nstate >= 2 else gi
+                    hi = load(hs_[i]) if nstate >= 1 else gi
+                    ui = load(us_[i]) if nstate >= 2 else gi
                     wi, hi, ui = rule(wi, gi, hi, ui, k, p)
                     ws[i] = wi
+                    if master:
+                        vs[i] = _bf16_value(wi)
                     if nstate >= 1:
-                        hs[i] = hi
+                        hs_[i] = store(hi, key0, first + i)
                     if nstate >= 2:
-                        us[i] = ui
-                nonfinite += bad
+                        us_[i] = store(ui, key1, first + i)
                 pos = end
                 s += 1
+            nonfinite += bad
         return nonfinite
 
+    return _jit(kernel, name, parallel)
+
+
+def _blockwise_kernel(rule: Callable[..., Any], nstate: int, name: str,
+                      code0: str, code1: str, stochastic: bool = False,
+                      parallel: bool = True, master: bool = False) -> Any:
+    """The kernel of ``rule`` over 8-bit block-wise state kept as ``code0`` and ``code1``
+    (``"int8"`` or ``"uint8"``); see above."""
+    load0, load1 = _LOADS[code0], _LOADS[code1]
+    store0, store1 = _STORES[code0, stochastic], _STORES[code1, stochastic]
+    bias0, bias1 = _BIASES[code0], _BIASES[code1]
+    abs0, abs1 = _MAGNITUDE_BITS[code0], _MAGNITUDE_BITS[code1]
+
+    def kernel(w, wv, g, h, u, hs, us, offsets, counts, seg, hyp, clip, check):  # type: ignore[no-untyped-def]
+        nseg = offsets.shape[0] - 1
+        for s in range(nseg):
+            if offsets[s + 1] < offsets[s]:
+                return -1
+        first_block = np.empty(nseg + 1, np.int64)
+        first_block[0] = 0
+        for s in range(nseg):
+            first_block[s + 1] = first_block[s] + (offsets[s + 1] - offsets[s] + BLOCK - 1
+                                                   ) // BLOCK
+        if hs.shape[0] != first_block[nseg] or (nstate >= 2 and us.shape[0] != first_block[nseg]):
+            return -2
+        n = w.shape[0]
+        nchunks = (n + CHUNK - 1) // CHUNK
+        if check:
+            found = 0
+            for c in prange(nchunks):
+                found += _nonfinite_in(g, c * CHUNK, min(c * CHUNK + CHUNK, n))
+            if found > 0:
+                return found
+        clip_low = hyp[0]
+        clip_high = hyp[1]
+        p = (hyp[2], hyp[3], hyp[4], hyp[5], hyp[6])
+        nonfinite = 0
+        for c in prange(nchunks):
+            buf0 = np.empty(BLOCK, np.float32)
+            buf1 = np.empty(BLOCK, np.float32)
+            pos = _block_start(offsets, c * CHUNK, n)
+            stop = _block_start(offsets, c * CHUNK + CHUNK, n)
+            s = _segment_of(offsets, pos)
+            bad = _I(0)
+            while pos < stop:
+                start = offsets[s]
+                end = min(offsets[s + 1], stop)
+                gscale = seg[0, s]
+                wd = seg[1, s]
+                k = (seg[2, s], seg[3, s], seg[4, s])
+                key0 = _round_key(counts[s], 0) if stochastic else np.uint64(0)
+                key1 = _round_key(counts[s], 1) if stochastic else np.uint64(0)
+                while pos < end:
+                    bend = min(pos + BLOCK, end)
+                    b = first_block[s] + (pos - start) // BLOCK
+                    e0 = _exponent_of_scale(hs[b])
+                    e1 = _exponent_of_scale(us[b]) if nstate >= 2 else e0
+                    ws = w[pos:bend]
+                    vs = wv[pos:bend] if master else wv
+                    gs = g[pos:bend]
+                    hb = h[pos:bend]
+                    ub = u[pos:bend] if nstate >= 2 else u
+                    off0 = _I(bias0 + 8 * e0)
+                    off1 = _I(bias1 + 8 * e1)
+                    amax0 = _U(0)
+                    amax1 = _U(0)
+                    for i in range(bend - pos):
+                        gi = gs[i]
+                        d = gi - gi
+                        bad = _I(bad + _I(d != d))
+                        if clip:
+                            gi = min(max(gi, clip_low), clip_high)
+                        gi = gi * gscale
+                        wi = ws[i]
+                        if wd > 0:
+                            gi = gi + wd * wi
+                        hi = load0(hb[i], off0)
+                        ui = load1(ub[i], off1) if nstate >= 2 else gi
+                        wi, hi, ui = rule(wi, gi, hi, ui, k, p)
+                        ws[i] = wi
+                        if master:
+                            vs[i] = _bf16_value(wi)
+                        buf0[i] = hi
+                        amax0 = max(amax0, abs0(hi))
+                        if nstate >= 2:
+                            buf1[i] = ui
+                            amax1 = max(amax1, abs1(ui))
+                    base = pos - start
+                    e0 = _exponent_above(amax0)
+                    off0 = _I(bias0 + 8 * e0)
+                    for i in range(bend - pos):
+                        hb[i] = store0(buf0[i], off0, key0, base + i)
+                    hs[b] = _scale(e0)
+                    if nstate >= 2:
+                        e1 = _exponent_above(amax1)
+                        off1 = _I(bias1 + 8 * e1)
+                        for i in range(bend - pos):
+                            ub[i] = store1(buf1[i], off1, key1, base + i)
+                        us[b] = _scale(e1)
+                    pos = bend
+                s += 1
+            nonfinite += bad
+        return nonfinite
+
+    return _jit(kernel, name, parallel)
+
+
+def _jit(kernel: Callable[..., Any], name: str, parallel: bool) -> Any:
+    name = name if parallel else name + "_serial"
     kernel.__name__ = kernel.__qualname__ = name  # names the cache files, one set per kernel
-    return njit(nogil=True, parallel=True, cache=True, fastmath=False, error_model="numpy")(kernel)
+    return njit(nogil=True, parallel=parallel, cache=True, fastmath=False,
+                error_model="numpy")(kernel)
 
 
-_sgd_kernel = _fused_kernel(_sgd_rule, 0, "_sgd_kernel")
-_momentum_kernel = _fused_kernel(_momentum_rule, 1, "_momentum_kernel")
-_nesterov_kernel = _fused_kernel(_nesterov_rule, 1, "_nesterov_kernel")
-_adagrad_kernel = _fused_kernel(_adagrad_rule, 1, "_adagrad_kernel")
-_rmsprop_kernel = _fused_kernel(_rmsprop_rule, 1, "_rmsprop_kernel")
-_rmsprop_momentum_kernel = _fused_kernel(_rmsprop_rule, 2, "_rmsprop_momentum_kernel")
-_adadelta_kernel = _fused_kernel(_adadelta_rule, 2, "_adadelta_kernel")
-_adam_kernel = _fused_kernel(_adam_rule, 2, "_adam_kernel")
-_adam_inner_delta_kernel = _fused_kernel(_adam_inner_delta_rule, 2, "_adam_inner_delta_kernel")
-_adamax_kernel = _fused_kernel(_adamax_rule, 2, "_adamax_kernel")
+# ---------------------------------------------------------------------------------------------
+# The kernels by method and state type, made on first use (a job compiles only those it runs).
 
-_KERNELS = (
-    _sgd_kernel,
-    _momentum_kernel,
-    _nesterov_kernel,
-    _adagrad_kernel,
-    _rmsprop_kernel,
-    _rmsprop_momentum_kernel,
-    _adadelta_kernel,
-    _adam_kernel,
-    _adam_inner_delta_kernel,
-    _adamax_kernel,
-)
+#: The rules by name (quant.SIGNED_STATE says which of their state may be negative).
+_RULES: dict[str, Callable[..., Any]] = {
+    "sgd": _sgd_rule,
+    "momentum": _momentum_rule,
+    "nesterov": _nesterov_rule,
+    "adagrad": _adagrad_rule,
+    "rmsprop": _rmsprop_rule,
+    "rmsprop_momentum": _rmsprop_rule,
+    "adadelta": _adadelta_rule,
+    "adam": _adam_rule,
+    "adam_inner_delta": _adam_inner_delta_rule,
+    "adamax": _adamax_rule,
+}
+
+_LOADS: dict[str, Any] = {"int8": _s8_load, "uint8": _u8_load}
+_MAGNITUDE_BITS: dict[str, Any] = {"int8": _abs_bits, "uint8": _bits_of}
+_BIASES = {"int8": _S_BIAS, "uint8": _N_BIAS}
+_STORES: dict[tuple[str, bool], Any] = {
+    ("bfloat16", False): _bf16_nearest, ("bfloat16", True): _bf16_stochastic,
+    ("int8", False): _s8_nearest, ("int8", True): _s8_stochastic,
+    ("uint8", False): _u8_nearest, ("uint8", True): _u8_stochastic}
+_made: dict[tuple[Any, ...], Any] = {}
+_making = threading.Lock()
+
+
+def signed_state(rule: str) -> tuple[bool, ...]:
+    """For each state array of kernel ``rule`` (``"adam"``, ``"momentum"``), whether it may be
+    negative."""
+    return quant.SIGNED_STATE[rule]
+
+
+def kernel_for(rule: str, codes: tuple[str, ...] = (), stochastic: bool = False,
+               parallel: bool = True, master: bool = False) -> Any:
+    """The compiled-on-first-use kernel of ``rule`` for state stored as ``codes`` (one per
+    state array: ``"float"``, ``"bfloat16"``, ``"int8"`` or ``"uint8"``); with ``master``,
+    the one that also writes the bfloat16 rounding of the values it updates."""
+    key = (rule, codes, stochastic and bool(codes) and codes[0] != "float", parallel, master)
+    found = _made.get(key)
+    if found is not None:
+        return found
+    with _making:
+        found = _made.get(key)
+        if found is None:
+            found = _made[key] = _make(*key)
+    return found
+
+
+def _make(rule: str, codes: tuple[str, ...], stochastic: bool, parallel: bool,
+          master: bool) -> Any:
+    fn = _RULES[rule]
+    nstate = len(codes)
+    name = f"_{rule}_kernel" + ("_master" if master else "")
+    if not codes or codes[0] == "float":
+        return _fused_kernel(fn, nstate, name, parallel=parallel, master=master)
+    suffix = "_".join(dict.fromkeys(codes)) + ("_sr" if stochastic else "")
+    if codes[0] == "bfloat16":
+        return _fused_kernel(fn, nstate, f"{name}_{suffix}", _bf16_load,
+                             _STORES["bfloat16", stochastic], stochastic, parallel, master)
+    return _blockwise_kernel(fn, nstate, f"{name}_{suffix}", codes[0], codes[-1], stochastic,
+                             parallel, master)
 
 
 # ---------------------------------------------------------------------------------------------
 # The Python side: check the buffers, round the coefficients to the data type, launch.
 
+State = Union[np.ndarray, tuple[np.ndarray, np.ndarray]]  # noqa: UP007 (a runtime alias)
+"""A state array as a kernel takes it: float values of ``w``'s type, bfloat16 bit patterns
+(``uint16``), or 8-bit codes with their block scales, ``(codes, scales)``: ``int8`` codes
+for state that may be negative, ``uint8`` for non-negative state, ``float32`` scales, one
+per block of BLOCK values counted from each segment's start."""
+
+_EMPTY_I64 = np.zeros(0, np.int64)
+
+
+def _code_of(role: str, a: Any, w: np.ndarray, signed: bool) -> tuple[str, np.ndarray,
+                                                                      np.ndarray | None]:
+    """How state ``a`` is stored: its code name, its array and its scales (8-bit)."""
+    if isinstance(a, tuple):
+        if len(a) != 2:
+            raise ParamError(f"{role}: an 8-bit state is a pair (codes, scales), not "
+                             f"{len(a)} arrays")
+        codes, scales = a
+        if not isinstance(codes, np.ndarray) or codes.dtype not in (np.int8, np.uint8):
+            raise ParamError(f"{role} codes must be an int8 or uint8 numpy array, not "
+                             f"{_describe(codes)}")
+        if not isinstance(scales, np.ndarray) or scales.dtype != np.float32 or \
+                scales.ndim != 1 or not scales.flags.c_contiguous or not scales.flags.writeable:
+            raise ParamError(f"{role} scales must be a writeable 1-D C-contiguous float32 "
+                             f"numpy array, not {_describe(scales)}")
+        code = codes.dtype.name
+        if signed and code == "uint8":
+            raise ParamError(f"{role} may be negative: its 8-bit codes must be int8 (uint8 "
+                             "codes hold non-negative state)")
+        return code, codes, scales
+    if not isinstance(a, np.ndarray):
+        raise ParamError(f"{role} must be a numpy array, not {_describe(a)}")
+    if a.dtype == w.dtype:
+        return "float", a, None
+    if a.dtype == np.uint16:
+        return "bfloat16", a, None
+    raise ParamError(f"{role} must be a {w.dtype} numpy array like w, bfloat16 bit patterns "
+                     f"(uint16) or 8-bit (codes, scales), not {_describe(a)}")
+
 
 def _launch(
-    kernel: Any,
+    rule: str,
     w: np.ndarray,
     g: np.ndarray,
-    states: dict[str, np.ndarray],
+    states: dict[str, State],
     offsets: npt.ArrayLike,
     gscale: PerSegment,
     wd: PerSegment,
@@ -278,19 +697,44 @@ def _launch(
     clip_low: float,
     clip_high: float,
     check: bool = False,
+    stochastic: bool = False,
+    step: PerSegment | None = None,
+    bf16_values: np.ndarray | None = None,
 ) -> int:
     if not isinstance(w, np.ndarray) or w.dtype not in (np.float32, np.float64):
         raise ParamError(f"w must be a float32 or float64 numpy array, not {_describe(w)}")
+    master = bf16_values is not None
+    if master:
+        if not isinstance(bf16_values, np.ndarray) or bf16_values.dtype != np.float32 \
+                or w.dtype != np.float32:
+            raise ParamError("bf16_values (the values read beside a float32 master copy w) "
+                             f"and w must be float32 numpy arrays, not "
+                             f"{_describe(bf16_values)} and {_describe(w)}")
+        if bf16_values.shape != w.shape or not bf16_values.flags.c_contiguous \
+                or not bf16_values.flags.writeable:
+            raise ParamError(f"bf16_values must be writeable, 1-D, C-contiguous and of w's "
+                             f"length {w.shape[0]}, got shape {bf16_values.shape}")
+        if np.shares_memory(bf16_values, w):
+            raise ParamError("bf16_values and the master copy w must not overlap")
     dtype = w.dtype
-    for role, a in (("w", w), ("g", g), *states.items()):
-        if not isinstance(a, np.ndarray) or a.dtype != dtype:
-            raise ParamError(f"{role} must be a {dtype} numpy array like w, not {_describe(a)}")
+    if not isinstance(g, np.ndarray) or g.dtype != dtype:
+        raise ParamError(f"g must be a {dtype} numpy array like w, not {_describe(g)}")
+    signs = quant.SIGNED_STATE[rule]
+    found = [_code_of(role, a, w, signs[i]) for i, (role, a) in enumerate(states.items())]
+    codes = tuple(c for c, _, _ in found)
+    family = {"int8": "8-bit", "uint8": "8-bit"}
+    if len({family.get(c, c) for c in codes}) > 1:
+        raise ParamError(f"state arrays {list(states)} are kept as {list(codes)}: one call "
+                         "takes one kind (float, bfloat16 or 8-bit)")
+    if codes and codes[0] != "float" and dtype != np.float32:
+        raise ParamError(f"bfloat16 and 8-bit state are for float32 values, not {dtype}")
+    for role, a in (("w", w), ("g", g), *((r, f[1]) for r, f in zip(states, found))):
         if a.ndim != 1 or a.shape != w.shape or not a.flags.c_contiguous:
             raise ParamError(
                 f"{role} must be 1-D, C-contiguous and of w's length {w.shape[0]}, "
                 f"got shape {a.shape} (contiguous: {a.flags.c_contiguous})"
             )
-    for role, a in (("w", w), *states.items()):
+    for role, a in (("w", w), *((r, f[1]) for r, f in zip(states, found))):
         if not a.flags.writeable:
             raise ParamError(f"{role} is read-only; it is updated in place")
     offsets = np.ascontiguousarray(offsets, dtype=np.int64)
@@ -307,16 +751,41 @@ def _launch(
         ) from None
     hyp = np.zeros(2 + _NUM_PARAMS, dtype)
     hyp[: 2 + len(p)] = (clip_low, clip_high, *p)
+    stochastic = bool(stochastic) and bool(codes) and codes[0] != "float"
+    counts = _EMPTY_I64
+    if stochastic:
+        if step is None:
+            raise ParamError("stochastic rounding needs step (per segment, the number of "
+                             "this update): its random bits are drawn from it")
+        counts = np.ascontiguousarray(np.broadcast_to(_step(step).astype(np.int64), (nseg,)))
     # A read-only view: one compiled signature for g, whether or not the caller's is writeable.
     gv = g.view()
     gv.flags.writeable = False
-    h, u = (*states.values(), w[:0], w[:0])[:2]
-    with threads_for(w.shape[0]):
-        nonfinite = int(kernel(w, gv, h, u, offsets, seg, hyp, bool(clip_high > clip_low),
-                               bool(check)))
-    if nonfinite < 0:
+    arrays = [a for _, a, _ in found] + [w[:0], w[:0]]
+    scales = [sc for _, _, sc in found if sc is not None] + [_NO_SCALES, _NO_SCALES]
+    n = w.shape[0]
+    parallel = n > CHUNK
+    kernel = kernel_for(rule, codes, stochastic, parallel, master)
+    wv = bf16_values if bf16_values is not None else w[:0]
+    args = (w, wv, gv, arrays[0], arrays[1], scales[0], scales[1], offsets, counts, seg, hyp,
+            bool(clip_high > clip_low), bool(check))
+    if parallel:
+        with threads_for(n):
+            nonfinite = int(kernel(*args))
+    else:
+        nonfinite = int(kernel(*args))
+    if nonfinite == -1:
         _bad_offsets(offsets, w)
+    if nonfinite == -2:
+        sizes = np.diff(offsets)
+        raise ParamError(f"8-bit state: the scales must have one entry per block of {BLOCK} "
+                         f"values counted from each segment's start "
+                         f"({int((-(-sizes // BLOCK)).sum())}), got "
+                         f"{[len(sc) for sc in scales[:len(found)]]}")
     return nonfinite
+
+
+_NO_SCALES = np.zeros(0, np.float32)
 
 
 @contextlib.contextmanager
@@ -354,13 +823,15 @@ def _f64(x: PerSegment) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------
 # The kernels. All update ``w`` and the state in place and return the number of gradient
 # elements that were NaN or Inf (counted in the same pass; the update is applied regardless:
-# the caller decides what a non-finite gradient means).
+# the caller decides what a non-finite gradient means). Each state array may be kept as
+# ``State`` says: of w's type, bfloat16 (uint16 patterns) or 8-bit ``(codes, scales)``
+# (low-precision state needs float32 values; one call's state is of one kind).
 
 
 def sgd(
     w: np.ndarray,
     g: np.ndarray,
-    h: np.ndarray,
+    h: State,
     offsets: npt.ArrayLike,
     lr: PerSegment,
     wd: PerSegment = 0.0,
@@ -372,6 +843,9 @@ def sgd(
     clip_low: float = 0.0,
     clip_high: float = 0.0,
     check: bool = False,
+    stochastic: bool = False,
+    bf16_values: np.ndarray | None = None,
+    step: PerSegment | None = None,
 ) -> int:
     """SGD: ``h = momentum*h - lr*g; w = w + h``, or ``w = w - lr*g`` when momentum is 0.
 
@@ -394,12 +868,17 @@ def sgd(
       torch_form: torch.optim's form of the momentum (above).
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
       check: read the gradient first, and write nothing if it holds NaN or Inf.
+      stochastic: round bfloat16 and 8-bit state stochastically (else to nearest).
+      bf16_values: with a float32 master copy as ``w``, the values read (float32, w's
+        length), written with the new ``w`` rounded to bfloat16 (nearest, ties to even).
+      step: per segment, the number ``t >= 1`` of this update (the key of the random bits
+        of stochastic rounding).
     """
     if momentum > 0:
         keep = 1.0 - _f64(dampening)
         k = (-keep, -_f64(lr)) if torch_form else (_f64(lr) * keep, 1.0)
         return _launch(
-            _momentum_kernel,
+            "momentum",
             w,
             g,
             {"h": h},
@@ -411,17 +890,21 @@ def sgd(
             clip_low,
             clip_high,
             check,
+            stochastic,
+            step,
+            bf16_values,
         )
     else:
         return _launch(
-            _sgd_kernel, w, g, {}, offsets, gscale, wd, (lr,), (), clip_low, clip_high, check
+            "sgd", w, g, {}, offsets, gscale, wd, (lr,), (), clip_low, clip_high, check,
+            bf16_values=bf16_values,
         )
 
 
 def nesterov(
     w: np.ndarray,
     g: np.ndarray,
-    h: np.ndarray,
+    h: State,
     offsets: npt.ArrayLike,
     lr: PerSegment,
     wd: PerSegment = 0.0,
@@ -432,6 +915,9 @@ def nesterov(
     clip_low: float = 0.0,
     clip_high: float = 0.0,
     check: bool = False,
+    stochastic: bool = False,
+    bf16_values: np.ndarray | None = None,
+    step: PerSegment | None = None,
 ) -> int:
     """Nesterov: ``h0 = h; h = momentum*h + lr*g; w = w - ((1+momentum)*h - momentum*h0)``.
 
@@ -450,9 +936,14 @@ def nesterov(
       torch_form: torch.optim's form of the momentum (above).
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
       check: read the gradient first, and write nothing if it holds NaN or Inf.
+      stochastic: round bfloat16 and 8-bit state stochastically (else to nearest).
+      bf16_values: with a float32 master copy as ``w``, the values read (float32, w's
+        length), written with the new ``w`` rounded to bfloat16 (nearest, ties to even).
+      step: per segment, the number ``t >= 1`` of this update (the key of the random bits
+        of stochastic rounding).
     """
     return _launch(
-        _nesterov_kernel,
+        "nesterov",
         w,
         g,
         {"h": h},
@@ -464,13 +955,16 @@ def nesterov(
         clip_low,
         clip_high,
         check,
+        stochastic,
+        step,
+        bf16_values,
     )
 
 
 def adagrad(
     w: np.ndarray,
     g: np.ndarray,
-    h: np.ndarray,
+    h: State,
     offsets: npt.ArrayLike,
     lr: PerSegment,
     wd: PerSegment = 0.0,
@@ -481,6 +975,9 @@ def adagrad(
     clip_low: float = 0.0,
     clip_high: float = 0.0,
     check: bool = False,
+    stochastic: bool = False,
+    bf16_values: np.ndarray | None = None,
+    step: PerSegment | None = None,
 ) -> int:
     """AdaGrad: ``h = h + g*g; w = w - lr*g/sqrt(h + delta)``; with ``torch_form``,
     torch.optim.Adagrad's ``w = w - lr*g/(sqrt(h) + delta)``.
@@ -497,9 +994,14 @@ def adagrad(
       torch_form: torch.optim's placement of delta (above).
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
       check: read the gradient first, and write nothing if it holds NaN or Inf.
+      stochastic: round bfloat16 and 8-bit state stochastically (else to nearest).
+      bf16_values: with a float32 master copy as ``w``, the values read (float32, w's
+        length), written with the new ``w`` rounded to bfloat16 (nearest, ties to even).
+      step: per segment, the number ``t >= 1`` of this update (the key of the random bits
+        of stochastic rounding).
     """
     return _launch(
-        _adagrad_kernel,
+        "adagrad",
         w,
         g,
         {"h": h},
@@ -511,13 +1013,16 @@ def adagrad(
         clip_low,
         clip_high,
         check,
+        stochastic,
+        step,
+        bf16_values,
     )
 
 
 def rmsprop(
     w: np.ndarray,
     g: np.ndarray,
-    h: np.ndarray,
+    h: State,
     offsets: npt.ArrayLike,
     lr: PerSegment,
     wd: PerSegment = 0.0,
@@ -527,10 +1032,13 @@ def rmsprop(
     delta: float = 1e-8,
     torch_form: bool = False,
     momentum: float = 0.0,
-    u: np.ndarray | None = None,
+    u: State | None = None,
     clip_low: float = 0.0,
     clip_high: float = 0.0,
     check: bool = False,
+    stochastic: bool = False,
+    bf16_values: np.ndarray | None = None,
+    step: PerSegment | None = None,
 ) -> int:
     """RMSProp: ``h = rho*h + (1-rho)*g*g; w = w - lr*g/sqrt(h + delta)``.
 
@@ -553,17 +1061,22 @@ def rmsprop(
       u: the momentum buffer, updated in place (needed when ``momentum > 0``).
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
       check: read the gradient first, and write nothing if it holds NaN or Inf.
+      stochastic: round bfloat16 and 8-bit state stochastically (else to nearest).
+      bf16_values: with a float32 master copy as ``w``, the values read (float32, w's
+        length), written with the new ``w`` rounded to bfloat16 (nearest, ties to even).
+      step: per segment, the number ``t >= 1`` of this update (the key of the random bits
+        of stochastic rounding).
     """
     inner, outer = (0.0, delta) if torch_form else (delta, 0.0)
     if momentum > 0:
         if u is None or not torch_form:
             raise ParamError("RMSProp's momentum is torch.optim's: it needs torch_form and "
                              "the momentum buffer u")
-        return _launch(_rmsprop_momentum_kernel, w, g, {"h": h, "u": u}, offsets, gscale, wd,
+        return _launch("rmsprop_momentum", w, g, {"h": h, "u": u}, offsets, gscale, wd,
                        (lr,), (rho, 1.0 - rho, inner, outer, momentum), clip_low, clip_high,
-                       check)
+                       check, stochastic, step, bf16_values)
     return _launch(
-        _rmsprop_kernel,
+        "rmsprop",
         w,
         g,
         {"h": h},
@@ -575,14 +1088,17 @@ def rmsprop(
         clip_low,
         clip_high,
         check,
+        stochastic,
+        step,
+        bf16_values,
     )
 
 
 def adadelta(
     w: np.ndarray,
     g: np.ndarray,
-    h: np.ndarray,
-    u: np.ndarray,
+    h: State,
+    u: State,
     offsets: npt.ArrayLike,
     lr: PerSegment,
     wd: PerSegment = 0.0,
@@ -593,6 +1109,9 @@ def adadelta(
     clip_low: float = 0.0,
     clip_high: float = 0.0,
     check: bool = False,
+    stochastic: bool = False,
+    bf16_values: np.ndarray | None = None,
+    step: PerSegment | None = None,
 ) -> int:
     """AdaDelta: ``h = rho*h + (1-rho)*g*g; t = g*sqrt(u + delta)/sqrt(h + delta);
     u = rho*u + (1-rho)*t*t; w = w - lr*t``.
@@ -610,9 +1129,14 @@ def adadelta(
       delta: added under the square roots; > 0.
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
       check: read the gradient first, and write nothing if it holds NaN or Inf.
+      stochastic: round bfloat16 and 8-bit state stochastically (else to nearest).
+      bf16_values: with a float32 master copy as ``w``, the values read (float32, w's
+        length), written with the new ``w`` rounded to bfloat16 (nearest, ties to even).
+      step: per segment, the number ``t >= 1`` of this update (the key of the random bits
+        of stochastic rounding).
     """
     return _launch(
-        _adadelta_kernel,
+        "adadelta",
         w,
         g,
         {"h": h, "u": u},
@@ -624,14 +1148,17 @@ def adadelta(
         clip_low,
         clip_high,
         check,
+        stochastic,
+        step,
+        bf16_values,
     )
 
 
 def adam(
     w: np.ndarray,
     g: np.ndarray,
-    m: np.ndarray,
-    v: np.ndarray,
+    m: State,
+    v: State,
     offsets: npt.ArrayLike,
     lr: PerSegment,
     wd: PerSegment = 0.0,
@@ -646,6 +1173,8 @@ def adam(
     clip_low: float = 0.0,
     clip_high: float = 0.0,
     check: bool = False,
+    stochastic: bool = False,
+    bf16_values: np.ndarray | None = None,
 ) -> int:
     """Adam (or AdamW with ``decoupled=True``) with bias correction.
 
@@ -668,13 +1197,17 @@ def adam(
       lr: learning rate per segment (already times ``lr_scale``).
       wd: weight decay per segment (already times ``wd_scale``); applied when > 0.
       gscale: gradient scale per segment (``1/number_of_sharers``).
-      step: per segment, the number ``t >= 1`` of this update (1 for the first update).
+      step: per segment, the number ``t >= 1`` of this update (1 for the first update; also
+        the key of the random bits of stochastic rounding).
       beta1, beta2: decays of the moment estimates, in [0, 1).
       delta: added to the denominator (Adam's epsilon); > 0.
       decoupled: AdamW's decoupled weight decay.
       bias_correction: False for SINGA v0.3's kAdam (see above).
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
       check: read the gradient first, and write nothing if it holds NaN or Inf.
+      stochastic: round bfloat16 and 8-bit state stochastically (else to nearest).
+      bf16_values: with a float32 master copy as ``w``, the values read (float32, w's
+        length), written with the new ``w`` rounded to bfloat16 (nearest, ties to even).
     """
     lr64 = _f64(lr)
     if bias_correction:
@@ -689,7 +1222,7 @@ def adam(
     else:
         coupled_wd, decay = wd, 1.0
     return _launch(
-        _adam_kernel if bias_correction else _adam_inner_delta_kernel,
+        "adam" if bias_correction else "adam_inner_delta",
         w,
         g,
         {"m": m, "v": v},
@@ -701,14 +1234,17 @@ def adam(
         clip_low,
         clip_high,
         check,
+        stochastic,
+        step,
+        bf16_values,
     )
 
 
 def adamax(
     w: np.ndarray,
     g: np.ndarray,
-    m: np.ndarray,
-    u: np.ndarray,
+    m: State,
+    u: State,
     offsets: npt.ArrayLike,
     lr: PerSegment,
     wd: PerSegment = 0.0,
@@ -722,6 +1258,8 @@ def adamax(
     clip_low: float = 0.0,
     clip_high: float = 0.0,
     check: bool = False,
+    stochastic: bool = False,
+    bf16_values: np.ndarray | None = None,
 ) -> int:
     """AdaMax, the infinity-norm variant of Adam (Kingma & Ba 2015, section 7.1).
 
@@ -739,12 +1277,16 @@ def adamax(
       lr: learning rate per segment (already times ``lr_scale``).
       wd: weight decay per segment (already times ``wd_scale``); applied when > 0.
       gscale: gradient scale per segment (``1/number_of_sharers``).
-      step: per segment, the number ``t >= 1`` of this update (1 for the first update).
+      step: per segment, the number ``t >= 1`` of this update (1 for the first update; also
+        the key of the random bits of stochastic rounding).
       beta1, beta2: decays of the moment and of the norm, in [0, 1).
       delta: keeps the denominator above 0; > 0.
       bias_correction: False for SINGA v0.3's kAdamMax (see above).
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
       check: read the gradient first, and write nothing if it holds NaN or Inf.
+      stochastic: round bfloat16 and 8-bit state stochastically (else to nearest).
+      bf16_values: with a float32 master copy as ``w``, the values read (float32, w's
+        length), written with the new ``w`` rounded to bfloat16 (nearest, ties to even).
     """
     lr64 = _f64(lr)
     if bias_correction:
@@ -754,7 +1296,7 @@ def adamax(
     else:
         a, inner, outer = lr64, 0.0, delta
     return _launch(
-        _adamax_kernel,
+        "adamax",
         w,
         g,
         {"m": m, "u": u},
@@ -766,6 +1308,9 @@ def adamax(
         clip_low,
         clip_high,
         check,
+        stochastic,
+        step,
+        bf16_values,
     )
 
 
@@ -776,22 +1321,48 @@ def _step(step: PerSegment) -> np.ndarray:
     return t
 
 
-def warmup(dtype: npt.DTypeLike = np.float32) -> None:
-    """Compile, or load from numba's on-disk cache, every kernel for ``dtype``.
+def state_like(w: np.ndarray, state_dtype: str = "float32", signed: bool = True) -> State:
+    """A zero state array for values ``w`` (one segment), kept as ``state_dtype``."""
+    n = w.shape[0]
+    if state_dtype == "float32":
+        return np.zeros(n, w.dtype)
+    if state_dtype == "bfloat16":
+        return np.zeros(n, np.uint16)
+    quant.check_state_dtype(state_dtype)
+    return np.zeros(n, np.int8 if signed else np.uint8), np.zeros(-(-n // BLOCK), np.float32)
+
+
+def warmup(dtype: npt.DTypeLike = np.float32, state_dtype: str = "float32", *,
+           stochastic: bool = False, sizes: tuple[int, ...] = (1, CHUNK + 1)) -> None:
+    """Compile, or load from numba's on-disk cache, every method's kernel for values of
+    ``dtype`` and state kept as ``state_dtype``, for calls of ``sizes`` values (by default
+    both kinds: one chunk, serial, and more, parallel).
 
     Args:
       dtype: float32 or float64.
+      state_dtype: float32 (the values' type), bfloat16 or int8.
+      stochastic: the kernels that round stochastically.
+      sizes: the numbers of values of the calls to prepare for.
     """
-    w = np.zeros(1, dtype)
-    offsets = np.array([0, 1], np.int64)
-    sgd(w, w.copy(), w[:0], offsets, 0.0)
-    sgd(w, w.copy(), w.copy(), offsets, 0.0, momentum=0.5)
-    nesterov(w, w.copy(), w.copy(), offsets, 0.0, momentum=0.5)
-    adagrad(w, w.copy(), w.copy(), offsets, 0.0)
-    rmsprop(w, w.copy(), w.copy(), offsets, 0.0, rho=0.9)
-    rmsprop(w, w.copy(), w.copy(), offsets, 0.0, rho=0.9, torch_form=True, momentum=0.5,
-            u=w.copy())
-    adadelta(w, w.copy(), w.copy(), w.copy(), offsets, 0.0, rho=0.9)
-    adam(w, w.copy(), w.copy(), w.copy(), offsets, 0.0, step=1)
-    adam(w, w.copy(), w.copy(), w.copy(), offsets, 0.0, step=1, bias_correction=False)
-    adamax(w, w.copy(), w.copy(), w.copy(), offsets, 0.0, step=1)
+    for n in sizes:
+        w = np.zeros(n, dtype)
+        offsets = np.array([0, n], np.int64)
+
+        def st(rule: str, i: int, w: np.ndarray = w) -> State:
+            return state_like(w, state_dtype, signed_state(rule)[i])
+
+        kw: dict[str, Any] = {"stochastic": stochastic, "step": 1}
+        if state_dtype == "float32":
+            sgd(w, w.copy(), w[:0], offsets, 0.0)
+        sgd(w, w.copy(), st("momentum", 0), offsets, 0.0, momentum=0.5, **kw)
+        nesterov(w, w.copy(), st("nesterov", 0), offsets, 0.0, momentum=0.5, **kw)
+        adagrad(w, w.copy(), st("adagrad", 0), offsets, 0.0, **kw)
+        rmsprop(w, w.copy(), st("rmsprop", 0), offsets, 0.0, rho=0.9, **kw)
+        rmsprop(w, w.copy(), st("rmsprop_momentum", 0), offsets, 0.0, rho=0.9,
+                torch_form=True, momentum=0.5, u=st("rmsprop_momentum", 1), **kw)
+        adadelta(w, w.copy(), st("adadelta", 0), st("adadelta", 1), offsets, 0.0, rho=0.9,
+                 **kw)
+        for bc in (True, False):
+            adam(w, w.copy(), st("adam", 0), st("adam", 1), offsets, 0.0, bias_correction=bc,
+                 **kw)
+        adamax(w, w.copy(), st("adamax", 0), st("adamax", 1), offsets, 0.0, **kw)

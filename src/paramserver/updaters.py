@@ -27,6 +27,7 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
+from . import quant
 from .config import ParamError, Parameter, field
 from .config.components import updaters
 from .config.job import UpdaterConf, conf_from
@@ -36,6 +37,9 @@ from .schedules import create_lr_method
 from .state import COUNT, Role, UpdaterState, roles_of
 
 T = TypeVar("T", bound=type)
+
+#: The role of the float32 master copy of the values (``value_dtype: bfloat16``).
+MASTER = "master"
 
 
 class Updater:
@@ -49,18 +53,54 @@ class Updater:
 
     Config: ClassVar[type[Parameter] | None] = None
     state_roles: ClassVar[tuple[str | Role, ...]] = ()
+    #: Whether the method can keep its state in bfloat16 or 8-bit codes (``state_dtype``).
+    low_precision_state: ClassVar[bool] = False
 
     def __init__(self, conf: UpdaterConf):
         self.conf = conf
         self.own: Any = conf.own
         self.lr = create_lr_method(conf.learning_rate)
+        if conf.state_dtype != "float32" and not self.low_precision_state:
+            raise ParamError(f"state_dtype {conf.state_dtype}: {type(self).__name__} keeps "
+                             "its state as it declares it; bfloat16 and int8 state are for "
+                             "the built-in methods")
 
     # -- state ------------------------------------------------------------------------------
 
     @property
     def roles(self) -> tuple[Role, ...]:
-        """The roles of this method's state, the update count first."""
-        return roles_of(self.state_roles)
+        """The roles of this method's state, the update count first (and the master copy of
+        the values last, with ``value_dtype: bfloat16``)."""
+        return roles_of((*self.state_roles, *self._master_role()))
+
+    @property
+    def keeps_master(self) -> bool:
+        """Whether the values are bfloat16 roundings of a float32 master copy in the state
+        (``value_dtype: bfloat16``)."""
+        return bool(self.conf.value_dtype == "bfloat16")
+
+    def _master_role(self) -> tuple[Role, ...]:
+        return (Role(MASTER, "float32"),) if self.keeps_master else ()
+
+    def adopt(self, values: np.ndarray, state: UpdaterState) -> None:
+        """With a master copy: round the values of every segment not yet updated (update
+        count 0) to bfloat16 in place and take them as its master, so that what workers read
+        is the master's rounding from the first pull on (a server adopts the values it is
+        put; :meth:`apply` the values it is given). Idempotent. Without a master: nothing."""
+        if not self.keeps_master:
+            return
+        master = state[MASTER]
+        fresh = state.counts == 0
+        if not fresh.any():
+            return
+        if fresh.all():
+            parts = [(0, state.size)]
+        else:
+            off = state.offsets
+            parts = [(int(off[i]), int(off[i + 1])) for i in np.flatnonzero(fresh)]
+        for lo, hi in parts:
+            values[lo:hi] = quant.bf16_decode(quant.bf16_encode(values[lo:hi]))
+            np.copyto(master[lo:hi], values[lo:hi])
 
     def init_state(self, offsets: np.ndarray | list[int], dtype: Any) -> UpdaterState:
         """Zeroed state for a range of values cut into segments at ``offsets``.
@@ -83,8 +123,15 @@ class Updater:
 
     def check_dtype(self, dtype: Any) -> None:
         """Refuse values of ``dtype`` where ``delta`` is 0 (1e-300 in float32): every
-        division it guards would give Inf or NaN."""
+        division it guards would give Inf or NaN; and other values than float32 for
+        bfloat16 or int8 state."""
         dt = np.dtype(dtype)
+        if self.keeps_master and dt != np.float32:
+            raise ParamError(f"value_dtype bfloat16 (with a float32 master copy) is for "
+                             f"float32 Params; these are {dt.name}")
+        if self.conf.state_dtype != "float32" and dt != np.float32:
+            raise ParamError(f"state_dtype {self.conf.state_dtype} is for float32 Params; "
+                             f"these are {dt.name} (keep state_dtype: float32 for them)")
         if dt.kind == "f" and not dt.type(self.conf.delta) > 0:
             raise ParamError(
                 f"value {format_number(self.conf.delta)} for Parameter delta should be greater "
@@ -164,8 +211,13 @@ class Updater:
         lr = self.lr(step) * _per_segment(lr_scale, n)
         wd = self.conf.weight_decay * _per_segment(wd_scale, n)
         counts = state.counts
+        w, out = values, None
+        if self.keeps_master:  # the update runs on the master; the values get its rounding
+            self.adopt(values, state)
+            w, out = state[MASTER], values
         np.add(counts, 1, out=counts)  # this update's number, as the rule sees it
-        nonfinite = self._run(values, grads, state, lr, wd, gscale, refuse_nonfinite)
+        nonfinite = (self._run(w, grads, state, lr, wd, gscale, refuse_nonfinite) if out is None
+                     else self._run(w, grads, state, lr, wd, gscale, refuse_nonfinite, out))
         if nonfinite and refuse_nonfinite:
             np.subtract(counts, 1, out=counts)  # refused: nothing else was written
         return nonfinite
@@ -194,6 +246,9 @@ class Updater:
         if state.num_segments != 1 or values.shape != (state.size,):
             raise ParamError(f"a row-sparse update needs the state of one table "
                              f"(values of shape {values.shape}, state {state!r})")
+        if self.keeps_master:
+            raise ParamError("row-sparse updates do not keep a float32 master copy yet: "
+                             "use value_dtype float32 for a table")
         odd = [r.name for r in state.roles[1:] if r.per != "element"
                or r.type_for(state.dtype) != state.dtype]
         if odd:
@@ -244,10 +299,12 @@ class Updater:
         return sum_squares(grads, offsets, grad_scale, self.conf.clip_low, self.conf.clip_high)
 
     def _run(self, w: np.ndarray, g: np.ndarray, state: UpdaterState, lr: np.ndarray,
-             wd: np.ndarray, gscale: np.ndarray, check: bool = False) -> int:
+             wd: np.ndarray, gscale: np.ndarray, check: bool = False,
+             bf16_values: np.ndarray | None = None) -> int:
         """The update over segments; by default :meth:`rule` on each segment, in NumPy.
         Returns the number of non-finite gradient elements; with ``check``, writes nothing
-        when there are any."""
+        when there are any. With ``bf16_values``, ``w`` is the master copy and
+        ``bf16_values`` gets its new values rounded to bfloat16."""
         c = self.conf
         offsets = state.offsets
         nonfinite = int(g.size - np.count_nonzero(np.isfinite(g)))
@@ -262,6 +319,8 @@ class Updater:
             if wd[i] > 0:
                 gi += w.dtype.type(wd[i]) * w[lo:hi]
             self.rule(w[lo:hi], gi, state.segment(i), float(lr[i]))
+        if bf16_values is not None:
+            bf16_values[...] = quant.bf16_decode(quant.bf16_encode(w))
         return nonfinite
 
     def rule(self, w: np.ndarray, g: np.ndarray, state: dict[str, np.ndarray],
@@ -362,26 +421,56 @@ def create_updater(x: UpdaterConf | dict[str, Any] | str) -> Updater:
 class _Fused(Updater):
     """Built-ins: ``_run`` is one call of the method's kernel in :mod:`paramserver.kernels`."""
 
+    #: The kernel function (``kernels.adam``) and the per-element rule it runs
+    #: (``quant.SIGNED_STATE`` says which of the rule's state may be negative).
     kernel: ClassVar[str]
+    kernel_rule: ClassVar[str]
+    low_precision_state = True
 
     def extra(self) -> dict[str, Any]:
         """The method's hyper-parameters, as the kernel takes them."""
         return {}
 
+    def extra_for(self, state: UpdaterState) -> dict[str, Any]:
+        """The kernel's keyword arguments besides the common ones, for this state (by default
+        :meth:`extra`)."""
+        return self.extra()
+
     #: Whether the kernel takes the update counts (as ``step``).
     counted: ClassVar[bool] = False
 
+    @property
+    def roles(self) -> tuple[Role, ...]:
+        """The roles of this method's state, the update count first: each per-element
+        array kept as ``state_dtype`` says (:func:`paramserver.quant.roles`)."""
+        names = [str(r) for r in self.state_roles]
+        return roles_of((*quant.roles(names, self.conf.state_dtype,
+                                      quant.SIGNED_STATE[self.kernel_rule][:len(names)]),
+                         *self._master_role()))
+
+    def state_arrays(self, state: UpdaterState) -> list[Any]:
+        """The state as the kernel takes it: arrays, or (codes, scales) of 8-bit state."""
+        out: list[Any] = []
+        for r in self.state_roles:
+            a = state[str(r)]
+            scales = str(r) + quant.SCALE
+            out.append((a, state[scales]) if a.dtype.itemsize == 1 and scales in state else a)
+        return out
+
     def _run(self, w: np.ndarray, g: np.ndarray, state: UpdaterState, lr: np.ndarray,
-             wd: np.ndarray, gscale: np.ndarray, check: bool = False) -> int:
+             wd: np.ndarray, gscale: np.ndarray, check: bool = False,
+             bf16_values: np.ndarray | None = None) -> int:
         from . import kernels
 
-        arrays = [state[r.name] for r in self.roles[1:]]
-        kw = self.extra()
-        if self.counted:
-            kw["step"] = state.counts.astype(np.float64)
+        kw = self.extra_for(state)
+        if bf16_values is not None:
+            kw["bf16_values"] = bf16_values
+        if self.counted or self.conf.stochastic_rounding:
+            kw["step"] = state.counts
         nonfinite: int = getattr(kernels, self.kernel)(
-            w, g, *arrays, state.offsets, lr, wd, gscale, clip_low=self.conf.clip_low,
-            clip_high=self.conf.clip_high, check=check, **kw)
+            w, g, *self.state_arrays(state), state.offsets, lr, wd, gscale,
+            clip_low=self.conf.clip_low, clip_high=self.conf.clip_high, check=check,
+            stochastic=self.conf.stochastic_rounding, **kw)
         return nonfinite
 
     def _run_rows(self, w: np.ndarray, g: np.ndarray, ids: np.ndarray, dim: int,
@@ -416,22 +505,25 @@ class SGD(_Fused):
     kernel = "sgd"
 
     @property
+    def kernel_rule(self) -> str:  # type: ignore[override]
+        return "momentum" if self.conf.momentum > 0 else "sgd"
+
+    @property
     def state_roles(self) -> tuple[str, ...]:  # type: ignore[override]
         return ("history",) if self.conf.momentum > 0 else ()
 
-    def _run(self, w: np.ndarray, g: np.ndarray, state: UpdaterState, lr: np.ndarray,
-             wd: np.ndarray, gscale: np.ndarray, check: bool = False) -> int:
-        from . import kernels
+    def extra(self) -> dict[str, Any]:
+        return {"momentum": self.conf.momentum}
 
-        momentum = self.conf.momentum
-        h = state["history"] if "history" in state and momentum > 0 else w[:0]
+    def state_arrays(self, state: UpdaterState) -> list[Any]:
+        # Without momentum the kernel takes an empty history (and leaves any held alone).
+        return super().state_arrays(state) or [np.zeros(0, state.dtype)]
+
+    def extra_for(self, state: UpdaterState) -> dict[str, Any]:
         damp = self.own.dampening if self.own is not None else 0.0
         # torch starts a buffer from the gradient itself: no dampening at the first update.
         dampening = np.where(state.counts == 1, 0.0, damp) if damp > 0 else 0.0
-        return kernels.sgd(w, g, h, state.offsets, lr, wd, gscale, momentum=momentum,
-                           dampening=dampening, torch_form=self.torch_form,
-                           clip_low=self.conf.clip_low, clip_high=self.conf.clip_high,
-                           check=check)
+        return {**self.extra(), "dampening": dampening, "torch_form": self.torch_form}
 
     def _run_rows(self, w: np.ndarray, g: np.ndarray, ids: np.ndarray, dim: int,
                   state: UpdaterState, lr: float, wd: float, gscale: float,
@@ -454,6 +546,7 @@ class Nesterov(_Fused):
     w = w − lr·(g + momentum·buf)``."""
 
     kernel = "nesterov"
+    kernel_rule = "nesterov"
     state_roles = ("history",)
 
     def extra(self) -> dict[str, Any]:
@@ -476,6 +569,7 @@ class AdaGrad(_Fused):
 
     Config = AdaGradConf
     kernel = "adagrad"
+    kernel_rule = "adagrad"
     state_roles = ("history",)
 
     @property
@@ -486,7 +580,8 @@ class AdaGrad(_Fused):
         return {"delta": self.conf.delta, "torch_form": self.torch_form}
 
     def _run(self, w: np.ndarray, g: np.ndarray, state: UpdaterState, lr: np.ndarray,
-             wd: np.ndarray, gscale: np.ndarray, check: bool = False) -> int:
+             wd: np.ndarray, gscale: np.ndarray, check: bool = False,
+             bf16_values: np.ndarray | None = None) -> int:
         own = self.own
         if own is not None:
             first = np.flatnonzero(state.counts == 1)
@@ -497,7 +592,7 @@ class AdaGrad(_Fused):
                         own.initial_accumulator_value
             if own.lr_decay > 0:
                 lr = lr / (1.0 + (state.counts - 1) * own.lr_decay)
-        return super()._run(w, g, state, lr, wd, gscale, check)
+        return super()._run(w, g, state, lr, wd, gscale, check, bf16_values)
 
     def _run_rows(self, w: np.ndarray, g: np.ndarray, ids: np.ndarray, dim: int,
                   state: UpdaterState, lr: float, wd: float, gscale: float,
@@ -532,17 +627,21 @@ class RMSProp(_Fused):
     def state_roles(self) -> tuple[str, ...]:  # type: ignore[override]
         return ("history", "momentum_buffer") if self.uses_momentum else ("history",)
 
-    def _run(self, w: np.ndarray, g: np.ndarray, state: UpdaterState, lr: np.ndarray,
-             wd: np.ndarray, gscale: np.ndarray, check: bool = False) -> int:
-        from . import kernels
+    @property
+    def kernel_rule(self) -> str:  # type: ignore[override]
+        return "rmsprop_momentum" if self.uses_momentum else "rmsprop"
 
+    def state_arrays(self, state: UpdaterState) -> list[Any]:
+        return super().state_arrays(state)[:1]  # the momentum buffer goes as u (extra_for)
+
+    def extra_for(self, state: UpdaterState) -> dict[str, Any]:
         c = self.conf
         momentum = c.momentum if self.uses_momentum else 0.0
-        return kernels.rmsprop(w, g, state["history"], state.offsets, lr, wd, gscale,
-                               rho=self.own.rho, delta=c.delta, torch_form=self.torch_form,
-                               momentum=momentum,
-                               u=state["momentum_buffer"] if momentum > 0 else None,
-                               clip_low=c.clip_low, clip_high=c.clip_high, check=check)
+        kw = {"rho": self.own.rho, "delta": c.delta, "torch_form": self.torch_form,
+              "momentum": momentum}
+        if momentum > 0:
+            kw["u"] = super().state_arrays(state)[1]
+        return kw
 
     def _run_rows(self, w: np.ndarray, g: np.ndarray, ids: np.ndarray, dim: int,
                   state: UpdaterState, lr: float, wd: float, gscale: float,
@@ -570,6 +669,7 @@ class AdaDelta(_Fused):
 
     Config = AdaDeltaConf
     kernel = "adadelta"
+    kernel_rule = "adadelta"
     state_roles = ("history", "update")
 
     @property
@@ -603,6 +703,7 @@ class Adam(_Fused):
 
     Config = AdamConf
     kernel = "adam"
+    kernel_rule = "adam"
     state_roles = ("m", "v")
     counted = True
     decoupled = False
@@ -647,6 +748,7 @@ class AdamMax(_Fused):
 
     Config = AdamMaxConf
     kernel = "adamax"
+    kernel_rule = "adamax"
     state_roles = ("m", "u")
     counted = True
 

@@ -156,7 +156,9 @@ class Replace(Updater):
         super().__init__(UpdaterConf())
 
     def _run(self, w: np.ndarray, g: np.ndarray, state: UpdaterState, lr: np.ndarray,
-             wd: np.ndarray, gscale: np.ndarray, check: bool = False) -> int:
+             wd: np.ndarray, gscale: np.ndarray, check: bool = False,
+             bf16_values: np.ndarray | None = None) -> int:
+        # bf16_values: never given (its configuration keeps float32 values, no master copy)
         nonfinite = int(g.size - np.count_nonzero(np.isfinite(g)))
         if check and nonfinite:
             return nonfinite

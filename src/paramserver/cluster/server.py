@@ -174,6 +174,10 @@ class Server:
         self.values: np.ndarray | None = None
         self.num_shares = np.ones(layout.num_segments, np.int64)
         self.state = updater.init_state(layout.offsets, layout.dtype)
+        if updater.keeps_master and conf.nserver_groups > 1:
+            raise ParamError("updater.value_dtype bfloat16 keeps the float32 master copy on "
+                             "the servers of one group: it needs cluster.nserver_groups 1, "
+                             f"not {conf.nserver_groups}")
         self.versions = np.zeros(layout.num_slices, np.int64)
         self._lock = threading.Lock()
         self._live = self._everyone()
@@ -271,6 +275,7 @@ class Server:
         if not values.flags.writeable:  # it arrived from another process: ours to update
             values = values.copy()
         self.values, self.num_shares = values, shares
+        self.updater.adopt(values, self.state)  # value_dtype bfloat16: the master copy
         self._aborted = None
         self._live = self._everyone()
         self._clock = dict.fromkeys(self.worker_groups, int(msg.step))

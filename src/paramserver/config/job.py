@@ -24,6 +24,11 @@ from .parameter import Parameter, field
 from .singa_enums import ALG_TYPE, PARAM_TYPE, PHASE, UNROLL_CONN_TYPE
 from .tree import Block, Scalar
 
+#: How an updater may keep its per-element state (paramserver.quant).
+STATE_DTYPES = ("float32", "bfloat16", "int8")
+#: What the values workers read may be (a bfloat16 one keeps a float32 master copy).
+VALUE_DTYPES = ("float32", "bfloat16")
+
 #: The phases a net is built for (SINGA's NeuralNet::Create): training, validation, test.
 NET_PHASES = ("kTrain", "kVal", "kTest")
 
@@ -123,6 +128,26 @@ class UpdaterConf(ComponentConf):
                           "change of rate applies to all of it), kAdaGrad and kRMSProp add "
                           "delta after the square root, and kRMSProp uses momentum as "
                           "torch.optim.RMSprop does. The other methods are the same in both.")
+    state_dtype: str = field("float32", enum=STATE_DTYPES,
+                             doc="How the method keeps its per-element state (histories, "
+                                 "moments): float32 (as the values), bfloat16 (half the "
+                                 "bytes), or int8 (8-bit codes with a float32 scale per "
+                                 "block of 256: about a quarter). Smaller state is a faster "
+                                 "step and a larger model per server; beyond SINGA. Needs "
+                                 "float32 Params and a built-in method.")
+    stochastic_rounding: bool = field(False, doc="Round bfloat16 and int8 state "
+                                                 "stochastically (up with the probability "
+                                                 "of the distance, so that small changes "
+                                                 "are kept on average) instead of to "
+                                                 "nearest; reproducible (drawn from the "
+                                                 "update count).")
+    value_dtype: str = field("float32", enum=VALUE_DTYPES,
+                             doc="The values workers read: float32, or bfloat16 with a float32 "
+                                 "master copy kept in the updater's state (role 'master'): "
+                                 "the update runs on the master, and the values become its "
+                                 "rounding to bfloat16 (nearest, ties to even), in the same "
+                                 "pass. Needs float32 Params and one server group; beyond "
+                                 "SINGA.")
 
 
 class CDConf(Parameter):
