@@ -49,7 +49,9 @@ def fill_random(worker, step):
 
 
 def conf(**kw):
-    kw.setdefault("timeout", 10.0)
+    # Long enough for a first-use numba compile on a loaded machine: these tests are not about
+    # timeouts (test_cluster_failures.py is), so a short one could only make them flaky.
+    kw.setdefault("timeout", 120.0)
     return ClusterConf(**kw)
 
 
