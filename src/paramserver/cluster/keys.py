@@ -66,7 +66,7 @@ from .messages import (
     State,
     Values,
 )
-from .server import Server, server_name
+from .server import Server, failure_reply, server_name
 from .slicing import compute_slices, partition_slices
 from .transport import ReplyFn
 
@@ -239,11 +239,8 @@ class KeyServer:
         with self._lock:
             try:
                 out = self._dispatch(request, reply, forward)
-            except (ClusterError, ParamError) as e:
-                out = [(reply, ErrorReply(f"{self.name}: {e}"))]
-            except Exception as e:
-                out = [(reply, ErrorReply(f"{self.name}: {type(request).__name__} failed: "
-                                          f"{type(e).__name__}: {e}"))]
+            except Exception as e:  # the sender hears of it
+                out = [(reply, failure_reply(self.name, request, e))]
         for fn, answer in out:  # outside the lock: a reply may run the caller's code
             fn(answer)
         for server, inner, fn in forward:  # a key's own server, with its own lock

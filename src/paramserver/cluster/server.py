@@ -135,6 +135,14 @@ class _Round:
                 if self.grads[w] is not None or self.rows.get(w) is not None]
 
 
+def failure_reply(name: str, request: Request, e: Exception) -> ErrorReply:
+    """What the sender of ``request`` hears when handling it raised ``e``: a user-facing
+    error as it is, anything else with the request and the exception's type named."""
+    if isinstance(e, (ClusterError, ParamError)):
+        return ErrorReply(f"{name}: {e}")
+    return ErrorReply(f"{name}: {type(request).__name__} failed: {type(e).__name__}: {e}")
+
+
 def server_name(index: int, group: int, nserver_groups: int) -> str:
     """How messages name a server: "server 1", or "server 1 of server group 2"."""
     return (f"server {index}" if nserver_groups == 1
@@ -218,11 +226,8 @@ class Server:
             else:
                 try:
                     out = self._dispatch(request, reply)
-                except (ClusterError, ParamError) as e:  # the sender hears of it
-                    out = [(reply, ErrorReply(f"{self.name}: {e}"))]
-                except Exception as e:
-                    out = [(reply, ErrorReply(f"{self.name}: {type(request).__name__} "
-                                              f"failed: {type(e).__name__}: {e}"))]
+                except Exception as e:  # the sender hears of it
+                    out = [(reply, failure_reply(self.name, request, e))]
         for fn, answer in out:  # outside the lock: a reply may run the caller's code
             fn(answer)
 
