@@ -15,6 +15,17 @@ from typing import Any
 import pytest
 
 
+@pytest.fixture
+def cwd(tmp_path: Path) -> Iterator[Path]:
+    """Run the test in ``tmp_path`` (job files that name relative paths), then go back."""
+    old = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        yield tmp_path
+    finally:
+        os.chdir(old)
+
+
 @pytest.fixture(scope="session")
 def ray_session() -> Iterator[Any]:
     """One local Ray for every test that needs it (started once, a few seconds); skipped

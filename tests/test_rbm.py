@@ -4,9 +4,7 @@ rbm1 -> rbm2 -> rbm3 -> rbm4 -> autoencoder chain through checkpoint_path."""
 from __future__ import annotations
 
 import math
-import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -107,16 +105,6 @@ def test_rbm_structure_errors(tmp_path: Path) -> None:
     with pytest.raises(ParamError, match="reads its kRBMVis"):
         Net(parse_job('neuralnet { layer { name: "data" type: kData } layer { name: "hid" '
                       'type: kRBMHid srclayers: "data" rbm_conf { hdim: 3 } } }').neuralnet)
-
-
-@pytest.fixture
-def cwd(tmp_path: Path) -> Iterator[Path]:
-    old = os.getcwd()
-    os.chdir(tmp_path)
-    try:
-        yield tmp_path
-    finally:
-        os.chdir(old)
 
 
 def losses(workspace: str) -> list[float]:

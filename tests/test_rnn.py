@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -132,16 +131,6 @@ def test_char_rnn_batches_follow_singas_reader(tmp_path: Path) -> None:
     last = data.batch(data.steps_per_epoch - 1)
     assert last.x[2, -1] == ids[2 * part + (data.steps_per_epoch - 1) * 5 + 5]
     np.testing.assert_array_equal(data.batch(data.steps_per_epoch).x, b0.x)  # a new epoch
-
-
-@pytest.fixture
-def cwd(tmp_path: Path) -> Iterator[Path]:
-    old = os.getcwd()
-    os.chdir(tmp_path)
-    try:
-        yield tmp_path
-    finally:
-        os.chdir(old)
 
 
 def test_char_rnn_trains_then_samples(cwd: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,9 +5,7 @@ settings given by ``--set`` where the example is large; the loss is finite and f
 from __future__ import annotations
 
 import math
-import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -22,16 +20,6 @@ from paramserver.train.metrics import MetricsLog
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "singa"
 V010 = Path(__file__).parent / "data" / "singa" / "v0.1.0" / "examples"
-
-
-@pytest.fixture
-def cwd(tmp_path: Path) -> Iterator[Path]:
-    old = os.getcwd()
-    os.chdir(tmp_path)
-    try:
-        yield tmp_path
-    finally:
-        os.chdir(old)
 
 
 def data(path: str, shape: tuple[int, ...], fmt: str = "kvfile", mean: str | None = None
