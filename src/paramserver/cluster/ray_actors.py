@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import threading
 import time
 import uuid
@@ -219,55 +218,66 @@ class WorkerActor:
         return os.getpid()
 
     #: The longest an outcome waits for the next ones before it is sent (seconds).
-    linger = 0.02
+    linger = 0.05
 
     def steps(self, first: int, last: int, fn: Any) -> Iterator[list[tuple[Any, ...]]]:
         """Steps ``[first, last)``: their outcomes as data, in batches (see the module
         docstring). A ``BaseException`` that is not an ``Exception`` (``SystemExit``) in the
         steps ends this call with it, as it would in the actor's own thread."""
         grad_fn = self._fns.get(fn)
-        out: queue.SimpleQueue[Outcome | BaseException | None] = queue.SimpleQueue()
+        # The steps' thread appends to `batch` and wakes this one only for the first outcome
+        # of a batch, a failure and the end: not once per step.
+        ready = threading.Condition()
+        batch: list[tuple[Any, ...]] = []
+        urgent = False  # the batch holds an outcome that is not `done`
+        end: list[BaseException | None] = []  # set once the steps are over
+
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
 
             def run() -> None:
+                nonlocal urgent
+                error: BaseException | None = None
                 try:
                     for outcome in work(self.worker, grad_fn, first, last):
                         outcome.notes += [(w.category.__name__, str(w.message))
                                           for w in caught]
                         caught.clear()
                         outcome.cause = _picklable(outcome.cause)
-                        out.put(outcome)
+                        data = outcome.to_data()
+                        with ready:
+                            batch.append(data)
+                            if outcome.kind != DONE:
+                                urgent = True
+                            if len(batch) == 1 or urgent:
+                                ready.notify()
                 except BaseException as e:  # SystemExit and the like: raised below
-                    out.put(e)
+                    error = e
                 finally:
-                    out.put(None)
+                    with ready:
+                        end.append(error)
+                        ready.notify()
 
             threading.Thread(target=run, daemon=True, name="paramserver-steps").start()
-            batch: list[tuple[Any, ...]] = []
-            deadline = 0.0
             while True:
-                try:
-                    item = out.get(timeout=max(0.0, deadline - time.monotonic())
-                                   if batch else None)
-                except queue.Empty:  # the first of the batch waited long enough
-                    yield batch
-                    batch = []
-                    continue
-                if item is None:
-                    break
-                if isinstance(item, BaseException):
-                    if batch:
-                        yield batch
-                    raise item
-                if not batch:
+                with ready:
+                    ready.wait_for(lambda: batch or end)
                     deadline = time.monotonic() + self.linger
-                batch.append(item.to_data())
-                if item.kind != DONE:
-                    yield batch
-                    batch = []
-            if batch:
-                yield batch
+                    # The first outcome waits up to `linger` for the ones after it.
+                    while not (urgent or end):
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            break
+                        ready.wait(left)
+                    out, batch[:] = list(batch), []
+                    urgent = False
+                    over = bool(end)
+                if out:
+                    yield out
+                if over:
+                    break
+            if end[0] is not None:
+                raise end[0]
 
 
 __all__ = ["LARGE", "ServerActor", "WorkerActor"]
