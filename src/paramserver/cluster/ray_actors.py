@@ -18,6 +18,9 @@ ones after it, a failure goes at once. A yield costs the worker and the driver a
 much as a step's whole exchange with a server, so a fast run sends one per several steps;
 and since nothing waits longer than ``linger``, a worker blocked in its step (waiting for
 another worker, or for something the driver does after a step) has sent every step before.
+The steps' thread wakes the sending thread only for the first outcome of a batch, a failure
+and the end (with 2 workers and 2 servers on 2 cores, a wake-up per step cost a tenth of the
+worker's CPU).
 Its warnings travel with the outcomes.
 """
 
