@@ -41,7 +41,7 @@ import ray
 
 from ..config.job import ClusterConf
 from ..updaters import create_updater
-from .driver import DONE, Outcome, work
+from .driver import DONE, work
 from .gradfn import GradFnCache
 from .keys import KeyServer
 from .messages import Address, Reply
