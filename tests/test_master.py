@@ -126,6 +126,27 @@ def test_one_server_group_only() -> None:
         Server(layout, up, ClusterConf(nserver_groups=2, nworker_groups=2))
 
 
+def test_a_server_says_its_values_are_bfloat16() -> None:
+    """Its replies mark the values as bfloat16 numbers, so that between processes they
+    travel in 2 bytes (paramserver.cluster.ray_wire); without a master they are float32."""
+    from paramserver.cluster.layout import plan_servers
+    from paramserver.cluster.messages import Get, Put, Values
+    from paramserver.cluster.server import Server
+    from paramserver.config.job import ClusterConf
+
+    ps = ParamSet([("a", (10,))])
+    ps.values[:] = np.linspace(-1, 1, 10)
+    (layout,) = plan_servers(ps, 1)
+    for conf, expected in (("type: kSGD value_dtype: bfloat16", True), ("type: kSGD", False)):
+        server = Server(layout, create_updater(conf), ClusterConf())
+        replies: list[Any] = []
+        server.handle(Put(ps.values.copy(), np.ones(1, np.int64), 0), replies.append)
+        server.handle(Get(0, 0, 0), replies.append)
+        assert isinstance(replies[-1], Values) and replies[-1].bfloat16 is expected
+        if expected:
+            np.testing.assert_array_equal(replies[-1].values, bf16(replies[-1].values))
+
+
 def test_training_pulls_the_masters_rounding_and_resumes_exactly(tmp_path: Any) -> None:
     from paramserver.checkpoint import checkpoint_name, load_checkpoint
     from paramserver.config.job import parse_job

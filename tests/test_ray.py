@@ -17,13 +17,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from paramserver import ParamError
+from paramserver import ParamError, quant
 from paramserver.checkpoint import checkpoint_name, load_checkpoint
 from paramserver.cluster import Cluster, plan_servers
 from paramserver.cluster.gradfn import RemoteGradFn, build_grad_fn
 from paramserver.cluster.messages import Get, Put, State, Update, Values
 from paramserver.cluster.ray_wire import (
     LARGE,
+    decode,
+    encode,
     layout_from_data,
     layout_to_data,
     pack,
@@ -117,6 +119,26 @@ def test_small_messages_travel_as_one_bytes_object() -> None:
         unpack(pack(Get(0, 0, 0)).replace(b'"Get"', b'"Gex"'))  # type: ignore[union-attr]
 
 
+def test_bfloat16_values_travel_as_bfloat16() -> None:
+    """A server's values under ``value_dtype: bfloat16`` are bfloat16 numbers held in
+    float32: between processes they move as their 2-byte patterns and arrive as the same
+    float32 values, whichever way the message goes (one bytes object, or the object store)."""
+    rng = np.random.default_rng(3)
+    values = quant.bf16_decode(quant.bf16_encode(rng.standard_normal(1000).astype(np.float32)))
+    values[:3] = [0.0, -np.inf, np.nan]
+    plain, narrow = (Values(values, np.arange(4), True, b) for b in (False, True))
+    small, large = pack(plain), pack(narrow)
+    assert small is not None and large is not None
+    assert len(small) - len(large) == values.nbytes // 2  # 2 bytes a value, not 4
+    back = unpack(large)
+    assert back.bfloat16 and back.values.dtype == np.float32
+    assert np.array_equal(back.values.view(np.uint32), values.view(np.uint32))
+    big = quant.bf16_decode(quant.bf16_encode(rng.standard_normal(LARGE).astype(np.float32)))
+    sent = encode(Values(big, np.arange(2), True, True))
+    assert sent[1].dtype == np.uint16 and sent[1].nbytes == big.nbytes // 2
+    assert np.array_equal(decode(sent).values, big)
+
+
 def test_a_remote_grad_fn_is_an_import_path_and_json() -> None:
     spec = RemoteGradFn("paramserver.train.trainer:net_grad_fn", {"job": "{}", "x": [1]})
     assert spec.to_data() == ("paramserver.train.trainer:net_grad_fn",
@@ -166,3 +188,21 @@ def test_a_synchronous_job_on_ray_equals_the_embedded_run_bit_for_bit(
     # The servers wrote their own checkpoints (values, updater state, versions).
     servers = tmp_path / "ray" / "checkpoints" / "servers"
     assert sorted(p.name for p in servers.iterdir()) == ["server-0-0", "server-0-1"]
+
+
+def test_bfloat16_values_with_a_master_on_ray_equal_the_embedded_run(
+        ray_session: Any, tmp_path: Path) -> None:
+    """``value_dtype: bfloat16``: workers on Ray pull the master's bfloat16 rounding (as 2
+    bytes a value) and train exactly as the embedded run."""
+    runs = {}
+    for backend in ("local", "ray"):
+        job = ray_job(tmp_path / backend, 8, backend)
+        job.updater.update({"value_dtype": "bfloat16"})
+        t = Trainer(job, progress=False)
+        try:
+            t.train()
+        finally:
+            t.close()
+        runs[backend] = t.params.values.copy()
+    assert np.array_equal(runs["local"], runs["ray"])
+    assert np.array_equal(runs["ray"], quant.bf16_decode(quant.bf16_encode(runs["ray"])))

@@ -313,3 +313,20 @@ def test_uniform_span_must_be_finite():
         fill_uniform(np.zeros(4), KEY, -1e308, 1e308)
     wide = filled(fill_uniform, 10_000, np.float32, low=-3e38, high=3e38)
     assert np.all(np.isfinite(wide)) and wide.min() < -1e38 and wide.max() > 1e38
+
+
+def test_a_float32_job_compiles_only_the_float32_fillers() -> None:
+    """Each filler variant (float32 or float64, with the truncated normal's path or without)
+    is made on its first use: uniform and normal float32 fills, as the main job draws, make
+    only the float32 one without the truncated path (a fresh process, so that no other test
+    has used them)."""
+    import subprocess
+    import sys
+
+    code = ("import numpy as np\nfrom paramserver import rng\n"
+            "a = np.empty(1000, np.float32)\n"
+            "rng.fill_uniform(a, 1)\nrng.fill_normal(a, 2)\n"
+            "print(sorted(rng._fills))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "[(True, False)]"

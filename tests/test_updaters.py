@@ -689,7 +689,7 @@ def test_the_check_counts_every_nonfinite_value_in_a_parallel_pass(n: int,
                                                                     state_dtype: str) -> None:
     """The read-only check reads four chunks at a time (its tasks' four streams) and the
     chunks left over one by one: a NaN or Inf in any of them is counted, and nothing is
-    written."""
+    written. The update pass counts them too, in float32 and float64."""
     u = create_updater({"type": "kAdam", "state_dtype": state_dtype,
                         "learning_rate": {"base_lr": 0.01}})
     offsets = np.array([0, n // 3, n], np.int64)
@@ -701,6 +701,11 @@ def test_the_check_counts_every_nonfinite_value_in_a_parallel_pass(n: int,
     before = w.copy()
     assert u.apply(0, w, g, state, refuse_nonfinite=True) == len(bad)
     assert np.array_equal(w, before)
+    # Without the check the update pass counts them (it applies the step regardless).
+    for dtype in ((np.float32, np.float64) if state_dtype == "float32" else (np.float32,)):
+        w2, s2 = before.astype(dtype), u.init_state(offsets, dtype)
+        assert u.apply(0, w2, g.astype(dtype), s2) == len(bad)
+        assert np.isnan(w2[bad]).all() and np.isfinite(np.delete(w2, bad)).all()
     g[bad] = 0.25
     assert u.apply(0, w, g, state, refuse_nonfinite=True) == 0
     assert not np.array_equal(w, before)

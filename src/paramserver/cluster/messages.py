@@ -274,12 +274,15 @@ class Values:
     one process; of the master's for a :class:`Sync`).
 
     ``applied`` (for an :class:`Update`) is False when every gradient of the step was
-    dropped (nothing changed).
+    dropped (nothing changed). ``bfloat16``: the values are bfloat16 numbers held in float32
+    (``value_dtype: bfloat16``), so that between processes they travel as bfloat16, 2 bytes
+    each (:mod:`~paramserver.cluster.ray_wire`).
     """
 
     values: np.ndarray
     versions: np.ndarray
     applied: bool = True
+    bfloat16: bool = False
 
 
 @dataclass(frozen=True, eq=False)

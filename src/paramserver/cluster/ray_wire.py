@@ -32,12 +32,13 @@ from typing import Any
 
 import numpy as np
 
+from .. import quant
 from ..config import ParamError
 from ..config.components import layers, lr_methods, param_generators, updaters
 from ..config.registry import Registry
 from ..params import ParamSet
 from .layout import ServerLayout
-from .messages import KINDS, NESTED, Reply, Request
+from .messages import KINDS, NESTED, Reply, Request, Values
 
 #: Arrays at least this large travel as object-store references (Ray inlines smaller ones).
 LARGE = 100 * 1024
@@ -122,11 +123,32 @@ def import_modules(names: Sequence[str], sys_path: Sequence[str] = ()) -> None:
 
 # -- messages ----------------------------------------------------------------------------------
 
+def _narrow(message: Request | Reply) -> Request | Reply:
+    """A :class:`Values` of bfloat16 numbers with its values as their bfloat16 patterns
+    (uint16): the high halves of the float32 values, exact for bfloat16 numbers, taken in one
+    strided copy (little-endian memory). Any other message as it is."""
+    if not isinstance(message, Values) or not message.bfloat16 or \
+            message.values.dtype != np.float32:
+        return message
+    v = np.ascontiguousarray(message.values).reshape(-1)
+    high = np.ascontiguousarray(v.view(np.uint16)[1::2] if sys.byteorder == "little"
+                                else v.view(np.uint16)[0::2])
+    return dataclasses.replace(message, values=high.reshape(message.values.shape))
+
+
+def _widen(message: Any) -> Any:
+    """The inverse of :func:`_narrow`: the float32 values of the patterns."""
+    if isinstance(message, Values) and message.bfloat16 and message.values.dtype == np.uint16:
+        return dataclasses.replace(message, values=quant.bf16_decode(message.values))
+    return message
+
+
 def encode(message: Request | Reply, share: Callable[[np.ndarray], Any] | None = None
            ) -> tuple[Any, ...]:
     """A message as ``(kind, field, ...)``; with ``share``, its arrays as what ``share``
     makes of them (a copy taken now, or an object-store reference shared by the replies of
     one state)."""
+    message = _narrow(message)
     kind = type(message).__name__
     nested = NESTED.get(kind, ())
     fields = [encode(getattr(message, f.name), share) if f.name in nested
@@ -145,6 +167,7 @@ def pack(message: Request | Reply) -> bytes | None:
     fields, each array's dtype and shape), the header, then each array's memory at an offset
     aligned to 8 bytes. ``None`` when it does not fit: a dict field, an array of objects, or
     arrays of :data:`LARGE` bytes or more (those go through the object store)."""
+    message = _narrow(message)
     fields: list[Any] = []
     arrays: list[tuple[int, np.ndarray]] = []
     nbytes = 0
@@ -192,7 +215,7 @@ def unpack(data: bytes) -> Any:
         count = int(np.prod(shape, dtype=np.int64))
         fields[i] = np.frombuffer(data, dt, count, at).reshape(shape)
         at += count * dt.itemsize
-    return cls(*fields)
+    return _widen(cls(*fields))
 
 
 def decode(data: Sequence[Any], resolve: Callable[[Any], Any] | None = None) -> Any:
@@ -204,7 +227,7 @@ def decode(data: Sequence[Any], resolve: Callable[[Any], Any] | None = None) -> 
               if f.name in NESTED.get(cls.__name__, ())}
     fields = [decode(v, resolve) if i in nested else v if resolve is None else resolve(v)
               for i, v in enumerate(data[1:])]
-    return cls(*fields)
+    return _widen(cls(*fields))
 
 
 __all__ = ["LARGE", "decode", "encode", "import_modules", "layout_from_data", "layout_to_data",

@@ -182,6 +182,8 @@ class Server:
         self.values: np.ndarray | None = None
         self.num_shares = np.ones(layout.num_segments, np.int64)
         self.state = updater.init_state(layout.offsets, layout.dtype)
+        #: The values are bfloat16 roundings of a float32 master copy (and travel so).
+        self._bfloat16 = updater.keeps_master
         if updater.keeps_master and conf.nserver_groups > 1:
             raise ParamError("updater.value_dtype bfloat16 keeps the float32 master copy on "
                              "the servers of one group: it needs cluster.nserver_groups 1, "
@@ -391,7 +393,7 @@ class Server:
             error = self._failed(e, rnd, group)
             return [(fn, error) for fn in rnd.replies]
         assert self.values is not None
-        answer = Values(self._dense(), self.versions.copy(), applied)
+        answer = Values(self._dense(), self.versions.copy(), applied, self._bfloat16)
         return [*((fn, answer) for fn in rnd.replies), *self._ready_gets()]
 
     def _dense(self) -> np.ndarray:
@@ -592,7 +594,8 @@ class Server:
                 answer = answers.get(get.whole)
                 if answer is None:
                     answer = answers[get.whole] = Values(
-                        self.values if get.whole else self._dense(), versions)
+                        self.values if get.whole else self._dense(), versions,
+                        bfloat16=self._bfloat16)
                 out.append((fn, answer))
         return out
 
