@@ -316,17 +316,35 @@ def test_uniform_span_must_be_finite():
 
 
 def test_a_float32_job_compiles_only_the_float32_fillers() -> None:
-    """Each filler variant (float32 or float64, with the truncated normal's path or without)
-    is made on its first use: uniform and normal float32 fills, as the main job draws, make
-    only the float32 one without the truncated path (a fresh process, so that no other test
-    has used them)."""
+    """Fills of at most one chunk (every Param of the main job) run their chunk filler
+    directly and make no parallel filler; a longer float32 fill makes only the float32 one
+    without the truncated path (a fresh process, so that no other test has used them)."""
     import subprocess
     import sys
 
     code = ("import numpy as np\nfrom paramserver import rng\n"
-            "a = np.empty(1000, np.float32)\n"
+            "a = np.empty(rng._CHUNK, np.float32)\n"
+            "rng.fill_uniform(a, 1)\nrng.fill_normal(a, 2)\n"
+            "print(sorted(rng._fills))\n"
+            "a = np.empty(rng._CHUNK + 1, np.float32)\n"
             "rng.fill_uniform(a, 1)\nrng.fill_normal(a, 2)\n"
             "print(sorted(rng._fills))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout.strip()
-    assert out == "[(True, False)]"
+                         check=True).stdout.split("\n")
+    assert out[:2] == ["[]", "[(True, False)]"]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("fill", "kw"), [(fill_uniform, {}), (fill_normal, {}),
+                                         (fill_truncated_normal, {}),
+                                         (fill_truncated_normal, {"a": 2.5, "b": 3.0})])
+def test_one_chunk_fills_equal_the_parallel_fill(fill, kw, dtype) -> None:
+    """A fill of at most ``_CHUNK`` elements runs the chunk filler in the caller's thread;
+    a longer one the parallel filler: the same values wherever they meet, at offsets that
+    cross chunk boundaries and Philox blocks."""
+    n = rng._CHUNK
+    whole = filled(fill, 3 * n + 7, dtype, **kw)
+    for offset in (0, 1, 3, n - 5, n + 2, 2 * n - 1):
+        for size in (1, 5, n - 3, n):
+            assert np.array_equal(filled(fill, size, dtype, offset=offset, **kw),
+                                  whole[offset:offset + size])

@@ -541,11 +541,25 @@ _NO32 = np.empty(0, np.float32)
 _NO64 = np.empty(0, np.float64)
 
 
+_CHUNKS = {(True, False): _chunk32, (True, True): _chunk32_truncated,
+           (False, False): _chunk64, (False, True): _chunk64_truncated}
+
+
 def _run(flat: np.ndarray, offset: int, k0: np.uint64, k1: np.uint64, method: int,
          prm: np.ndarray) -> None:
+    """Fill ``flat`` with stream elements ``offset ...``: a fill of at most one chunk's
+    length (every Param of a small job) calls its chunk filler here, in this thread, and
+    never compiles a parallel filler; a longer one runs the parallel filler. The values are
+    the same either way (they depend only on the key and the stream position)."""
     if flat.size == 0:
         return
-    fill = _fill(flat.dtype == np.float32, method == _TRUNCATED)
+    variant = (flat.dtype == np.float32, method == _TRUNCATED)
+    if flat.size <= _CHUNK:
+        slow = np.empty(flat.size if method != _UNIFORM else 0, np.uint8)
+        a, b = (flat, _NO64) if variant[0] else (_NO32, flat)
+        _CHUNKS[variant](a, b, slow, offset, k0, k1, method, prm)
+        return
+    fill = _fill(*variant)
     if flat.dtype == np.float32:
         fill(flat, _NO64, offset, k0, k1, method, prm)
     else:
