@@ -492,9 +492,10 @@ def _fill_kernel(is32: bool, truncated: bool) -> Any:
     other is empty) with stream elements ``offset ...``, in parallel over chunks at fixed
     stream positions (multiples of ``_CHUNK``); the values do not depend on the chunking,
     only the split of the work does. Compiling is most of a first fill's cost (numba's
-    parallel functions compile slowly), so each variant is made and compiled on first use:
-    a float32 job that draws uniform and normal values compiles one function without the
-    float64 and truncated paths (about 3.0 s against 4.4 s for all of them in one).
+    parallel functions compile slowly), so each variant is made and compiled on first use,
+    and only for fills longer than one chunk (:func:`_run` calls the chunk filler directly
+    for shorter ones): a float32 job that draws uniform and normal values into large Params
+    compiles one function without the float64 and truncated paths.
     """
 
     def fill(out32, out64, offset, k0, k1, method, prm):  # type: ignore[no-untyped-def]
