@@ -351,3 +351,19 @@ def test_nonfinite_gradients_are_counted_in_the_same_pass(dtype: type) -> None:
     assert kernels.adadelta(w, g, h, u, offsets, 0.1, rho=0.9) == 3
     assert kernels.adam(w, g, h, u, offsets, 0.1, step=1) == 3
     assert kernels.adamax(w, g, h, u, offsets, 0.1, step=1) == 3
+
+
+@pytest.mark.parametrize("n", [0, 7, 4 * kernels.CHUNK, 4 * kernels.CHUNK + 3,
+                               13 * kernels.CHUNK + 77])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_count_nonfinite_is_the_check_on_its_own(n: int, dtype: Any) -> None:
+    """The read-only check alone (what a worker runs before it pushes): every NaN and Inf
+    is counted, in the calling thread (up to four chunks) and in the parallel tasks."""
+    rng = np.random.default_rng(n)
+    g = rng.standard_normal(n).astype(dtype)
+    bad = rng.choice(n, size=min(n, 7), replace=False)
+    g[bad] = np.resize(np.array([np.nan, np.inf, -np.inf], dtype), len(bad))
+    assert kernels.count_nonfinite(g) == len(bad)
+    assert kernels.count_nonfinite(g[:0]) == 0
+    with pytest.raises(ParamError, match="1-D float32 or float64"):
+        kernels.count_nonfinite(g.astype(np.float16))

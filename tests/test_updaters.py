@@ -683,20 +683,24 @@ def test_a_refused_nonfinite_gradient_writes_nothing(method: str) -> None:
     assert all(np.array_equal(sa[k], v) for k, v in state.items())  # counts included
 
 
-@pytest.mark.parametrize("n", [4 * kernels.CHUNK * 3, 4 * kernels.CHUNK * 3 + 777])
+@pytest.mark.parametrize("n", [3 * kernels.CHUNK + 11, 4 * kernels.CHUNK * 3,
+                               4 * kernels.CHUNK * 3 + 777])
 @pytest.mark.parametrize("state_dtype", ["float32", "int8"])
 def test_the_check_counts_every_nonfinite_value_in_a_parallel_pass(n: int,
                                                                     state_dtype: str) -> None:
     """The read-only check reads four chunks at a time (its tasks' four streams) and the
     chunks left over one by one: a NaN or Inf in any of them is counted, and nothing is
-    written. The update pass counts them too, in float32 and float64."""
+    written (up to four chunks, the calling thread reads them alone). The update pass counts
+    them too, in float32 and float64."""
     u = create_updater({"type": "kAdam", "state_dtype": state_dtype,
                         "learning_rate": {"base_lr": 0.01}})
     offsets = np.array([0, n // 3, n], np.int64)
     w = np.random.default_rng(2).standard_normal(n).astype(np.float32)
     state = u.init_state(offsets, np.float32)
     g = np.full(n, 0.5, np.float32)
-    bad = [0, kernels.CHUNK * 3 + 5, kernels.CHUNK * 6 + 1, kernels.CHUNK * 9 + 2, n - 1]
+    step = 3 if n > 4 * kernels.CHUNK else 1  # a chunk of each stream, or each chunk
+    bad = [0, kernels.CHUNK * step + 5, kernels.CHUNK * 2 * step + 1,
+           kernels.CHUNK * 3 * step + 2, n - 1]
     g[bad] = [np.nan, np.inf, -np.inf, np.nan, np.inf]
     before = w.copy()
     assert u.apply(0, w, g, state, refuse_nonfinite=True) == len(bad)

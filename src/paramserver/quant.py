@@ -71,6 +71,7 @@ SCALE_MAX = 2.0 ** 127
 SIGNED_STATE: dict[str, tuple[bool, ...]] = {
     "sgd": (),
     "momentum": (True,),
+    "singa_momentum": (True,),  # the momentum rule with k1 = 1 (kernels: one multiply fewer)
     "nesterov": (True,),
     "adagrad": (False,),
     "rmsprop": (False,),
