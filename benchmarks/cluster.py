@@ -10,9 +10,10 @@ Both are timed in the same worker thread, step after step, as pairs:
   with the worker's gradient buffer and a state of its own (kSGD with momentum 0.9: reads
   w, g, h; writes w, h);
 - cluster: from the end of the gradient function to the start of the next one, i.e. the
-  cluster's whole share of a step: stub (share sum), Update messages, the servers' updates
-  of their ranges (whose kernels count NaN and Inf in the same pass, for the default
-  ``nonfinite: error``), the replies, the versions.
+  cluster's whole share of a step: stub (share sum), the read of the gradient for NaN and
+  Inf under the default ``nonfinite: error`` (by the one server in its kernel call, or with
+  several servers by the worker before it pushes, so that no server writes a refused step),
+  Update messages, the servers' updates of their ranges, the replies, the versions.
 
 Pairs taken a few milliseconds apart see the same load on the machine, so the median of the
 per-step ratios is steady even where the times themselves are not. The configurations run in

@@ -337,6 +337,33 @@ def test_a_nonfinite_gradient_is_refused_and_leaves_the_values_as_they_were(
     assert state["server/0/0/state/w/count"].tolist() == [2]
 
 
+@pytest.mark.parametrize("nworkers", [1, 2])
+def test_a_nonfinite_gradient_in_one_servers_range_is_refused_by_every_server(
+        backend: str, nworkers: int) -> None:
+    """With two servers a group, a NaN in server 1's range refuses the step on server 0
+    too: the worker finds it before pushing, so no server writes the step (a server's own
+    check would have left server 0's range updated)."""
+    c, ps = make(backend, nworkers_per_group=nworkers, nservers_per_group=2)
+    try:
+        with pytest.raises(ClusterError) as e:
+            c.run(poisoned(0, 2, np.nan), 5)
+        state = c.state_dict()
+    finally:
+        c.close()
+    assert str(e.value) == (
+        "non-finite gradient at step 2 from worker 0 of group 0 (rank 0): Params 'b' (2 NaN); "
+        "this step's update is refused and the run stops (the values and the updater state "
+        "are as they were before the step; cluster.nonfinite 'skip' drops such pushes "
+        "instead)")
+    before = reference(lambda s: list(range(nworkers)), 2)  # steps 0 and 1, not 2
+    assert np.array_equal(ps.values, before)
+    held = np.concatenate([state["server/0/0/values"], state["server/0/1/values"]])
+    assert np.array_equal(held, before)
+    assert all(set(state[f"server/0/{i}/versions"].tolist()) == {2} for i in (0, 1))
+    counts = [v.tolist() for k, v in sorted(state.items()) if k.endswith("/count")]
+    assert counts and all(set(c) == {2} for c in counts)
+
+
 def test_skip_drops_the_push_and_warns(backend: str) -> None:
     c, ps = make(backend, nworkers_per_group=2, nonfinite="skip")
     try:

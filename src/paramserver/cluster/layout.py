@@ -67,7 +67,10 @@ class ServerLayout:
         num_dense = int(tables[0]) if tables.size else n
         if np.any(dims[num_dense:] == 0):
             raise ParamError("a server's table segments come after its dense ones")
+        # Asked several times in every update: worked out once (the layout never changes).
         object.__setattr__(self, "_num_dense", num_dense)
+        object.__setattr__(self, "_dense_size", int(self.offsets[num_dense]))
+        object.__setattr__(self, "_tables", range(num_dense, n))
 
     @property
     def dims(self) -> np.ndarray:
@@ -83,12 +86,13 @@ class ServerLayout:
     @property
     def dense_size(self) -> int:
         """The values of the dense segments (a prefix of the range)."""
-        return int(self.offsets[self.num_dense])
+        return int(self._dense_size)  # type: ignore[attr-defined]
 
     @property
     def tables(self) -> range:
         """The indices of the table segments."""
-        return range(self.num_dense, self.num_segments)
+        tables: range = self._tables  # type: ignore[attr-defined]
+        return tables
 
     @property
     def size(self) -> int:

@@ -22,17 +22,18 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..params import coalesce_rows
 
+if TYPE_CHECKING:
+    from ..config.job import ClusterConf
+
 _CHUNK = 1 << 15
 #: Below this many elements a parallel launch costs more than the work: NumPy does it.
 _SMALL = 1 << 16
-_EXPONENT = {np.dtype(np.float32): (np.uint32, 0x7F800000),
-             np.dtype(np.float64): (np.uint64, 0x7FF0000000000000)}
 _kernels: dict[str, Any] = {}
 _build_lock = threading.Lock()
 _launch_lock = threading.Lock()
@@ -46,19 +47,6 @@ def _build() -> dict[str, Any]:
         from numba import prange
 
         from ..numba_cache import njit
-
-        @njit(parallel=True, nogil=True, cache=True)
-        def count_nonfinite(bits, mask):  # type: ignore[no-untyped-def]
-            n = bits.shape[0]
-            bad = 0
-            for c in prange((n + _CHUNK - 1) // _CHUNK):
-                lo = c * _CHUNK
-                s = bits[lo:min(lo + _CHUNK, n)]
-                k = 0
-                for i in range(s.shape[0]):
-                    k += (s[i] & mask) == mask  # all exponent bits set: Inf or NaN
-                bad += k
-            return bad
 
         @njit(parallel=True, nogil=True, cache=True)
         def add(out, a, b):  # type: ignore[no-untyped-def]
@@ -79,7 +67,7 @@ def _build() -> dict[str, Any]:
                 bad += count
             return bad
 
-        _kernels.update(count=count_nonfinite, add=add)
+        _kernels.update(add=add)
         return _kernels
 
 
@@ -99,17 +87,28 @@ def kernel_guard() -> Iterator[None]:
         yield
 
 
+
+def workers_check(conf: ClusterConf) -> bool:
+    """Whether each worker reads its gradients for NaN and Inf before it pushes them.
+
+    Under ``skip``, always: a push is dropped before anything is written. Under ``error``,
+    when a group has several servers: a server sees only its own range, and one server's
+    refusal alone would leave the other servers' ranges updated; a worker's check (the same
+    bytes as the servers' checks together) refuses the step before any server has it. With
+    one server, the server checks, in the sum of several gradients (free) or in its update
+    call (one worker)."""
+    return conf.nonfinite == "skip" or (conf.nonfinite == "error"
+                                        and conf.nservers_per_group > 1)
+
+
 def all_finite(x: np.ndarray) -> bool:
     """Whether a 1-D float32/float64 array holds no NaN and no Inf."""
     if x.size < _SMALL:
         return bool(np.isfinite(x).all())
-    from ..kernels import threads_for
+    from ..kernels import count_nonfinite
 
-    uint, mask = _EXPONENT[x.dtype]
-    bits = np.ascontiguousarray(x).view(uint)
-    count = _build()["count"]
-    with kernel_guard(), threads_for(x.size, _CHUNK):
-        return int(count(bits, uint(mask))) == 0
+    with kernel_guard():
+        return count_nonfinite(x) == 0
 
 
 def nonfinite_counts(x: np.ndarray) -> tuple[int, int]:
@@ -144,4 +143,5 @@ def sum_rows(parts: list[tuple[np.ndarray, np.ndarray]], dim: int, dtype: Any
                          np.concatenate([p[1].reshape(-1, dim) for p in parts]), dim, dtype)
 
 
-__all__ = ["all_finite", "kernel_guard", "nonfinite_counts", "sum_into", "sum_rows"]
+__all__ = ["all_finite", "kernel_guard", "nonfinite_counts", "sum_into", "sum_rows",
+           "workers_check"]

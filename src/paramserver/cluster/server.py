@@ -96,7 +96,7 @@ from .messages import (
     Update,
     Values,
 )
-from .numerics import kernel_guard, nonfinite_counts, sum_into, sum_rows
+from .numerics import kernel_guard, nonfinite_counts, sum_into, sum_rows, workers_check
 from .transport import Pending, ReplyFn
 
 Send = Callable[[Address, Request, str], Pending]
@@ -496,9 +496,10 @@ class Server:
         factor = 1.0 if norm is None else clip_factor(norm, self.updater.conf.clip_norm)
         if total is not None:
             # One gradient under 'error' is read first in the update's own kernel call,
-            # which writes nothing when it holds NaN or Inf (under 'skip' its worker
-            # checked it; with clip_norm the norm's pass did).
-            refuse = len(grads) == 1 and self.conf.nonfinite == "error" and not rnd.measured
+            # which writes nothing when it holds NaN or Inf (unless its worker checked it:
+            # numerics.workers_check; with clip_norm the norm's pass did).
+            refuse = (len(grads) == 1 and self.conf.nonfinite == "error" and not rnd.measured
+                      and not workers_check(self.conf))
             state = self.state if nd == L.num_segments else self.state.segments(0, nd)
             with kernel_guard():
                 nonfinite = self.updater.apply(rnd.step, self.values[:L.dense_size], total,

@@ -36,9 +36,10 @@ import numpy as np
 
 from ..config.job import ClusterConf
 from ..params import ParamSet, TableParam
+from .errors import ClusterError
 from .layout import ServerLayout
 from .messages import Clip, Get, Leave, Norm, Reply, Update, Values
-from .numerics import all_finite, nonfinite_counts
+from .numerics import all_finite, nonfinite_counts, workers_check
 from .server import server_name
 from .transport import Pending, Transport
 
@@ -141,11 +142,16 @@ class Worker:
         grads: list[np.ndarray | None] = list(self._grads)
         tables = {t.name: t.take_grad_rows() for t in self.params.tables}
         rows = self._rows_by_server(tables)
-        # Under 'error' the servers' kernels count NaN and Inf in their own pass (free);
-        # 'skip' must know before anything is written, so it pays a pass here.
-        if self.conf.nonfinite == "skip" and not (
+        # A pass here where the servers cannot decide alone (numerics.workers_check).
+        if workers_check(self.conf) and not (
                 all_finite(self.params.owner_grads())
                 and all(all_finite(r.reshape(-1)) for _, r in tables.values())):
+            if self.conf.nonfinite == "error":  # no server has this step: none writes it
+                raise ClusterError(
+                    f"non-finite gradient at step {step} from {self.name} (rank {self.rank})"
+                    f": {self._nonfinite_params(tables)}; this step's update is refused and "
+                    "the run stops (the values and the updater state are as they were "
+                    "before the step; cluster.nonfinite 'skip' drops such pushes instead)")
             self.notes.append(f"non-finite gradient at step {step} from {self.name} (rank "
                               f"{self.rank}): {self._nonfinite_params(tables)}; the push is "
                               "dropped (cluster.nonfinite is 'skip')")
