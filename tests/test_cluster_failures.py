@@ -316,16 +316,23 @@ def poisoned(rank: int, step: int, value: float, name: str = "b") -> Callable[[A
     return grads
 
 
-def test_a_nonfinite_gradient_is_refused_and_leaves_the_values_as_they_were(
-        backend: str) -> None:
-    c, ps = make(backend, nworkers_per_group=2)
+def refused(backend: str, rank: int, **kw: Any
+            ) -> tuple[str, dict[str, np.ndarray], ParamSet]:
+    """A run whose worker ``rank`` sends NaN at step 2: the error's message, the cluster's
+    state after it, and the driver's values."""
+    c, ps = make(backend, **kw)
     try:
         with pytest.raises(ClusterError) as e:
-            c.run(poisoned(1, 2, np.nan), 5)
-        state = c.state_dict()
+            c.run(poisoned(rank, 2, np.nan), 5)
+        return str(e.value), c.state_dict(), ps
     finally:
         c.close()
-    assert str(e.value) == (
+
+
+def test_a_nonfinite_gradient_is_refused_and_leaves_the_values_as_they_were(
+        backend: str) -> None:
+    message, state, ps = refused(backend, 1, nworkers_per_group=2)
+    assert message == (
         "server 0: non-finite gradient at step 2 from workers [1] of group 0: Params 'b' "
         "(2 NaN); this step's update is refused and the run stops (the values and the "
         "updater state are as they were before the step; cluster.nonfinite 'skip' drops "
@@ -343,14 +350,9 @@ def test_a_nonfinite_gradient_in_one_servers_range_is_refused_by_every_server(
     """With two servers a group, a NaN in server 1's range refuses the step on server 0
     too: the worker finds it before pushing, so no server writes the step (a server's own
     check would have left server 0's range updated)."""
-    c, ps = make(backend, nworkers_per_group=nworkers, nservers_per_group=2)
-    try:
-        with pytest.raises(ClusterError) as e:
-            c.run(poisoned(0, 2, np.nan), 5)
-        state = c.state_dict()
-    finally:
-        c.close()
-    assert str(e.value) == (
+    message, state, ps = refused(backend, 0, nworkers_per_group=nworkers,
+                                 nservers_per_group=2)
+    assert message == (
         "non-finite gradient at step 2 from worker 0 of group 0 (rank 0): Params 'b' (2 NaN); "
         "this step's update is refused and the run stops (the values and the updater state "
         "are as they were before the step; cluster.nonfinite 'skip' drops such pushes "
