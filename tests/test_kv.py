@@ -305,6 +305,30 @@ def test_a_nonfinite_push_is_refused_and_named() -> None:
         assert store.pull("w").tolist() == [0.0, 0.0]
 
 
+@pytest.mark.parametrize("servers", [2, 3])
+def test_a_nonfinite_push_of_a_key_on_several_servers_changes_no_piece(servers: int) -> None:
+    """A key cut across servers: under 'error' the push is refused before any server has
+    it (no piece is updated); under 'skip' it is dropped with a warning. (A server sees only
+    its piece: its own check alone updated the other pieces, and 'skip' applied NaN.)"""
+    g = np.ones(16, np.float32)
+    g[12] = np.nan
+    with kv.create("local", num_servers=servers, bound=4) as store:
+        store.init("w", np.zeros(16, np.float32))
+        store.set_updater(SGD)
+        with pytest.raises(ClusterError, match=r"non-finite gradient in the push of key 'w' "
+                                               r"\(1 NaN\): the push is refused"):
+            store.push("w", g)
+        assert store.pull("w").tolist() == [0.0] * 16
+    with kv.create("local", num_servers=servers, bound=4, nonfinite="skip") as store:
+        store.init("w", np.zeros(16, np.float32))
+        store.set_updater(SGD)
+        with pytest.warns(RuntimeWarning, match="the push is dropped"):
+            store.push("w", g)
+        assert store.pull("w").tolist() == [0.0] * 16
+        store.push("w", np.ones(16, np.float32))
+        assert np.all(store.pull("w") < 0)
+
+
 # -- compression -------------------------------------------------------------------------------
 
 def test_compressed_pushes_deliver_what_was_pushed_in_the_end() -> None:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -66,6 +67,7 @@ from ..cluster.messages import (
     Update,
     Values,
 )
+from ..cluster.numerics import all_finite, nonfinite_counts, workers_check
 from ..cluster.transport import Pending, Transport
 from ..config import ParamError
 from ..config.job import ClusterConf, UpdaterConf
@@ -377,6 +379,9 @@ class KVStore:
         c = self._compression
         if k.row_sparse:
             ids, rows = self._sum_rows(k, values, where)
+            if self._drops(key, rows):
+                k.pending = self._dropped(k, key)
+                return
             parts = self._split_rows(k, ids, rows)
             pendings = []
             for i, (s, _, _) in enumerate(k.pieces):
@@ -397,6 +402,9 @@ class KVStore:
                                                                      f"key {key!r}"))
         else:
             flat = self._sum_dense(k, values, where)
+            if self._drops(key, flat):
+                k.pending = self._dropped(k, key)
+                return
             pendings = []
             for i, (s, lo, hi) in enumerate(k.pieces):
                 part = flat[lo:hi]
@@ -409,6 +417,30 @@ class KVStore:
                 pendings.append(self._send(s, Keyed(k.name, update), f"reply to a push of "
                                                                      f"key {key!r}"))
         k.pending = pendings
+
+    def _drops(self, key: Any, data: np.ndarray) -> bool:
+        """Whether a push of NaN or Inf is dropped (``nonfinite: skip``, with a warning);
+        under ``error`` it is refused here, before any server has it. Checked here where
+        the servers cannot decide alone (:func:`~paramserver.cluster.numerics.workers_check`:
+        'skip', or a key whose pieces may lie on several servers); else the server's own
+        check refuses it."""
+        if not workers_check(self._conf) or all_finite(data.reshape(-1)):
+            return False
+        found = ", ".join(f"{n} {kind}" for n, kind in zip(nonfinite_counts(data),
+                                                            ("NaN", "Inf")) if n)
+        if self._conf.nonfinite == "error":
+            raise ClusterError(f"non-finite gradient in the push of key {key!r} ({found}): "
+                               "the push is refused and nothing is written "
+                               "(cluster.nonfinite 'skip' drops such pushes instead)")
+        warnings.warn(f"non-finite gradient in the push of key {key!r} ({found}): the push "
+                      "is dropped (cluster.nonfinite is 'skip')", RuntimeWarning, stacklevel=4)
+        return True
+
+    def _dropped(self, k: _Key, key: Any) -> list[Pending]:
+        """An empty push to each server of the key: a round of workers in step completes
+        without this worker's gradient, as the cluster's dropped pushes do."""
+        return [self._send(s, Keyed(k.name, Update(self._group, self._index, -1, None)),
+                           f"reply to a push of key {key!r}") for s, _, _ in k.pieces]
 
     def _sum_dense(self, k: _Key, values: list[Any], where: str) -> np.ndarray:
         """The sum of the values pushed for a dense key, in the order given (flat)."""
