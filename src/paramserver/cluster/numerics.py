@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -71,21 +70,19 @@ def _build() -> dict[str, Any]:
         return _kernels
 
 
-@contextlib.contextmanager
-def kernel_guard() -> Iterator[None]:
-    """Serialise parallel kernel launches where numba's threading layer needs it."""
+def kernel_guard() -> contextlib.AbstractContextManager[Any]:
+    """Serialise parallel kernel launches where numba's threading layer needs it: the
+    launch lock there, else a shared empty context (this is on every update call)."""
     global _guarded
     if _guarded is None:
         _build()["add"](np.zeros(1), np.zeros(1), np.zeros(1))  # any launch picks the layer
         import numba
 
         _guarded = numba.threading_layer() == "workqueue"
-    if _guarded:
-        with _launch_lock:
-            yield
-    else:
-        yield
+    return _launch_lock if _guarded else _UNGUARDED
 
+
+_UNGUARDED = contextlib.nullcontext()
 
 
 def workers_check(conf: ClusterConf) -> bool:
