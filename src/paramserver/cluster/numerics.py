@@ -94,8 +94,7 @@ def workers_check(conf: ClusterConf) -> bool:
     bytes as the servers' checks together) refuses the step before any server has it. With
     one server, the server checks, in the sum of several gradients (free) or in its update
     call (one worker)."""
-    return conf.nonfinite == "skip" or (conf.nonfinite == "error"
-                                        and conf.nservers_per_group > 1)
+    return conf.nonfinite == "skip" or conf.nservers_per_group > 1
 
 
 def all_finite(x: np.ndarray) -> bool:
@@ -111,6 +110,13 @@ def all_finite(x: np.ndarray) -> bool:
 def nonfinite_counts(x: np.ndarray) -> tuple[int, int]:
     """The numbers of NaN and of ±Inf in ``x`` (slow; for messages)."""
     return int(np.count_nonzero(np.isnan(x))), int(np.count_nonzero(np.isinf(x)))
+
+
+def nonfinite_text(x: np.ndarray) -> str:
+    """The NaN and Inf of ``x`` as messages name them (``"2 NaN, 1 Inf"``); empty when
+    there are none."""
+    return ", ".join(f"{n} {kind}" for n, kind in zip(nonfinite_counts(x), ("NaN", "Inf"))
+                     if n)
 
 
 def sum_into(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> int:
@@ -140,5 +146,5 @@ def sum_rows(parts: list[tuple[np.ndarray, np.ndarray]], dim: int, dtype: Any
                          np.concatenate([p[1].reshape(-1, dim) for p in parts]), dim, dtype)
 
 
-__all__ = ["all_finite", "kernel_guard", "nonfinite_counts", "sum_into", "sum_rows",
-           "workers_check"]
+__all__ = ["all_finite", "kernel_guard", "nonfinite_counts", "nonfinite_text", "sum_into",
+           "sum_rows", "workers_check"]

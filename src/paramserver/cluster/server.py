@@ -96,7 +96,14 @@ from .messages import (
     Update,
     Values,
 )
-from .numerics import kernel_guard, nonfinite_counts, sum_into, sum_rows, workers_check
+from .numerics import (
+    kernel_guard,
+    nonfinite_counts,
+    nonfinite_text,
+    sum_into,
+    sum_rows,
+    workers_check,
+)
 from .transport import Pending, ReplyFn
 
 Send = Callable[[Address, Request, str], Pending]
@@ -526,10 +533,8 @@ class Server:
                  for i in range(L.num_dense)] + [rows for _, rows in tables]
         params = []
         for name, part in zip(L.names, parts, strict=True):
-            nan, inf = nonfinite_counts(part) if part is not None else (0, 0)
-            if nan or inf:
-                counts = ", ".join(f"{n} {kind}" for n, kind in ((nan, "NaN"), (inf, "Inf"))
-                                   if n)
+            counts = nonfinite_text(part) if part is not None else ""
+            if counts:
                 params.append(f"'{name}' ({counts})")
         senders = rnd.senders()
 

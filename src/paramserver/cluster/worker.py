@@ -39,7 +39,7 @@ from ..params import ParamSet, TableParam
 from .errors import ClusterError
 from .layout import ServerLayout
 from .messages import Clip, Get, Leave, Norm, Reply, Update, Values
-from .numerics import all_finite, nonfinite_counts, workers_check
+from .numerics import all_finite, nonfinite_text, workers_check
 from .server import server_name
 from .transport import Pending, Transport
 
@@ -263,10 +263,8 @@ class Worker:
     def _nonfinite_params(self, tables: dict[str, tuple[np.ndarray, np.ndarray]]) -> str:
         found = []
         for p in self.params.params:
-            nan, inf = nonfinite_counts(tables[p.name][1] if p.row_sparse else p.grad)
-            if nan or inf:
-                counts = ", ".join(f"{n} {kind}" for n, kind in ((nan, "NaN"), (inf, "Inf"))
-                                   if n)
+            counts = nonfinite_text(tables[p.name][1] if p.row_sparse else p.grad)
+            if counts:
                 share = f", shares '{p.owner.name}'" if p.owner is not None else ""
                 found.append(f"'{p.name}' ({counts}{share})")
         return "Params " + ", ".join(found) if found else "the sum of shared gradients"

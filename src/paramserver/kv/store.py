@@ -67,7 +67,7 @@ from ..cluster.messages import (
     Update,
     Values,
 )
-from ..cluster.numerics import all_finite, nonfinite_counts, workers_check
+from ..cluster.numerics import all_finite, nonfinite_text, workers_check
 from ..cluster.transport import Pending, Transport
 from ..config import ParamError
 from ..config.job import ClusterConf, UpdaterConf
@@ -426,8 +426,7 @@ class KVStore:
         check refuses it."""
         if not workers_check(self._conf) or all_finite(data.reshape(-1)):
             return False
-        found = ", ".join(f"{n} {kind}" for n, kind in zip(nonfinite_counts(data),
-                                                            ("NaN", "Inf")) if n)
+        found = nonfinite_text(data)
         if self._conf.nonfinite == "error":
             raise ClusterError(f"non-finite gradient in the push of key {key!r} ({found}): "
                                "the push is refused and nothing is written "
