@@ -219,13 +219,6 @@ def _nonfinite_task(g, c, q, n):  # type: ignore[no-untyped-def]
     return found
 
 
-
-@register_jitable
-def _nonfinite_here(g):  # type: ignore[no-untyped-def]
-    """The number of NaN and Inf in a gradient of at most four chunks, read in the calling
-    thread (a function of its own, not inlined into the kernels' parallel code)."""
-    return _nonfinite_task(g, 0, 1, g.shape[0])
-
 # ---------------------------------------------------------------------------------------------
 # State codecs (paramserver.quant has the formats and their NumPy reference). A codec is a
 # pair ``load(stored) -> value`` and ``store(value, key, index) -> stored``; a stochastic store
@@ -514,13 +507,7 @@ def _fused_kernel(rule: Callable[..., Any], nstate: int, name: str,
         n = w.shape[0]
         nchunks = (n + CHUNK - 1) // CHUNK
         if check:  # a read-only pass first: a gradient with NaN or Inf writes nothing
-            found = 0
-            q = (nchunks + 3) // 4
-            if q == 1:  # at most four chunks: read here, waking no thread (see above)
-                found = _nonfinite_here(g)
-            else:
-                for c in prange(q):
-                    found += _nonfinite_task(g, c, q, n)
+            found = _count(g)
             if found > 0:
                 return found
         clip_low = hyp[0]
@@ -605,13 +592,7 @@ def _blockwise_kernel(rule: Callable[..., Any], nstate: int, name: str,
         n = w.shape[0]
         nchunks = (n + CHUNK - 1) // CHUNK
         if check:
-            found = 0
-            q = (nchunks + 3) // 4
-            if q == 1:  # at most four chunks: read here, waking no thread (see above)
-                found = _nonfinite_here(g)
-            else:
-                for c in prange(q):
-                    found += _nonfinite_task(g, c, q, n)
+            found = _count(g)
             if found > 0:
                 return found
         clip_low = hyp[0]
@@ -695,9 +676,16 @@ def _jit(kernel: Callable[..., Any], name: str, parallel: bool) -> Any:
     return njit(nogil=True, parallel=parallel, cache=True, fastmath=False,
                 error_model="numpy")(kernel)
 
+@register_jitable
+def _nonfinite_here(g):  # type: ignore[no-untyped-def]
+    # A function of its own (not inlined into the parallel code beside it, where numba's
+    # SSA pass warns about the inlined loop's variables).
+    return _nonfinite_task(g, 0, 1, g.shape[0])
 
 
 def _count_kernel(g):  # type: ignore[no-untyped-def]
+    """The read-only check: the number of NaN and Inf in ``g``, in tasks of four chunks; a
+    gradient of at most four chunks is read in the calling thread (see above)."""
     n = g.shape[0]
     q = ((n + CHUNK - 1) // CHUNK + 3) // 4
     if q <= 1:
@@ -708,6 +696,8 @@ def _count_kernel(g):  # type: ignore[no-untyped-def]
     return found
 
 
+#: The check, one parallel function: called on its own (:func:`count_nonfinite`) and by the
+#: update kernels with ``check`` before their update pass.
 _count = _jit(_count_kernel, "_count_nonfinite_kernel", True)
 
 
@@ -722,6 +712,7 @@ def count_nonfinite(g: np.ndarray) -> int:
     gv.flags.writeable = False  # one compiled signature, writeable or not
     with threads_for(g.shape[0], 4 * CHUNK):  # a task reads four chunks
         return int(_count(gv))
+
 
 # ---------------------------------------------------------------------------------------------
 # The kernels by method and state type, made on first use (a job compiles only those it runs).
