@@ -64,7 +64,7 @@ neuralnet {{
 cluster {{ nworkers_per_group: 2 nservers_per_group: 2 timeout: 60 }}
 """
 PRELOAD = ["paramserver.cli", "paramserver.train.trainer", "paramserver.cluster",
-           "paramserver.kernels", "sklearn.datasets", "matplotlib.pyplot", "tensorboardX"]
+           "paramserver.numerics.kernels", "sklearn.datasets", "matplotlib.pyplot", "tensorboardX"]
 KILLED = -9
 RUN_TIMEOUT = 300.0
 

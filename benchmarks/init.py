@@ -1,4 +1,4 @@
-"""Random fills for initialisation: paramserver.rng against torch.nn.init, in one process.
+"""Random fills for initialisation: paramserver.numerics.rng against torch.nn.init, in one process.
 
     python benchmarks/init.py [--size 16777216] [--repeats 15]
 
@@ -20,7 +20,7 @@ import numba
 import numpy as np
 import torch
 
-from paramserver.rng import fill_normal, fill_truncated_normal, fill_uniform, param_key
+from paramserver.numerics.rng import fill_normal, fill_truncated_normal, fill_uniform, param_key
 
 
 def _seconds(fill: Callable[[], object]) -> float:

@@ -42,7 +42,7 @@ import numpy as np
 
 from paramserver.cluster import Cluster, Worker
 from paramserver.cluster.messages import Update
-from paramserver.cluster.numerics import all_finite
+from paramserver.cluster.passes import all_finite
 from paramserver.cluster.ray_backend import import_ray, start_ray
 from paramserver.cluster.ray_wire import encode
 from paramserver.config.job import ClusterConf

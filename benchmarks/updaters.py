@@ -7,8 +7,8 @@ For every method and three float32 cases (one Param of 16M elements; 200 Params 
 totalling 16M; 200 Params of 4096), all in this process, in interleaved rounds
 (benchmarks/_timing.py: at least 5, min / median / max over the rounds, the load average):
 
-- ``paramserver``: the fused kernel of :mod:`paramserver.kernels`, one call per step over the
-  flat buffers;
+- ``paramserver``: the fused kernel of :mod:`paramserver.numerics.kernels`, one call per step
+  over the flat buffers;
 - ``torch``: the fastest of torch.optim's default (for-loop), ``foreach=True`` and
   ``fused=True`` (on CPU, torch 2.13 fuses SGD, Adagrad, Adam and AdamW, not RMSprop or
   Adadelta), on one tensor per Param, same hyper-parameters (torch's Adagrad and RMSprop add
@@ -283,7 +283,7 @@ _TIMING_SCRIPT = """
 import time
 t0 = time.perf_counter()
 import numpy as np
-import paramserver.kernels as k
+import paramserver.numerics.kernels as k
 t1 = time.perf_counter()
 k.warmup(np.float32)
 t2 = time.perf_counter()
@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.no_compile:
         return
     (imp0, cold, n), (imp1, warm, _) = compile_times()
-    print(f"\nimport paramserver.kernels: {imp0:.2f} s (first), {imp1:.2f} s (again)")
+    print(f"\nimport paramserver.numerics.kernels: {imp0:.2f} s (first), {imp1:.2f} s (again)")
     print(f"warmup(float32), {n} kernels: compile {cold:.2f} s ({cold / n:.2f} s each); "
           f"load from cache {warm:.3f} s")
 

@@ -25,7 +25,7 @@ from paramserver import Error, ParamError
 from paramserver.checkpoint import checkpoint_name, list_checkpoints
 from paramserver.cluster import Cluster, ClusterError, LocalTransport, Server, plan_servers
 from paramserver.cluster import messages as msg
-from paramserver.cluster.numerics import all_finite, nonfinite_counts, sum_into
+from paramserver.cluster.passes import all_finite, nonfinite_counts, sum_into
 from paramserver.config.job import ClusterConf
 from paramserver.params import ParamSet
 from paramserver.updaters import create_updater

@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 
 import paramserver
-from paramserver import CheckpointError, ClusterError, Error, ParamError, kernels
+from paramserver import CheckpointError, ClusterError, Error, ParamError
+from paramserver.numerics import kernels
 
 SRC = Path(paramserver.__file__).parent
 #: Built-in exceptions raised as part of a Python protocol, not as an error report (and

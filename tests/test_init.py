@@ -31,7 +31,7 @@ from paramserver import (
 from paramserver.config.components import param_generators
 from paramserver.config.job import ParamConf, ParamGenConf
 from paramserver.init import ParamGenerator, Stream, init_params, stream
-from paramserver.rng import fill_normal, fill_uniform, param_key
+from paramserver.numerics.rng import fill_normal, fill_uniform, param_key
 
 BUILTINS = ["glorot_normal", "glorot_uniform", "he_normal", "he_uniform", "kConstant",
             "kGaussian", "kGaussianSqrtFanIn", "kUniform", "kUniformSqrtFanIn",

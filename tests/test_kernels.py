@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from paramserver import ParamError, kernels, quant
+from paramserver import ParamError
+from paramserver.numerics import kernels, quant
 
 # Segment sizes of odd lengths, empty ones among them, so that the kernels' chunks
 # (kernels.CHUNK elements) start and end inside segments and walk across many small ones.

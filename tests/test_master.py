@@ -9,8 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from paramserver import ParamError, ParamSet, Updater, create_updater, kernels, quant
+from paramserver import ParamError, ParamSet, Updater, create_updater
 from paramserver.config.components import updaters
+from paramserver.numerics import kernels, quant
 from test_quant import CONFS, JOB, OFFSETS, N
 
 

@@ -1,5 +1,5 @@
 """Low-precision updater state (``state_dtype``): the kernels' codecs against the NumPy
-reference of :mod:`paramserver.quant`, bit for bit; every method's update with bfloat16 and
+reference of :mod:`paramserver.numerics.quant`, bit for bit; every method's update with bfloat16 and
 8-bit state against a float64 reference of the same quantisation; exact round trips through
 checkpoints and bit-exact resumes; the configuration around it."""
 
@@ -12,8 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from paramserver import ParamError, ParamSet, create_updater, kernels, quant
+from paramserver import ParamError, ParamSet, create_updater
 from paramserver.config.components import updaters
+from paramserver.numerics import kernels, quant
 from paramserver.state import UpdaterState
 from test_kernels import METHODS, reference_step
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from paramserver import ParamError, quant
+from paramserver import ParamError
 from paramserver.checkpoint import checkpoint_name, load_checkpoint
 from paramserver.cluster import Cluster, plan_servers
 from paramserver.cluster.gradfn import RemoteGradFn, build_grad_fn
@@ -34,6 +34,7 @@ from paramserver.cluster.ray_wire import (
     unpack,
 )
 from paramserver.config.job import ClusterConf, parse_job
+from paramserver.numerics import quant
 from paramserver.params import ParamSet
 from paramserver.train.trainer import Trainer
 

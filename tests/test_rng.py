@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import special, stats
 
-from paramserver import rng
-from paramserver.rng import (
+from paramserver.numerics import rng
+from paramserver.numerics.rng import (
     fill_normal,
     fill_truncated_normal,
     fill_uniform,

@@ -24,11 +24,11 @@ from paramserver import (
     Updater,
     create_updater,
     field,
-    kernels,
     register_updater,
 )
 from paramserver.config.components import updaters
 from paramserver.config.job import ParamConf, UpdaterConf
+from paramserver.numerics import kernels
 from paramserver.state import COUNT
 
 RTOL, ATOL = 2e-5, 2e-6  # float32 against a float64 reference
@@ -720,7 +720,7 @@ def test_the_check_counts_every_nonfinite_value_in_a_parallel_pass(n: int,
 
 @pytest.mark.parametrize("n", [1000, 3_000_001])  # one thread, and the parallel pass
 def test_sum_squares_of_scaled_clipped_segments(n: int) -> None:
-    from paramserver.gradnorm import sum_squares
+    from paramserver.numerics.norm import sum_squares
 
     rng = np.random.default_rng(4)
     g = rng.standard_normal(n).astype(np.float32)

@@ -41,20 +41,20 @@ class Stream:
 
     def uniform(self, out: np.ndarray, low: float = -1.0, high: float = 1.0) -> None:
         """Fill ``out`` with U[low, high)."""
-        from .rng import fill_uniform
+        from .numerics.rng import fill_uniform
 
         fill_uniform(out, self.key, low, high, offset=self.offset)
 
     def normal(self, out: np.ndarray, mean: float = 0.0, std: float = 1.0) -> None:
         """Fill ``out`` with N(mean, std²)."""
-        from .rng import fill_normal
+        from .numerics.rng import fill_normal
 
         fill_normal(out, self.key, mean, std, offset=self.offset)
 
     def truncated_normal(self, out: np.ndarray, mean: float = 0.0, std: float = 1.0,
                          a: float = -2.0, b: float = 2.0) -> None:
         """Fill ``out`` with N(mean, std²) kept within [mean + a·std, mean + b·std]."""
-        from .rng import fill_truncated_normal
+        from .numerics.rng import fill_truncated_normal
 
         fill_truncated_normal(out, self.key, mean, std, a, b, offset=self.offset)
 
@@ -67,7 +67,7 @@ class Stream:
 
 def stream(seed: int, name: str) -> Stream:
     """The stream of Param ``name`` in a job seeded with ``seed``."""
-    from .rng import param_key
+    from .numerics.rng import param_key
 
     return Stream(param_key(seed, name))
 
@@ -159,7 +159,7 @@ def fill_range(generator: ParamGenerator, name: str, shape: tuple[int, ...], out
     if not generator.fills_pieces:
         raise ParamError(f"init method {generator.conf.component} fills whole Params only, "
                          f"not a server's piece of '{name}': give the values instead")
-    from .rng import param_key
+    from .numerics.rng import param_key
 
     generator.fill(_Piece(name, tuple(shape), out),  # type: ignore[arg-type]
                    Stream(param_key(seed, name), int(offset)))

@@ -195,7 +195,7 @@ def coalesce_rows(ids: np.ndarray, rows: np.ndarray, dim: int, dtype: Any
     if rows.dtype != out.dtype or rows.size < _NUMBA_ROWS:
         np.add.at(out, at, rows)  # one row after the other, in the order given
         return union, out
-    from .kernels_rows import sum_rows_in_order  # the same sums, without add.at's dispatch
+    from .numerics.rows import sum_rows_in_order  # the same sums, without add.at's dispatch
 
     order = np.argsort(at, kind="stable")
     bounds = np.searchsorted(at[order], np.arange(union.size + 1)).astype(np.int64)

@@ -27,11 +27,11 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
-from . import quant
 from .config import ParamError, Parameter, field
 from .config.components import updaters
 from .config.job import UpdaterConf, conf_from
 from .config.types import format_number
+from .numerics import quant
 from .params import Param, ParamSet
 from .schedules import create_lr_method
 from .state import COUNT, Role, UpdaterState, roles_of
@@ -205,7 +205,7 @@ class Updater:
                     "clip_norm clips by the L2 norm of every gradient of the job, which this "
                     "call does not see: update a whole ParamSet with update_params (or pass "
                     "grad_norm, the global norm, to apply)")
-            from .gradnorm import clip_factor
+            from .numerics.norm import clip_factor
 
             gscale = gscale * clip_factor(grad_norm, self.conf.clip_norm)
         lr = self.lr(step) * _per_segment(lr_scale, n)
@@ -230,7 +230,7 @@ class Updater:
 
         The table is ``values`` (``num_rows × dim``, flat) and ``state`` its state, of one
         segment. Only rows ``ids`` of the values and of the per-element state are read and
-        written (:mod:`paramserver.kernels_rows`); the update count goes up by one, as for a
+        written (:mod:`paramserver.numerics.rows`); the update count goes up by one, as for a
         dense update of the table. Returns the number of NaN or Inf gradient values.
 
         Args:
@@ -270,7 +270,7 @@ class Updater:
                   check: bool = False) -> int:
         """The update of rows ``ids``; by default :meth:`rule` on the gathered rows (values
         and per-element state), which are then written back: the same lazy semantics."""
-        from .kernels_rows import check_rows
+        from .numerics.rows import check_rows
 
         ids = check_rows(ids, w.size // dim if dim else 0)
         g = np.asarray(g).reshape(-1)
@@ -294,7 +294,7 @@ class Updater:
                          grad_scale: np.ndarray | float = 1.0) -> float:
         """This range's part of the squared global norm: ``Σ (clip(g) · grad_scale)²`` over its
         segments (cut at ``offsets``), with this updater's ``clip_low``/``clip_high``."""
-        from .gradnorm import sum_squares
+        from .numerics.norm import sum_squares
 
         return sum_squares(grads, offsets, grad_scale, self.conf.clip_low, self.conf.clip_high)
 
@@ -375,7 +375,7 @@ class Updater:
             norm = None
             factor = 1.0
             if self.conf.clip_norm > 0:  # the global norm covers the tables' rows too
-                from .gradnorm import clip_factor
+                from .numerics.norm import clip_factor
 
                 squares = self.grad_sum_squares(grads, off[:nd + 1], scale[:nd])
                 for i, (_, rows) in enumerate(taken, start=nd):
@@ -460,7 +460,7 @@ class _Fused(Updater):
     def _run(self, w: np.ndarray, g: np.ndarray, state: UpdaterState, lr: np.ndarray,
              wd: np.ndarray, gscale: np.ndarray, check: bool = False,
              bf16_values: np.ndarray | None = None) -> int:
-        from . import kernels
+        from .numerics import kernels
 
         kw = self.extra_for(state)
         if bf16_values is not None:
@@ -476,13 +476,13 @@ class _Fused(Updater):
     def _run_rows(self, w: np.ndarray, g: np.ndarray, ids: np.ndarray, dim: int,
                   state: UpdaterState, lr: float, wd: float, gscale: float,
                   check: bool = False) -> int:
-        from . import kernels_rows
+        from .numerics import rows as row_kernels
 
         arrays = [state[r.name] for r in self.roles[1:]]
         kw = self.extra()
         if self.counted:
             kw["step"] = float(state.counts[0])
-        nonfinite: int = getattr(kernels_rows, self.kernel)(
+        nonfinite: int = getattr(row_kernels, self.kernel)(
             w, g, ids, dim, *arrays, lr, wd, gscale, clip_low=self.conf.clip_low,
             clip_high=self.conf.clip_high, check=check, **kw)
         return nonfinite
@@ -528,11 +528,11 @@ class SGD(_Fused):
     def _run_rows(self, w: np.ndarray, g: np.ndarray, ids: np.ndarray, dim: int,
                   state: UpdaterState, lr: float, wd: float, gscale: float,
                   check: bool = False) -> int:
-        from . import kernels_rows
+        from .numerics import rows as row_kernels
 
         h = state["history"] if "history" in state and self.conf.momentum > 0 else w[:0]
         damp = self.own.dampening if self.own is not None else 0.0
-        return kernels_rows.sgd(w, g, ids, dim, h, lr, wd, gscale,
+        return row_kernels.sgd(w, g, ids, dim, h, lr, wd, gscale,
                                 momentum=self.conf.momentum,
                                 dampening=0.0 if int(state.counts[0]) == 1 else damp,
                                 torch_form=self.torch_form, clip_low=self.conf.clip_low,
@@ -646,11 +646,11 @@ class RMSProp(_Fused):
     def _run_rows(self, w: np.ndarray, g: np.ndarray, ids: np.ndarray, dim: int,
                   state: UpdaterState, lr: float, wd: float, gscale: float,
                   check: bool = False) -> int:
-        from . import kernels_rows
+        from .numerics import rows as row_kernels
 
         c = self.conf
         momentum = c.momentum if self.uses_momentum else 0.0
-        return kernels_rows.rmsprop(w, g, ids, dim, state["history"], lr, wd, gscale,
+        return row_kernels.rmsprop(w, g, ids, dim, state["history"], lr, wd, gscale,
                                     rho=self.own.rho, delta=c.delta, torch_form=self.torch_form,
                                     momentum=momentum,
                                     u=state["momentum_buffer"] if momentum > 0 else None,

@@ -108,7 +108,7 @@ class Clip:
     """The global L2 norm of a step's gradients (``clip_norm``), from one worker of the
     group: the square root of the sum, in server order, of every server's :class:`Norm`.
     Every live worker of the group sends the same; the server then applies the step, its
-    gradients scaled by :func:`~paramserver.gradnorm.clip_factor` of it."""
+    gradients scaled by :func:`~paramserver.numerics.norm.clip_factor` of it."""
 
     group: int
     worker: int

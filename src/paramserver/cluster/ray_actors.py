@@ -45,8 +45,8 @@ from .driver import DONE, work
 from .gradfn import GradFnCache
 from .keys import KeyServer
 from .messages import Address, Reply
-from .numerics import _SMALL as SMALL
-from .numerics import all_finite, sum_into
+from .passes import _SMALL as SMALL
+from .passes import all_finite, sum_into
 from .ray_transport import RayTransport
 from .ray_wire import (
     LARGE,

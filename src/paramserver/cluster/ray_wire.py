@@ -32,10 +32,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import quant
 from ..config import ParamError
 from ..config.components import layers, lr_methods, param_generators, updaters
 from ..config.registry import Registry
+from ..numerics import quant
 from ..params import ParamSet
 from .layout import ServerLayout
 from .messages import KINDS, NESTED, Reply, Request, Values

@@ -36,7 +36,7 @@ Consistency:
   the step's (summed, scaled) gradient, and holds the step; each worker adds the parts of
   all its servers, in server order, and sends every server the same norm in a :class:`Clip`;
   the step is applied once every live worker's clip has come, the gradient scaled by
-  :func:`~paramserver.gradnorm.clip_factor` of it. One reduction across the servers per
+  :func:`~paramserver.numerics.norm.clip_factor` of it. One reduction across the servers per
   step; the norm pass also checks the gradient for ``nonfinite: error`` (no second read).
   Tables' rows count in the norm as the dense part does (as ``update_params``).
 - *non-finite gradients*: under ``nonfinite: error`` a step whose gradient (or the sum of its
@@ -69,7 +69,7 @@ from ..checkpoint import (
 )
 from ..config import ParamError
 from ..config.job import ClusterConf
-from ..gradnorm import clip_factor
+from ..numerics.norm import clip_factor
 from ..updaters import Updater
 from .compression import decode, decode_ids
 from .errors import ClusterError
@@ -96,7 +96,7 @@ from .messages import (
     Update,
     Values,
 )
-from .numerics import (
+from .passes import (
     kernel_guard,
     nonfinite_counts,
     nonfinite_text,
@@ -357,7 +357,7 @@ class Server:
             ids = np.asarray(msg.ids)
             if ids.dtype != np.int64 or ids.shape != (count,):
                 raise ClusterError(f"row ids must be {count} int64, not {ids.size} {ids.dtype}")
-        from ..kernels_rows import check_rows  # loads numba: only for tables
+        from ..numerics.rows import check_rows  # loads numba: only for tables
 
         dims = L.dims
         width = np.repeat(dims[L.num_dense:], np.diff(splits))
@@ -504,7 +504,7 @@ class Server:
         if total is not None:
             # One gradient under 'error' is read first in the update's own kernel call,
             # which writes nothing when it holds NaN or Inf (unless its worker checked it:
-            # numerics.workers_check; with clip_norm the norm's pass did).
+            # passes.workers_check; with clip_norm the norm's pass did).
             refuse = (len(grads) == 1 and self.conf.nonfinite == "error" and not rnd.measured
                       and not workers_check(self.conf))
             state = self.state if nd == L.num_segments else self.state.segments(0, nd)

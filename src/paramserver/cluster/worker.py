@@ -39,7 +39,7 @@ from ..params import ParamSet, TableParam
 from .errors import ClusterError
 from .layout import ServerLayout
 from .messages import Clip, Get, Leave, Norm, Reply, Update, Values
-from .numerics import all_finite, nonfinite_text, workers_check
+from .passes import all_finite, nonfinite_text, workers_check
 from .server import server_name
 from .transport import Pending, Transport
 
@@ -142,7 +142,7 @@ class Worker:
         grads: list[np.ndarray | None] = list(self._grads)
         tables = {t.name: t.take_grad_rows() for t in self.params.tables}
         rows = self._rows_by_server(tables)
-        # A pass here where the servers cannot decide alone (numerics.workers_check).
+        # A pass here where the servers cannot decide alone (passes.workers_check).
         if workers_check(self.conf) and not (
                 all_finite(self.params.owner_grads())
                 and all(all_finite(r.reshape(-1)) for _, r in tables.values())):

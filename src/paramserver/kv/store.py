@@ -67,7 +67,7 @@ from ..cluster.messages import (
     Update,
     Values,
 )
-from ..cluster.numerics import all_finite, nonfinite_text, workers_check
+from ..cluster.passes import all_finite, nonfinite_text, workers_check
 from ..cluster.transport import Pending, Transport
 from ..config import ParamError
 from ..config.job import ClusterConf, UpdaterConf
@@ -421,7 +421,7 @@ class KVStore:
     def _drops(self, key: Any, data: np.ndarray) -> bool:
         """Whether a push of NaN or Inf is dropped (``nonfinite: skip``, with a warning);
         under ``error`` it is refused here, before any server has it. Checked here where
-        the servers cannot decide alone (:func:`~paramserver.cluster.numerics.workers_check`:
+        the servers cannot decide alone (:func:`~paramserver.cluster.passes.workers_check`:
         'skip', or a key whose pieces may lie on several servers); else the server's own
         check refuses it."""
         if not workers_check(self._conf) or all_finite(data.reshape(-1)):

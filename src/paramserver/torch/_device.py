@@ -249,7 +249,7 @@ def device_update(updater: Updater, step: int, w: T, g: T, state: UpdaterState,
     if c.clip_norm > 0:
         if grad_norm is None:
             raise ParamError("clip_norm needs grad_norm, the global norm of the gradients")
-        from ..gradnorm import clip_factor
+        from ..numerics.norm import clip_factor
 
         gscale = gscale * clip_factor(grad_norm, c.clip_norm)
     counts = state.counts

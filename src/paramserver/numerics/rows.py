@@ -32,7 +32,8 @@ import numpy as np
 import numpy.typing as npt
 from numba import prange
 
-from .config import ParamError
+from ..config import ParamError
+from .cache import njit
 from .kernels import (
     CHUNK,
     _adadelta_rule,
@@ -46,7 +47,6 @@ from .kernels import (
     _sgd_rule,
     threads_for,
 )
-from .numba_cache import njit
 
 __all__ = ["adadelta", "adagrad", "adam", "adamax", "check_rows", "nesterov", "rmsprop", "sgd",
            "sum_rows_in_order", "warmup"]

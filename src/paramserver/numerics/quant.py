@@ -52,9 +52,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import ParamError
-from .config.job import STATE_DTYPES
-from .state import Role
+from ..config import ParamError
+from ..config.job import STATE_DTYPES
+from ..state import Role
 
 #: Values per block of an 8-bit state (one float32 scale each: 4/256 bytes per value).
 BLOCK = 256

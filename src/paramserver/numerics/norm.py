@@ -15,8 +15,8 @@ import numpy as np
 import numpy.typing as npt
 from numba import prange
 
-from .config import ParamError
-from .numba_cache import njit
+from ..config import ParamError
+from .cache import njit
 
 #: Added to the norm before dividing, as ``torch.nn.utils.clip_grad_norm_`` does.
 NORM_EPS = 1e-6

@@ -36,9 +36,9 @@ from numba import config as numba_config
 from numba import get_num_threads, prange, set_num_threads, types
 from numba.extending import intrinsic, register_jitable
 
+from ..config import ParamError
 from . import quant
-from .config import ParamError
-from .numba_cache import njit
+from .cache import njit
 
 __all__ = ["BLOCK", "CHUNK", "State", "adadelta", "adagrad", "adam", "adamax", "kernel_for",
            "nesterov", "rmsprop", "sgd", "signed_state", "state_like", "threads_for", "warmup"]
@@ -189,7 +189,7 @@ def _nonfinite_in(g, lo, hi):  # type: ignore[no-untyped-def]
     return count
 
 
-@register_jitable(inline="always")
+@register_jitable
 def _nonfinite_task(g, c, q, n):  # type: ignore[no-untyped-def]
     """The number of NaN and Inf in chunks ``c``, ``c + q``, ``c + 2q`` and ``c + 3q`` of
     ``g``: task ``c`` of the read-only check (``q`` tasks in all). The four chunks are read
@@ -507,7 +507,10 @@ def _fused_kernel(rule: Callable[..., Any], nstate: int, name: str,
         n = w.shape[0]
         nchunks = (n + CHUNK - 1) // CHUNK
         if check:  # a read-only pass first: a gradient with NaN or Inf writes nothing
-            found = _count(g)
+            if parallel:
+                found = _count(g)
+            else:  # a serial kernel calls nothing parallel (numba prunes the other branch)
+                found = _nonfinite_here(g)
             if found > 0:
                 return found
         clip_low = hyp[0]
@@ -592,7 +595,10 @@ def _blockwise_kernel(rule: Callable[..., Any], nstate: int, name: str,
         n = w.shape[0]
         nchunks = (n + CHUNK - 1) // CHUNK
         if check:
-            found = _count(g)
+            if parallel:
+                found = _count(g)
+            else:  # a serial kernel calls nothing parallel (numba prunes the other branch)
+                found = _nonfinite_here(g)
             if found > 0:
                 return found
         clip_low = hyp[0]

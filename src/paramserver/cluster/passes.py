@@ -14,7 +14,8 @@
   threads launch parallel kernels at once; under it every kernel launch of the cluster is
   serialised (``omp`` and ``tbb`` are thread-safe and run unguarded).
 
-numba is imported, and the kernels compiled (or loaded from its cache), on first use.
+numba is imported, and the kernels (:mod:`paramserver.numerics`) compiled or loaded from the
+cache, on first use.
 """
 
 from __future__ import annotations
@@ -30,44 +31,10 @@ from ..params import coalesce_rows
 if TYPE_CHECKING:
     from ..config.job import ClusterConf
 
-_CHUNK = 1 << 15
 #: Below this many elements a parallel launch costs more than the work: NumPy does it.
 _SMALL = 1 << 16
-_kernels: dict[str, Any] = {}
-_build_lock = threading.Lock()
 _launch_lock = threading.Lock()
 _guarded: bool | None = None
-
-
-def _build() -> dict[str, Any]:
-    with _build_lock:
-        if _kernels:
-            return _kernels
-        from numba import prange
-
-        from ..numba_cache import njit
-
-        @njit(parallel=True, nogil=True, cache=True)
-        def add(out, a, b):  # type: ignore[no-untyped-def]
-            n = out.shape[0]
-            bad = 0
-            for c in prange((n + _CHUNK - 1) // _CHUNK):
-                lo = c * _CHUNK
-                hi = min(lo + _CHUNK, n)
-                o = out[lo:hi]
-                x = a[lo:hi]
-                y = b[lo:hi]
-                count = 0
-                for i in range(hi - lo):
-                    s = x[i] + y[i]
-                    o[i] = s
-                    d = s - s  # 0, or NaN for an Inf or NaN sum
-                    count += d != d
-                bad += count
-            return bad
-
-        _kernels.update(add=add)
-        return _kernels
 
 
 def kernel_guard() -> contextlib.AbstractContextManager[Any]:
@@ -75,8 +42,11 @@ def kernel_guard() -> contextlib.AbstractContextManager[Any]:
     launch lock there, else a shared empty context (this is on every update call)."""
     global _guarded
     if _guarded is None:
-        _build()["add"](np.zeros(1), np.zeros(1), np.zeros(1))  # any launch picks the layer
         import numba
+
+        from ..numerics import sums
+
+        sums.add(np.zeros(1), np.zeros(1), np.zeros(1))  # any launch picks the layer
 
         _guarded = numba.threading_layer() == "workqueue"
     return _launch_lock if _guarded else _UNGUARDED
@@ -101,7 +71,7 @@ def all_finite(x: np.ndarray) -> bool:
     """Whether a 1-D float32/float64 array holds no NaN and no Inf."""
     if x.size < _SMALL:
         return bool(np.isfinite(x).all())
-    from ..kernels import count_nonfinite
+    from ..numerics.kernels import count_nonfinite
 
     with kernel_guard():
         return count_nonfinite(x) == 0
@@ -126,11 +96,11 @@ def sum_into(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> int:
         with np.errstate(over="ignore", invalid="ignore"):  # counted, and said, by the caller
             np.add(a, b, out=out)
         return int(out.size - np.count_nonzero(np.isfinite(out)))
-    from ..kernels import threads_for
+    from ..numerics import sums
+    from ..numerics.kernels import threads_for
 
-    add = _build()["add"]
-    with kernel_guard(), threads_for(out.size, _CHUNK):
-        return int(add(out, a, b))
+    with kernel_guard(), threads_for(out.size, sums.CHUNK):
+        return sums.add(out, a, b)
 
 
 def sum_rows(parts: list[tuple[np.ndarray, np.ndarray]], dim: int, dtype: Any

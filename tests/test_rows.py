@@ -10,8 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from paramserver import ParamError, Parameter, Updater, create_updater, field, kernels_rows
+from paramserver import ParamError, Parameter, Updater, create_updater, field
 from paramserver.config.components import updaters
+from paramserver.numerics import rows as row_kernels
 from paramserver.state import UpdaterState
 from paramserver.updaters import register_updater
 
@@ -154,7 +155,7 @@ def test_rows_of_the_wrong_size_are_refused() -> None:
     with pytest.raises(ParamError, match="2 × 37 values"):
         u.apply_rows(0, w, np.array([1, 2]), np.ones((2, DIM - 1), np.float32), DIM, state)
     with pytest.raises(ParamError, match="divides len"):
-        kernels_rows.sgd(w, np.ones(3, np.float32), [1], 3 * DIM + 1, w[:0], 0.1)
+        row_kernels.sgd(w, np.ones(3, np.float32), [1], 3 * DIM + 1, w[:0], 0.1)
 
 
 @pytest.mark.parametrize("method", ["sgd_momentum", "adam"])

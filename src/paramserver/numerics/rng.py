@@ -51,8 +51,8 @@ from typing import Any
 import numpy as np
 from numba import prange
 
-from .config import ParamError
-from .numba_cache import njit
+from ..config import ParamError
+from .cache import njit
 
 __all__ = [
     "fill_normal",

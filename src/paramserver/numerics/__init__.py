@@ -1,0 +1,14 @@
+"""Everything numba compiles, and the rules of its compilation and cache.
+
+- :mod:`.cache`: where compiled code is kept, how it is keyed, locked, checked and refused
+  (the one place that answers "can a second process crash loading what the first compiled?");
+- :mod:`.kernels`: the dense update kernels, one factory and one launch for every rule;
+- :mod:`.rows`: the row-sparse update kernels of tables;
+- :mod:`.quant`: the bfloat16 and 8-bit codecs of updater state, with their NumPy reference;
+- :mod:`.rng`: the counter-based random fills of initialisation;
+- :mod:`.norm`: the global gradient norm;
+- :mod:`.sums`: the cluster's elementwise sum of gradients.
+
+Importing this package imports nothing: numba loads only with the first module that needs it
+(``import paramserver`` stays fast).
+"""
