@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib as _importlib
 import typing as _typing
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 _EXPORTS: dict[str, str] = {
     "Error": "paramserver.config",

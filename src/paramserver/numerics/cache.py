@@ -74,7 +74,7 @@ def _key() -> str:
     architecture."""
     import llvmlite
 
-    from .. import __version__
+    from .._version import __version__
 
     h = hashlib.sha256()
     for part in (__version__, numba.__version__, llvmlite.__version__, sys.version,
