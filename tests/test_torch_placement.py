@@ -509,3 +509,25 @@ def test_cuda_device_updates_equal_the_host(updater: str) -> None:
             o.step()
     for p, q in zip(host.parameters(), gpu.parameters(), strict=True):
         assert torch.allclose(p, q.cpu(), rtol=1e-4, atol=1e-5)
+
+
+@cuda
+def test_a_device_step_does_not_wait_for_the_gpu() -> None:
+    """A step on the device is queued behind the work already on the stream, without the
+    host waiting for it (the coefficients travel through pinned memory, asynchronously):
+    the host can queue the next forward pass while the GPU still computes."""
+    model = make_net(dtype=torch.float32).cuda()
+    opt = pst.Adam(model.parameters(), lr=1e-3)
+    x, y = batch(0, torch.float32)
+    for _ in range(2):  # compiled and warm
+        opt.zero_grad()
+        F.cross_entropy(model(x.cuda()), y.cuda()).backward()
+        opt.step()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(2_000_000_000)  # about a second of GPU time, queued
+    busy = torch.cuda.Event()
+    busy.record()
+    opt.step()
+    assert not busy.query(), "step() waited for the GPU's queue"
+    torch.cuda.synchronize()
+

@@ -263,16 +263,15 @@ def device_update(updater: Updater, step: int, w: T, g: T, state: UpdaterState,
                 updater.own.initial_accumulator_value
     if n == 0 or w.numel() == 0:
         return
-    dtype = w.dtype
     table = np.empty((5, n), np.float64)
     for row, x in enumerate((gscale, wd, *k)):
         table[row] = x
     uniform = bool(np.all(table == table[:, :1]))
-    coef = torch.from_numpy(table[:, :1] if uniform else table).to(device=w.device, dtype=dtype)
+    coef = _to_device(np.ascontiguousarray(table[:, :1]) if uniform else table, w)
     hyp_np = np.zeros(7, np.float64)
     hyp_np[:2] = (c.clip_low, c.clip_high)
     hyp_np[2:2 + len(p)] = p
-    hyp = torch.from_numpy(hyp_np).to(device=w.device, dtype=dtype)
+    hyp = _to_device(hyp_np, w)
     if not uniform and seg is None:
         seg = segment_index(state.offsets, w.device)
     roles = [r.name for r in updater.roles[1:]]
@@ -283,6 +282,18 @@ def device_update(updater: Updater, step: int, w: T, g: T, state: UpdaterState,
         compile = w.device.type == "cuda"
     fn = _compiled_step(rule, bool(c.clip_high > c.clip_low), uniform, compile)
     fn(w, g, h, u, None if uniform else seg, coef, hyp)
+
+
+def _to_device(x: np.ndarray, like: T) -> T:
+    """Host numbers (float64) as a tensor of ``like``'s device and dtype. To a GPU they go
+    through pinned memory, asynchronously: a copy from pageable memory would make the host
+    wait for everything queued on the stream, and a step could no longer be queued while
+    the GPU still runs the backward pass (torch's caching host allocator keeps the pinned
+    block until the copy is done)."""
+    t = torch.from_numpy(x)
+    if like.device.type == "cuda":
+        return t.pin_memory().to(device=like.device, dtype=like.dtype, non_blocking=True)
+    return t.to(dtype=like.dtype)
 
 
 def segment_index(offsets: np.ndarray | Sequence[int], device: torch.device) -> T:

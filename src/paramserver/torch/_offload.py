@@ -18,10 +18,12 @@ A step's data flow:
    ``clip_grad_norm_``, ``GradScaler.unscale_``, or by hand: its version counter moved on),
    or set without a backward pass, is copied again then; a parameter whose ``.grad`` is None
    is skipped, as torch.optim skips it.
-3. the update runs in pieces of about ``chunk`` values; as soon as a piece is updated, its
-   values are copied back to the parameters (host to device, on another side stream,
-   converted to the parameters' type on the GPU), while the host updates the next piece.
-   The compute stream waits for those copies before the next forward pass.
+3. the update runs in pieces of about ``chunk`` values (the last ``chunk`` values in pieces
+   of an eighth of that, so that the copy the GPU waits for after the host is done is
+   short); as soon as a piece is updated, its values are copied back to the parameters
+   (host to device, on another side stream, converted to the parameters' type on the GPU),
+   while the host updates the next piece. The compute stream waits for those copies before
+   the next forward pass.
 
 On a CPU "device" (a bfloat16 module on the CPU with a float32 master, or for tests) the same
 code runs with plain synchronous copies.
@@ -176,6 +178,9 @@ class OffloadParams(HostUpdates, BoundTensors):
         if self.cuda:
             self._d2h.synchronize()
             self._h2d.synchronize()  # the last step's values are out: the masters may change
+            # A backward pass that raised never ran its end-of-pass callback: the next one
+            # must queue its own, or gradient accumulation could race the copies.
+            self._end_queued = False
         self.take_writes()
         missing = [False] * len(self.tensors)
         with torch.no_grad():
@@ -193,6 +198,7 @@ class OffloadParams(HostUpdates, BoundTensors):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """As torch.optim: the parameters' gradients set to None (or zeroed)."""
+        self._end_queued = False  # see attach_grads
         for t in self.tensors:
             if t.grad is not None:
                 if set_to_none:
@@ -241,12 +247,16 @@ class OffloadParams(HostUpdates, BoundTensors):
     def update(self, updater: Updater, step: int, grads: np.ndarray, a: int, b: int,
                state: UpdaterState, lr_scale: np.ndarray, wd: np.ndarray,
                grad_scale: np.ndarray, grad_norm: float | None) -> None:
-        """Owners ``a:b`` updated on the host in pieces, each copied out when done."""
+        """Owners ``a:b`` updated on the host in pieces, each copied out when done. The
+        last ``chunk`` values go in pieces of an eighth of that: the GPU waits for the last
+        piece's copy after the host is done, so the last piece is kept small."""
         offsets = self.pset.offsets
+        tail = max(1, self.chunk // 8)
         i = a
         while i < b:
+            size = self.chunk if offsets[b] - offsets[i] > self.chunk else tail
             j = i + 1
-            while j < b and offsets[j] - offsets[i] < self.chunk:
+            while j < b and offsets[j] - offsets[i] < size:
                 j += 1
             lo, hi = int(offsets[i]), int(offsets[j])
             updater.apply(step, self.pset.values[lo:hi], grads[lo:hi],
