@@ -38,7 +38,8 @@ if str(SRC) not in sys.path:
 
 from _timing import Spread, interleaved, load_average, ratios, rounds_arg  # noqa: E402
 
-from paramserver import create_updater, quant  # noqa: E402
+from paramserver import create_updater  # noqa: E402
+from paramserver.numerics import quant  # noqa: E402
 
 # method: (updater conf, number of state arrays, torch class, torch kwargs, torch variants)
 METHODS: dict[str, tuple[dict[str, Any], int, str, dict[str, Any], tuple[str, ...]]] = {

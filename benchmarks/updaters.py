@@ -44,7 +44,7 @@ if str(SRC) not in sys.path:
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _timing import Spread, interleaved, load_average, ratios, rounds_arg  # noqa: E402
 
-from paramserver import kernels  # noqa: E402
+from paramserver.numerics import kernels  # noqa: E402
 
 DTYPE = np.float32
 TOTAL = 1 << 24

@@ -322,7 +322,7 @@ def test_a_float32_job_compiles_only_the_float32_fillers() -> None:
     import subprocess
     import sys
 
-    code = ("import numpy as np\nfrom paramserver import rng\n"
+    code = ("import numpy as np\nfrom paramserver.numerics import rng\n"
             "a = np.empty(rng._CHUNK, np.float32)\n"
             "rng.fill_uniform(a, 1)\nrng.fill_normal(a, 2)\n"
             "print(sorted(rng._fills))\n"
