@@ -41,13 +41,17 @@ neuralnet {
   layer { name: "fc" type: kInnerProduct srclayers: "data" innerproduct_conf { num_output: 10 } }
   layer { name: "loss" type: kSoftmaxLoss srclayers: "fc" srclayers: "data" }
 }
-cluster { nworkers_per_group: 2 nservers_per_group: 2 }
+cluster { nworkers_per_group: 2 nservers_per_group: 2 workspace: "ws" }
 """
+# (a SINGA job, by its cluster { workspace }: SINGA's checkpoints are written too)
 
 
 def run(capsys: pytest.CaptureFixture[str], job: Path, ws: Path, *argv: str) -> tuple[int, str]:
+    """The exit code and what the run printed: its reports (stdout), then its warnings and
+    errors (stderr)."""
     code = main(["train", str(job), "--workspace", str(ws), "--no-tensorboard", *argv])
-    return code, capsys.readouterr().err
+    out = capsys.readouterr()
+    return code, out.out + out.err
 
 
 def snapshot(folder: Path) -> dict[str, object]:
@@ -186,13 +190,26 @@ def test_resume_refuses_when_no_checkpoint_can_be_read(capsys: pytest.CaptureFix
     assert snapshot(ws) == before  # nothing overwritten, nothing deleted
 
 
-def test_resume_without_any_checkpoint_starts_from_the_beginning(
+def test_resume_without_any_checkpoint_is_refused_unless_asked_to_start(
         capsys: pytest.CaptureFixture[str], made: tuple[Path, Path, Path],
         tmp_path: Path) -> None:
+    """Issue 26: --resume with nothing to resume from used to start over, with a warning."""
     code, err = run(capsys, made[0], tmp_path / "new", "--resume", "--steps", "10")
+    assert code == 2
+    assert err == (f"paramserver train: error: cannot resume: no checkpoint in "
+                   f"{tmp_path / 'new' / 'checkpoints'} nor SINGA's in "
+                   f"{tmp_path / 'new' / 'checkpoint'}: train without --resume to start the "
+                   "job, or give --resume-or-start to start from the beginning when there is "
+                   "nothing to resume\n")
+    assert not (tmp_path / "new").exists()  # nothing made
+    (tmp_path / "new").mkdir()
+    code, err = run(capsys, made[0], tmp_path / "new", "--resume", "--steps", "10")
+    assert code == 2 and list((tmp_path / "new").iterdir()) == []
+    code, err = run(capsys, made[0], tmp_path / "new", "--resume-or-start", "--steps", "10")
     assert code == 0, err
-    assert f"warning: no checkpoint in {tmp_path / 'new' / 'checkpoints'}: starting from " \
-           "step 0" in err
+    assert f"no checkpoint in {tmp_path / 'new' / 'checkpoints'}: starting from step 0 " \
+           "(--resume-or-start)" in err
+    assert [s for s, _ in list_checkpoints(tmp_path / "new" / "checkpoints")] == [10]
 
 
 # -- row 15: an earlier run is deleted only when the user asks ----------------------------------
@@ -262,7 +279,7 @@ def test_overwrite_keeps_the_checkpoints_the_job_reads(made: tuple[Path, Path, P
                                f"{ws / 'checkpoint'}, {ws / 'metrics.csv'}"]
     assert sorted(p.name for p in (ws / "checkpoint").iterdir()) == ["step20-worker0",
                                                                      "step5-worker0"]
-    assert list_checkpoints(ws / "checkpoints") == []
+    assert [s for s, _ in list_checkpoints(ws / "checkpoints")] == [5]  # the end's
 
 
 def test_a_run_that_only_tests_replaces_only_the_metrics(made: tuple[Path, Path, Path],

@@ -102,7 +102,7 @@ def test_steps_per_second_is_recent_not_since_the_start() -> None:
 def test_live_display_keeps_its_last_line_and_prints_messages_above(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     term = Terminal()
-    monkeypatch.setattr(sys, "stderr", term)
+    monkeypatch.setattr(sys, "stdout", term)
     monkeypatch.setenv("COLUMNS", "80")
     assert main(["train", str(_job_file(tmp_path)), "--workspace", str(tmp_path / "ws"),
                  "--no-tensorboard"]) == 0
@@ -128,11 +128,13 @@ def _screen(text: str) -> list[str]:
 def test_ctrl_c_is_reported_on_a_line_of_its_own(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     term = Terminal()
-    monkeypatch.setattr(sys, "stderr", term)
+    monkeypatch.setattr(sys, "stdout", term)  # the display's
+    monkeypatch.setattr(sys, "stderr", term)  # the interruption's: the same terminal
     monkeypatch.setenv("COLUMNS", "80")
 
-    def interrupted(self: Trainer, *args: object) -> None:
-        raise KeyboardInterrupt
+    def interrupted(self: Trainer, step: int, *args: object) -> None:
+        if step >= 10:
+            raise KeyboardInterrupt
 
     monkeypatch.setattr(Trainer, "_evaluate", interrupted)
     assert main(["train", str(_job_file(tmp_path)), "--workspace", str(tmp_path / "ws"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from .config import Location, ParamError, Parameter
@@ -94,7 +94,8 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-def job_summary(job: JobConf, net: Any = None) -> dict[str, Any]:
+def job_summary(job: JobConf, net: Any = None, loaded: Collection[str] = ()
+                ) -> dict[str, Any]:
     """What ``paramserver check`` reports, as plain data (``check --json``): the job, its
     Params, updater, learning-rate schedule, cluster and server loads.
 
@@ -102,6 +103,7 @@ def job_summary(job: JobConf, net: Any = None) -> dict[str, Any]:
         job: the job.
         net: the job's :class:`~paramserver.train.net.Net` if already built (default: built
             here from the job, data paths relative to the working folder).
+        loaded: the Params that ``checkpoint_path`` gives values (their init is not used).
     """
     from .cluster import server_loads
     from .config.job import unbuilt_error
@@ -123,7 +125,8 @@ def job_summary(job: JobConf, net: Any = None) -> dict[str, Any]:
     warnings = []
     for s in specs:
         owner = by_name[plan.owner_of[s.name]]  # a sharer takes its owner's configuration
-        if owner is s and len(s.shape) >= 2 and is_constant(s.conf.init):
+        if owner is s and len(s.shape) >= 2 and is_constant(s.conf.init) and (
+                s.name not in loaded):
             init = ("none given, so SINGA's default: kConstant, value 1"
                     if s.conf.init == ParamGenConf() else describe_conf(s.conf.init))
             warnings.append(
@@ -137,7 +140,8 @@ def job_summary(job: JobConf, net: Any = None) -> dict[str, Any]:
                        "lr_scale": float(owner.conf.lr_scale),
                        "wd_scale": float(owner.conf.wd_scale),
                        "share_from": owner.name if owner is not s else None,
-                       "row_sparse": s.name in tables})
+                       "row_sparse": s.name in tables,
+                       "from_checkpoint": owner.name in loaded})
     c = job.cluster
     sizes, dims = plan.server_sizes()  # as the servers slice them: tables last, by rows
     lr = create_lr_method(job.updater.learning_rate)
@@ -165,12 +169,15 @@ def job_summary(job: JobConf, net: Any = None) -> dict[str, Any]:
     }
 
 
-def job_report(job: JobConf, net: Any = None) -> str:
-    """What ``paramserver check`` prints: Params, updater, cluster and server loads."""
-    d = job_summary(job, net)
+def job_report(job: JobConf, net: Any = None, loaded: Collection[str] = (),
+               summary: dict[str, Any] | None = None) -> str:
+    """What ``paramserver check`` prints: Params, updater, cluster and server loads, from
+    ``summary`` (default: :func:`job_summary`'s); its warnings go to stderr."""
+    d = summary if summary is not None else job_summary(job, net, loaded)
     j, c = d["job"], job.cluster
     rows = [[p["name"], p["layer"], ("x".join(map(str, p["shape"])) or "()")
-             + (" (row-sparse)" if p["row_sparse"] else ""), p["init"],
+             + (" (row-sparse)" if p["row_sparse"] else ""),
+             "checkpoint_path" if p["from_checkpoint"] else p["init"],
              format_number(p["lr_scale"]), format_number(p["wd_scale"]),
              p["share_from"] or ""] for p in d["params"]]
     out = [
@@ -192,8 +199,6 @@ def job_report(job: JobConf, net: Any = None) -> str:
     out.append(table(["server", "slices", "values", "share"], [
         [x["server"], _ranges(x["slices"]), f"{x['values']:,}", f"{100 * x['share']:.1f}%"]
         for x in d["servers"]]))
-    if d["warnings"]:
-        out += ["", *(f"warning: {w}" for w in d["warnings"])]
     return "\n".join(out)
 
 
