@@ -386,3 +386,92 @@ def test_a_failed_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest.Monke
 def test_lock_is_per_workspace(tmp_path: Path) -> None:
     with workspace_lock(tmp_path / "a"), workspace_lock(tmp_path / "b"):
         assert os.path.isdir(tmp_path / "a") and os.path.isdir(tmp_path / "b")
+
+
+# -- issue 26: resume never starts over --------------------------------------------------------
+
+
+def _values(ws: Path, step: int) -> dict[str, np.ndarray]:
+    return load_checkpoint(ws / "checkpoints" / checkpoint_name(step))[0]
+
+
+def test_a_job_without_checkpoint_freq_resumes_from_its_end(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Issue 26: with no checkpoint_freq only SINGA's checkpoint was written, and --resume
+    read none: the second run started over. A checkpoint is written at the end now."""
+    job = tmp_path / "job.conf"
+    job.write_text(JOB.replace("checkpoint_freq: 10", "checkpoint_freq: 0")
+                   .replace(' workspace: "ws"', ""))  # paramserver's own (not a SINGA job)
+    code, out = run(capsys, job, tmp_path / "ws", "--steps", "6", "--quiet")
+    assert code == 0, out
+    assert not (tmp_path / "ws" / "checkpoint").exists()  # SINGA's only in a SINGA job
+    code, out = run(capsys, job, tmp_path / "ws", "--steps", "12", "--resume")
+    assert code == 0, out
+    assert "resuming from" in out and "(step 6)" in out and "warning" not in out
+    code, out = run(capsys, job, tmp_path / "straight", "--steps", "12", "--quiet")
+    assert code == 0, out
+    for key, value in _values(tmp_path / "straight", 12).items():
+        np.testing.assert_array_equal(_values(tmp_path / "ws", 12)[key], value, err_msg=key)
+    assert (tmp_path / "ws" / "metrics.csv").read_bytes() == (
+        tmp_path / "straight" / "metrics.csv").read_bytes()
+
+
+def test_resume_goes_on_from_singas_own_checkpoints(capsys: pytest.CaptureFixture[str],
+                                                    made: tuple[Path, Path, Path],
+                                                    ws: Path) -> None:
+    """SINGA's -resume continued from the newest step<N>-worker<M> files: so does --resume
+    when they are newer than paramserver's (its values; the updater's state afresh)."""
+    shutil.rmtree(ws / "checkpoints")  # as a workspace of SINGA's own holds them
+    (ws / "checkpoint" / "step10-worker0").unlink()
+    code, out = run(capsys, made[0], ws, "--resume", "--steps", "30")
+    assert code == 0, out
+    assert "warning: resuming from SINGA's checkpoint of step 20 (step20-worker0): it holds " \
+           "the values but not the updater's state" in out
+    rows = [r.split(",")[:2] for r in (ws / "metrics.csv").read_text().splitlines()[1:]]
+    assert ["20", "test"] in rows and ["25", "train"] in rows and ["30", "test"] in rows
+    assert [s for s, _ in list_checkpoints(ws / "checkpoints")] == [30]
+    from paramserver.singa.checkpoints import read_checkpoint
+
+    at20 = {p.name: p for p in read_checkpoint(made[1] / "checkpoint" / "step20-worker0")}
+    at30 = {p.name: p for p in read_checkpoint(ws / "checkpoint" / "step30-worker0")}
+    assert {n: p.version for n, p in at30.items()} == {n: p.version + 10
+                                                       for n, p in at20.items()}
+
+
+def test_ctrl_c_writes_a_checkpoint_and_resume_goes_on_exactly(
+        capsys: pytest.CaptureFixture[str], made: tuple[Path, Path, Path], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first Ctrl-C stops the run at its next step boundary with a checkpoint there;
+    --resume then ends with the files of a run never interrupted."""
+    import signal
+
+    import paramserver.train.trainer as trainer
+
+    job, _, straight = made
+    real = trainer.marker
+
+    def ctrl_c_at_step_13(event: str, what: object = "") -> None:
+        real(event, what)
+        if event == "step" and what == 13:
+            os.kill(os.getpid(), signal.SIGINT)  # as the terminal sends it
+
+    monkeypatch.setattr(trainer, "marker", ctrl_c_at_step_13)
+    ws = made[1].parent / "ws"
+    shutil.rmtree(ws, ignore_errors=True)
+    code, out = run(capsys, job, ws, "--steps", "30")
+    assert code == 130
+    assert "warning: interrupted: stopping at the next step boundary to write a checkpoint" \
+           in out
+    assert "warning: interrupted at step 15 of 30: --resume goes on from there" in out
+    assert [s for s, _ in list_checkpoints(ws / "checkpoints")] == [10, 15]
+    monkeypatch.setattr(trainer, "marker", real)
+    code, out = run(capsys, job, ws, "--steps", "30", "--resume", "--quiet")
+    assert code == 0, out
+    (ws / "checkpoints" / checkpoint_name(15)).unlink()  # the interruption's, an extra one
+    (ws / "checkpoint" / "step15-worker0").unlink()
+    for sub in ("checkpoints", "checkpoint"):
+        names = sorted(p.name for p in (straight / sub).iterdir())
+        assert sorted(p.name for p in (ws / sub).iterdir()) == names
+        for name in names:
+            assert (ws / sub / name).read_bytes() == (straight / sub / name).read_bytes(), name
+    assert (ws / "metrics.csv").read_bytes() == (straight / "metrics.csv").read_bytes()

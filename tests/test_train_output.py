@@ -223,6 +223,30 @@ def test_resume_continues_the_event_files_without_duplicates(tmp_path: Path) -> 
     assert [e.step for e in b.Histograms("values/fc1_0")] == [10, 20]
 
 
+def test_a_record_cut_short_is_cut_off_by_the_next_run(tmp_path: Path,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """A run killed while it wrote an event leaves the record cut short at the end of its
+    file; the next run in the workspace cuts it off (and says so), so that TensorBoard
+    reads the file whole, the events before it included."""
+    from paramserver.train.tensorboard import records_end, repair
+
+    ws = tmp_path / "ws"
+    Trainer(job(ws), progress=False).train()
+    (ws / "checkpoints" / checkpoint_name(20)).unlink()  # killed after the one at 10
+    first = next((ws / "tensorboard").iterdir())
+    whole = first.read_bytes()
+    cut = len(whole) - 7
+    first.write_bytes(whole[:cut])  # the last record torn
+    assert records_end(whole[:cut]) < cut
+    with caplog.at_level(logging.WARNING, logger="paramserver"):
+        Trainer(job(ws), progress=False).train(resume=True)
+    assert any("cut off a TensorBoard event cut short" in m for m in caplog.messages)
+    assert records_end(first.read_bytes()) == first.stat().st_size
+    assert repair(ws / "tensorboard") == []  # nothing left to cut
+    acc = events(ws / "tensorboard")
+    assert [e.step for e in acc.Histograms("update/fc2_1")] == [10, 20]
+
+
 def test_no_tensorboard(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", str(_job_file(tmp_path)), "--workspace", str(tmp_path / "ws"),
                  "--no-tensorboard", "--quiet"]) == 0

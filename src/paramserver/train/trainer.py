@@ -452,18 +452,19 @@ class Trainer:
         return [[p.name, p.size] for p in self.params.owners]
 
     def save(self, step: int) -> Path:
-        """Write the checkpoint of ``step`` into ``<workspace>/checkpoints``, and in a SINGA
-        job SINGA's (:meth:`save_singa`) before it: once a checkpoint is on disk, so is
-        everything of its step (a run killed between the two resumes from the step before
-        and writes SINGA's again)."""
-        if self.job.singa_job:
-            self.save_singa(step)
+        """Write the checkpoint of ``step`` into ``<workspace>/checkpoints``, then in a SINGA
+        job SINGA's (:meth:`save_singa`). A SINGA checkpoint newer than every one of ours
+        is therefore not ours (``--resume`` goes on from it); one of ours that a kill left
+        without SINGA's beside it gets it when the run resumes from it."""
         meta = {"format": FORMAT, "job": self.job.name, "step": step,
                 "params": self._layout(), "dtype": self.params.dtype.name,
                 "window": self._window, TABLE: param_table(self.params),
                 "job_conf": self.job.to_dict()}
-        return save_checkpoint(self.workspace / "checkpoints" / checkpoint_name(step),
+        path = save_checkpoint(self.workspace / "checkpoints" / checkpoint_name(step),
                                self.cluster.state_dict(), meta)
+        if self.job.singa_job:
+            self.save_singa(step)
+        return path
 
     def save_singa(self, step: int) -> Path:
         """Write SINGA's checkpoint of ``step``: ``<workspace>/checkpoint/step<N>-worker0``,
@@ -540,6 +541,9 @@ class Trainer:
             path = self._restore_singa(*singa)
         step = self.cluster.step
         job = self.job
+        if job.singa_job and not (self.workspace / singa_checkpoints.FOLDER /
+                                  singa_checkpoints.checkpoint_file_name(step)).exists():
+            self.save_singa(step)  # killed between ours and SINGA's: as a straight run has
         # Keep what a straight run has at this step: rows of the steps before, and the
         # display, validation and test rows due at it (not the extra rows of a run that
         # ended here, unless this run ends here too: then they are its own last rows).
