@@ -172,7 +172,8 @@ def _parser() -> argparse.ArgumentParser:
 
     doc = sub.add_parser("doc", parents=[common], help="document the registered components")
     doc.add_argument("name", nargs="?", help="one component (e.g. kSGD, kStep, kGaussian, "
-                     "kInnerProduct, cluster; any letter case); all when left out")
+                     "kInnerProduct, cluster; any letter case), a field (momentum) or a "
+                     "field of one (kSGD.momentum, job.train_steps); all when left out")
     doc.add_argument("--json", action="store_true", help="print the documentation as JSON")
     doc.set_defaults(run=_doc)
 

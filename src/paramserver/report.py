@@ -249,6 +249,9 @@ def component_doc(name: str | None = None) -> str:
             blocks.append(f"{title}\n{'=' * len(title)}\n" + "\n\n".join(entries))
         blocks += [_config_doc(_block_title(key), cls) for key, cls in BLOCKS]
         return "\n\n\n".join(blocks)
+    if "." in name:
+        where, found_field = _dotted_field(name)
+        return f"{where}:\n" + _indent(found_field.describe())
     fields = _field_docs(name)
     try:
         found = find_component(name)
@@ -262,6 +265,37 @@ def component_doc(name: str | None = None) -> str:
     entry = _entry(registry, canonical, common, brief=False)
     return "\n\n".join([entry, *(["fields of the same name:"] if fields else []),
                          *(text for _, text, _ in fields)])
+
+
+def _dotted_field(name: str) -> tuple[str, Any]:
+    """``OWNER.FIELD`` (``kSGD.momentum``, ``job.train_steps``, ``cluster.nworker_groups``,
+    ``kStep.gamma``): where the field is written, and its declaration. The owner is a
+    component (its own block's fields and the common fields of its kind) or a block of the
+    job schema.
+
+    Raises:
+        ParamError: an unknown owner, or a field it does not have (with the close ones).
+    """
+    owner, _, key = name.rpartition(".")
+    found = find_component(owner)
+    if isinstance(found, str):
+        candidates: list[tuple[str, type[Parameter]]] = [(_block_title(found),
+                                                          dict(BLOCKS)[found])]
+    else:
+        canonical, registry, common = found
+        conf_key = registry.conf_name(canonical)
+        own = getattr(registry.get(canonical), "Config", None)
+        candidates = ([(f"{canonical}: {conf_key} {{ ... }}", own)]
+                      if own is not None and conf_key is not None else [])
+        candidates.append((f"{canonical}: common fields of {registry.kind} blocks", common))
+    for where, cls in candidates:
+        f = cls.fields().get(cls.__keys__.get(key, key))
+        if f is not None:
+            return where, f
+    known = [k for _, cls in candidates for k in cls.fields()]
+    close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    raise ParamError(f"{owner} has no field '{key}'{hint} (its fields: {', '.join(known)})")
 
 
 def _block_title(key: str) -> str:
@@ -301,6 +335,12 @@ def _field_docs(name: str) -> list[tuple[str, str, list[dict[str, Any]]]]:
 
 def component_data(name: str | None = None) -> dict[str, Any]:
     """``paramserver doc --json``: every component (or the one called ``name``) as data."""
+    if name is not None and "." in name:
+        where, f = _dotted_field(name)
+        owner = name.rpartition(".")[0]
+        declared = [d for d in fields_data(_declaring(where, owner)) if d["name"] == f.name]
+        return {"name": name, "kind": "field", "places": [{"where": where,
+                                                           "fields": declared}]}
     if name is not None:
         try:
             found = find_component(name)
@@ -324,6 +364,15 @@ def component_data(name: str | None = None) -> dict[str, Any]:
                      for title, registry, common in SECTIONS],
         "configurations": [{"name": key, "fields": fields_data(cls)} for key, cls in BLOCKS],
     }
+
+
+def _declaring(where: str, owner: str) -> type[Parameter]:
+    """The configuration class :func:`_dotted_field` found a field in, by its ``where``."""
+    found = find_component(owner)
+    if isinstance(found, str):
+        return dict(BLOCKS)[found]
+    canonical, registry, common = found
+    return common if where.endswith("blocks") else registry.get(canonical).Config
 
 
 def _component_data(registry: ComponentRegistry, name: str) -> dict[str, Any]:
