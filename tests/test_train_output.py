@@ -279,6 +279,50 @@ def test_accuracy_axis_zooms_to_the_data_and_lr_is_plotted(tmp_path: Path) -> No
     assert ax_lr.get_yscale() == "log"
 
 
+def test_a_step_schedule_is_drawn_as_steps_and_a_metric_never_computed_has_no_panel(
+        tmp_path: Path) -> None:
+    """Issue 26: a kStep rate was drawn as ramps between display rows, and an RBM's
+    accuracy (NaN: not computed) as an empty panel."""
+    import matplotlib.pyplot as plt
+
+    log = MetricsLog(tmp_path / "metrics.csv")
+    log.rows = [Row(s, "train", 1.0 / s, float("nan"), 0.1 * 0.5 ** ((s - 1) // 30))
+                for s in range(10, 101, 10)]
+    figures = []
+    real = plt.subplots
+    plt.subplots = lambda *a, **k: figures.append(real(*a, **k)) or figures[-1]  # type: ignore[assignment]
+    try:
+        assert log.plot(tmp_path / "metrics.png", "t") is not None
+    finally:
+        plt.subplots = real  # type: ignore[assignment]
+    _, axes = figures[0]
+    assert [ax.get_title() for ax in axes] == ["loss", "learning rate"]
+    line = axes[1].lines[0]
+    assert line.get_drawstyle() == "steps-pre"  # each row's rate holds over its window
+    # the drawn path: flat runs joined by vertical jumps, not ramps from row to row
+    path = line._get_transformed_path().get_fully_transformed_path().vertices
+    assert len(path) == 2 * len(log.rows) - 1
+
+
+def test_the_nets_own_metrics_and_nan_ones(tmp_path: Path) -> None:
+    """A metric the net adds (rnnlm's ppl) is a column of metrics.csv, read back on resume;
+    a missing one is nan in its row."""
+    log = MetricsLog(tmp_path / "metrics.csv")
+    log.rows = [Row(10, "train", 2.0, float("nan"), 0.1, {"ppl": 7.389}),
+                Row(10, "val", 2.5, float("nan"), 0.1, {"ppl": 12.18}),
+                Row(20, "test", 2.5, 0.5, 0.1)]
+    log.write()
+    assert (tmp_path / "metrics.csv").read_text().splitlines() == [
+        "step,phase,loss,accuracy,lr,ppl", "10,train,2.0,nan,0.1,7.389",
+        "10,val,2.5,nan,0.1,12.18", "20,test,2.5,0.5,0.1,nan"]
+    again = MetricsLog(tmp_path / "metrics.csv")
+    again.load()
+    again.write()
+    assert (tmp_path / "metrics.csv").read_text() == "\n".join([
+        "step,phase,loss,accuracy,lr,ppl", "10,train,2.0,nan,0.1,7.389",
+        "10,val,2.5,nan,0.1,12.18", "20,test,2.5,0.5,0.1,nan"]) + "\n"
+
+
 def test_missing_matplotlib_is_a_plain_message(tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch,
                                                capsys: pytest.CaptureFixture[str]) -> None:
