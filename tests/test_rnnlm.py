@@ -29,7 +29,7 @@ from paramserver.train.layers import DataLayer, Layer  # noqa: E402
 from paramserver.train.metrics import MetricsLog  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "rnnlm"
-USER_LAYERS = ("kData", "kEmbedding", "kHidden", "kLoss")
+USER_LAYERS = ("kData", "kLabel", "kEmbedding", "kHidden", "kLoss")
 
 
 def _forget() -> None:
@@ -171,3 +171,26 @@ def test_rnnlm_example_runs_as_written(tmp_path: Path, rnnlm: object,
         assert not [t for t in tags if t.endswith("accuracy")]
     finally:
         os.chdir(old)
+
+
+def test_v010_rnnlm_runs_as_written_with_its_label_layer(cwd: Path, rnnlm: object) -> None:
+    """SINGA v0.1.0's rnnlm job: its words in DataShard folders (Records holding them as
+    their ``word`` extension, as its create_shard wrote them) and a kLabel layer between
+    the data and the loss."""
+    from paramserver.singa.records import word_record
+
+    for split, name in (("train", "train_shard"), ("val", "valid_shard")):
+        write_text("pydoc", f"examples/rnnlm/{name}", fmt="wordshard", split=split,
+                   test_fraction=0, val_fraction=0.1, vocab_size=3720)
+    first = stores.read_kvfile("examples/rnnlm/train_shard")[0][1]
+    assert word_record(first, "x").word_index >= 0
+    job = Path(__file__).parent / "data" / "singa" / "v0.1.0" / "examples" / "rnnlm" / "job.conf"
+    assert main(["train", str(job), "--steps", "12", "--quiet", "--no-tensorboard",
+                 "--set", "disp_freq=4", "--set", "validate_freq=12", "--set",
+                 "validate_steps=3"]) == 0
+    log = MetricsLog("examples/rnnlm/metrics.csv")
+    log.load()
+    train = [r.loss for r in log.rows if r.phase == "train"]
+    assert len(train) == 3 and all(math.isfinite(x) for x in train), train
+    assert [r.step for r in log.rows if r.phase == "val"] == [0, 12]
+    assert "ppl" in log.extras

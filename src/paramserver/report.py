@@ -125,7 +125,9 @@ def job_summary(job: JobConf, net: Any = None, loaded: Collection[str] = ()
     warnings = []
     for s in specs:
         owner = by_name[plan.owner_of[s.name]]  # a sharer takes its owner's configuration
-        if owner is s and len(s.shape) >= 2 and is_constant(s.conf.init) and (
+        # A matrix (two dimensions of more than one element: SINGA's (1, C, 1, 1) scales
+        # are vectors) whose units would all start, and stay, equal.
+        if owner is s and sum(d > 1 for d in s.shape) >= 2 and is_constant(s.conf.init) and (
                 s.name not in loaded):
             init = ("none given, so SINGA's default: kConstant, value 1"
                     if s.conf.init == ParamGenConf() else describe_conf(s.conf.init))
