@@ -76,7 +76,10 @@ from .workspace import (
 )
 
 FORMAT = "paramserver-checkpoint/1"
-#: The most steps between two stops of a run (where an interrupted run writes a checkpoint).
+#: The steps between two stops of a run where an interrupted run can write a checkpoint: its
+#: display steps, at least this many apart...
+MIN_CHUNK = 10
+#: ... and at most this many.
 MAX_CHUNK = 100
 log = logging.getLogger(__name__)
 
@@ -369,13 +372,16 @@ class Trainer:
         elif fresh and job.singa_job:  # SINGA tests (and validates) before the first step
             self._evaluate(start, False, last, progress, board)
             self.log.write()
-        for stop in self._boundaries(start, board.stops(start)):
+        events = set(self._boundaries(start, board.stops(start)))
+        for stop in sorted(events | self._pauses(start)):
             board.before_chunk(step, stop, self.params)
             self.cluster.run(self._step_fn, stop - step, start_step=step, on_step=on_step)
             step = stop
+            stopped = self._interrupted.is_set() and step < job.train_steps
+            if step not in events and not stopped:
+                continue  # only a place to stop at: no event here, nothing to write
             self._evaluate(step, step == job.train_steps, last, progress, board)
             self.log.write()
-            stopped = self._interrupted.is_set() and step < job.train_steps
             if step in checkpoints or stopped:
                 board.histograms(step, self.params)
                 board.flush()  # what the checkpoint covers is on disk before it
@@ -430,17 +436,22 @@ class Trainer:
         return [s for s in self._boundaries(start) if due(s, job.checkpoint_freq,
                 job.checkpoint_after) or s == job.train_steps]
 
+    def _pauses(self, start: int) -> set[int]:
+        """Where the run also stops, that an interrupted run (Ctrl-C) may write a checkpoint
+        there: every display step, at least :data:`MIN_CHUNK` and at most
+        :data:`MAX_CHUNK` steps apart (a stop costs every worker a pause)."""
+        every = min(max(self.disp_freq, MIN_CHUNK), MAX_CHUNK)
+        return {s for s in range(every, self.job.train_steps, every) if s > start}
+
     def _boundaries(self, start: int, extra: set[int] | frozenset[int] = frozenset()
                     ) -> list[int]:
-        """Where the run stops between chunks: its events, and every display step (at most
-        :data:`MAX_CHUNK` steps apart), where an interrupted run can stop and write a
-        checkpoint."""
+        """Where the run stops between chunks: its events (tests, validations,
+        checkpoints, the end) and ``extra``."""
         job = self.job
         stops = {job.train_steps, *extra}
         for freq, after in ((job.test_freq, job.test_after),
                             (job.validate_freq, job.validate_after),
-                            (job.checkpoint_freq, job.checkpoint_after),
-                            (min(self.disp_freq, MAX_CHUNK), 0)):
+                            (job.checkpoint_freq, job.checkpoint_after)):
             if freq:
                 first = after if after > 0 else freq
                 stops.update(range(first, job.train_steps, freq))
