@@ -5,6 +5,7 @@ help, and SINGA's own spellings of the command line."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -157,6 +158,8 @@ def test_examples_by_their_short_names(capsys: pytest.CaptureFixture[str], cwd: 
     assert out.startswith(f"digits_mlp: paramserver's example {MLP}\n")
     code, out, err = run(capsys, "check", "examples/digits_mlp.conf")
     assert code == 0 and "digits-mlp" in out, err
+    code, out, err = run(capsys, "check", "digits_mlp", "--json")
+    assert code == 0 and json.loads(out)["job"]["name"] == "digits-mlp" and err == ""
     code, _, err = run(capsys, "check", "digits_mpl")
     assert code == 2 and err.startswith("paramserver check: error: digits_mpl: no such job "
                                         "file, nor an example of that name (the examples: ")

@@ -99,7 +99,8 @@ def _job_path(args: argparse.Namespace) -> str:
     found = None if os.path.lexists(job) else find_example(job)
     if found is None:
         return str(job)
-    logging.getLogger("paramserver").info("%s: paramserver's example %s", job, found)
+    if not getattr(args, "json", False):  # --json: nothing but the JSON on stdout
+        logging.getLogger("paramserver").info("%s: paramserver's example %s", job, found)
     return str(found)
 
 
@@ -353,7 +354,7 @@ def _export(args: argparse.Namespace) -> int:
 # -- completion -----------------------------------------------------------------------------
 
 #: Arguments that name files (completed as paths by the shell).
-_PATH_ARGS = ("job", "checkpoint", "to", "workspace")
+_PATH_ARGS = ("job", "conf", "checkpoint", "to", "workspace")
 
 
 def _completion(args: argparse.Namespace) -> int:
