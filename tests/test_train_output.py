@@ -273,7 +273,7 @@ def test_accuracy_axis_zooms_to_the_data_and_lr_is_plotted(tmp_path: Path) -> No
     finally:
         plt.subplots = real  # type: ignore[assignment]
     assert path is not None and path.read_bytes()[:4] == b"\x89PNG"
-    _, (_, ax_acc, ax_lr) = figures[0]
+    _, ((_, ax_acc, ax_lr),) = figures[0]
     assert ax_acc.get_ylim()[0] > 0.9 and ax_lr.get_title() == "learning rate"
     assert np.allclose(ax_lr.lines[0].get_ydata(), [r.lr for r in log.rows[:10]])
     assert ax_lr.get_yscale() == "log"
@@ -295,13 +295,23 @@ def test_a_step_schedule_is_drawn_as_steps_and_a_metric_never_computed_has_no_pa
         assert log.plot(tmp_path / "metrics.png", "t") is not None
     finally:
         plt.subplots = real  # type: ignore[assignment]
-    _, axes = figures[0]
+    _, grid = figures[0]
+    axes = list(grid[0])
     assert [ax.get_title() for ax in axes] == ["loss", "learning rate"]
     line = axes[1].lines[0]
     assert line.get_drawstyle() == "steps-pre"  # each row's rate holds over its window
     # the drawn path: flat runs joined by vertical jumps, not ramps from row to row
     path = line._get_transformed_path().get_fully_transformed_path().vertices
     assert len(path) == 2 * len(log.rows) - 1
+
+
+def test_a_run_with_no_metric_plots_its_learning_rate(tmp_path: Path) -> None:
+    """A sampling job (char-rnn's sample.conf) computes neither loss nor accuracy: one
+    panel, no error."""
+    log = MetricsLog(tmp_path / "metrics.csv")
+    log.rows = [Row(0, "test", float("nan"), float("nan"), 0.1)]
+    path = log.plot(tmp_path / "metrics.png", "t")
+    assert path is not None and path.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_the_nets_own_metrics_and_nan_ones(tmp_path: Path) -> None:

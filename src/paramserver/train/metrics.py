@@ -144,7 +144,9 @@ class MetricsLog:
             return None
         panels = [name for name in ("loss", "accuracy")
                   if any(not math.isnan(getattr(r, name)) for r in self.rows)]
-        fig, axes = plt.subplots(1, len(panels) + 1, figsize=(4.7 * (len(panels) + 1), 4))
+        fig, grid = plt.subplots(1, len(panels) + 1, figsize=(4.7 * (len(panels) + 1), 4),
+                                 squeeze=False)
+        axes = list(grid[0])
         by_name = dict(zip([*panels, "lr"], axes))
         for phase, style in (("train", "-"), ("test", "o-"), ("val", "s--")):
             rows = [r for r in self.rows if r.phase == phase]
