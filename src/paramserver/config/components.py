@@ -297,8 +297,9 @@ class ComponentConf(Parameter):
 
     @classmethod
     def _user_type_hint(cls, problems: list[Problem], entries: list[Entry]) -> list[Problem]:
-        """The problems, a ``user_type`` that names nothing registered told how to register
-        it (a user's component is registered by their module, loaded with ``--import``)."""
+        """The problems, a ``user_type`` that names nothing registered (nor anything close:
+        that is a misspelling, its suggestion given) told how to register it: a user's
+        component is registered by their module, loaded with ``--import``."""
         places = [w for e in entries if e.key == "user_type" for w in (e.where, e.value.where)]
         names = [e.value.raw for e in entries if e.key == "user_type"
                  and isinstance(e.value, Scalar)]
@@ -306,7 +307,8 @@ class ComponentConf(Parameter):
                         "load the module that registers it with --import (paramserver "
                         "--import my_module ...)", p.where)
                 if names and p.where is not None and p.where in places
-                and p.message.startswith("Invalid Input:") else p for p in problems]
+                and p.message.startswith("Invalid Input:") and "Did you mean" not in p.message
+                else p for p in problems]
 
     @classmethod
     def _selected_component(cls, entries: list[Entry]) -> str | None:
