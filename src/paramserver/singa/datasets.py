@@ -2,7 +2,7 @@
 
 SINGA's examples read their data from files that SINGA's own tools made (``create_data``,
 ``create_shard``) from MNIST or CIFAR-10 downloads. This command makes such files from data
-at hand — scikit-learn's bundled digits or an ``.npz`` archive — at the path and in the
+at hand — the 8×8 digits shipped with paramserver or an ``.npz`` archive — at the path and in the
 format a job file names, so that the job can run as written:
 
     paramserver data digits examples/mnist/train_data.bin --shape 28,28
@@ -207,9 +207,9 @@ def parse_shape(text: str) -> tuple[int, ...]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``paramserver data``."""
-    p.add_argument("source", help="'digits' (scikit-learn's 8x8 digits) or an .npz file "
-                   "with arrays x and y; for --format text and words, 'pydoc' (Python's "
-                   "bundled help text) or a text file")
+    p.add_argument("source", help="'digits' (the 8x8 digits shipped with paramserver) or an "
+                   ".npz file with arrays x and y; for --format text and words, 'pydoc' "
+                   "(Python's bundled help text) or a text file")
     p.add_argument("output", help="the store to write (a folder for --format shard)")
     p.add_argument("--format", dest="fmt", default="kvfile", choices=list(FORMATS),
                    help="kvfile (SINGA v0.2+, kRecordInput), shard (v0.1's DataShard, "
