@@ -23,8 +23,8 @@ training, not Python's start-up; each is a process of its own, killed for real.
 
 Prints the counts: trials, kills that landed (by kind of moment), resumes, mismatches (with
 what differed). Exit status 1 if any trial ended with other files than the reference's.
-(At the end Python's resource tracker may warn of "leaked semaphore objects": those of the
-queues tensorboardX's writers hold in the processes that were killed; it removes them.)
+(At the end Python's resource tracker may warn of "leaked semaphore objects": those the
+processes that were killed held; it removes them.)
 ``tests/test_crash.py`` runs a few trials of this in CI.
 """
 
