@@ -1,5 +1,6 @@
 """Crash and resume: ``train`` killed with SIGKILL at seeded random moments, then resumed,
-ends with the files of an uninterrupted run, byte for byte.
+ends with the files of an uninterrupted run, byte for byte, and with the same TensorBoard
+curves and histograms.
 
     python benchmarks/crash_resume.py [--trials 40] [--seed 0] [--aimed 0.4] [--again 0.3]
 
@@ -11,7 +12,10 @@ moment drawn at random from all of them, or (a share ``--aimed``) from the write
 checkpoints; then runs ``train --resume`` until it ends, a share ``--again`` of those
 resumes being killed too. The workspace must then hold what the reference's holds: every
 checkpoint and SINGA checkpoint, byte for byte (values, updater state, versions, step),
-``metrics.csv`` byte for byte, a ``metrics.png``, and no temporary file.
+``metrics.csv`` byte for byte, a ``metrics.png``, no temporary file, and TensorBoard's
+view of the event files (read by TensorBoard's own loader, which applies the resumed runs'
+purges) the reference's: every scalar and every histogram at every step (``steps_per_second``
+by its steps only: a timing).
 
 Runs are ``paramserver.cli.main`` in processes forked from a server that has imported
 paramserver and its libraries (``multiprocessing``'s forkserver), so that a trial costs its
@@ -19,8 +23,8 @@ training, not Python's start-up; each is a process of its own, killed for real.
 
 Prints the counts: trials, kills that landed (by kind of moment), resumes, mismatches (with
 what differed). Exit status 1 if any trial ended with other files than the reference's.
-(At the end Python's resource tracker may warn of "leaked semaphore objects": those of the
-queues tensorboardX's writers hold in the processes that were killed; it removes them.)
+(At the end Python's resource tracker may warn of "leaked semaphore objects": those the
+processes that were killed held; it removes them.)
 ``tests/test_crash.py`` runs a few trials of this in CI.
 """
 
@@ -61,10 +65,11 @@ neuralnet {{
           innerproduct_conf {{ num_output: 10 }} }}
   layer {{ name: "loss" type: kSoftmaxLoss srclayers: "fc2" srclayers: "data" }}
 }}
-cluster {{ nworkers_per_group: 2 nservers_per_group: 2 timeout: 60 }}
+cluster {{ nworkers_per_group: 2 nservers_per_group: 2 timeout: 60 workspace: "ws" }}
 """
+# (cluster { workspace }: a SINGA job, so that SINGA's checkpoints are written and checked)
 PRELOAD = ["paramserver.cli", "paramserver.train.trainer", "paramserver.cluster",
-           "paramserver.numerics.kernels", "sklearn.datasets", "matplotlib.pyplot", "tensorboardX"]
+           "paramserver.numerics.kernels", "matplotlib.pyplot", "tensorboardX.summary"]
 KILLED = -9
 RUN_TIMEOUT = 300.0
 
@@ -226,7 +231,30 @@ def compare(reference: Path, ws: Path) -> list[str]:
     problems = [f"{name} is missing" for name in a if name not in b]
     problems += [f"{name} is extra" for name in b if name not in a]
     problems += [f"{name} differs" for name in a if name in b and a[name] != b[name]]
+    seen, want = tensorboard_view(ws / "tensorboard"), tensorboard_view(reference / "tensorboard")
+    problems += [f"TensorBoard: {tag} is missing" for tag in want if tag not in seen]
+    problems += [f"TensorBoard: {tag} is extra" for tag in seen if tag not in want]
+    problems += [f"TensorBoard: {tag} differs: steps {[s for s, _ in seen[tag]]}, expected "
+                 f"{[s for s, _ in want[tag]]}" for tag in want
+                 if tag in seen and seen[tag] != want[tag]]
     return problems
+
+
+def tensorboard_view(folder: Path) -> dict[str, list[tuple[int, Any]]]:
+    """What TensorBoard shows of a folder of event files, by tag: each scalar's and each
+    histogram's (step, value), read by TensorBoard's own loader (which drops what a later
+    run's purge event says to); the values of ``steps_per_second`` left out (timings)."""
+    from tensorboard.backend.event_processing import event_accumulator as ea
+
+    acc = ea.EventAccumulator(str(folder), size_guidance={ea.SCALARS: 0, ea.HISTOGRAMS: 0})
+    acc.Reload()
+    view: dict[str, list[tuple[int, Any]]] = {}
+    for tag in acc.Tags()["scalars"]:
+        timing = tag.endswith("steps_per_second")
+        view[tag] = [(e.step, None if timing else e.value) for e in acc.Scalars(tag)]
+    for tag in acc.Tags()["histograms"]:
+        view[tag] = [(e.step, e.histogram_value) for e in acc.Histograms(tag)]
+    return view
 
 
 def choose(moments: list[Moment], rng: random.Random, aimed: bool) -> Moment:

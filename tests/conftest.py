@@ -15,6 +15,26 @@ from typing import Any
 import pytest
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _not_in_the_checkout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The suite never works in the repository: what the README's commands made there (the
+    data of SINGA's examples, workspaces) changes nothing, and no test leaves files there.
+    Every test (and every fixture) starts in a temporary folder; the repository's files are
+    named by absolute paths."""
+    old = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("session-cwd"))
+    try:
+        yield
+    finally:
+        os.chdir(old)
+
+
+@pytest.fixture(autouse=True)
+def _a_folder_of_its_own(tmp_path_factory: pytest.TempPathFactory,
+                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+
+
 @pytest.fixture
 def cwd(tmp_path: Path) -> Iterator[Path]:
     """Run the test in ``tmp_path`` (job files that name relative paths), then go back."""

@@ -89,14 +89,15 @@ def test_bad_option_value(capsys: pytest.CaptureFixture[str], tmp_path: Path) ->
 
 
 def test_train_command(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    code, _, err = run(capsys, "train", str(ROOT / "examples" / "digits_mlp.conf"),
-                       "--steps", "50", "--workspace", str(tmp_path), "--seed", "3")
+    code, out, err = run(capsys, "train", str(ROOT / "examples" / "digits_mlp.conf"),
+                         "--steps", "50", "--workspace", str(tmp_path), "--seed", "3")
     assert code == 0, err
-    assert "step 50: test loss" in err
+    assert "step 50: test loss" in out  # results on stdout (`train job > log` keeps them)
+    assert err == ""  # nothing to warn of
     assert (tmp_path / "metrics.csv").exists() and (tmp_path / "metrics.png").exists()
-    code, _, err = run(capsys, "train", str(ROOT / "examples" / "digits_mlp.conf"),
-                       "--steps", "50", "--workspace", str(tmp_path), "--resume")
-    assert code == 0 and "nothing to do" in err
+    code, out, err = run(capsys, "train", str(ROOT / "examples" / "digits_mlp.conf"),
+                         "--steps", "50", "--workspace", str(tmp_path), "--resume")
+    assert code == 0 and "nothing to do" in out
 
 
 def test_doc_all_and_one(capsys: pytest.CaptureFixture[str]) -> None:
@@ -174,7 +175,7 @@ def test_check_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert params["w_dec"] == {"name": "w_dec", "layer": "decode", "shape": [32, 64],
                                "size": 2048, "init": "kUniformSqrtFanInOut()",
                                "lr_scale": 1.0, "wd_scale": 1.0, "share_from": "w_enc",
-                               "row_sparse": False}
+                               "row_sparse": False, "from_checkpoint": False}
     assert data["num_owners"] == 5 and data["num_values"] == sum(
         p["size"] for p in data["params"] if p["share_from"] is None)
     assert data["updater"]["description"] == "kNesterov(momentum=0.9)"
@@ -292,7 +293,9 @@ def test_net_problems_come_with_the_configurations(capsys: pytest.CaptureFixture
             "labels of 'data' go up to 9 (10 classes) but srclayer 'fc' gives 7 scores"]
 
 
-def test_warnings_are_plain_lines(capsys: pytest.CaptureFixture[str]) -> None:
+def test_warnings_are_plain_lines_on_stderr_and_reports_on_stdout(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 26: every message went to stderr, so `train job > log` kept nothing."""
     import warnings
 
     from paramserver.console import attach
@@ -303,7 +306,8 @@ def test_warnings_are_plain_lines(capsys: pytest.CaptureFixture[str]) -> None:
         logging.getLogger("paramserver.x").info("a message")
     finally:
         detach()
-    assert capsys.readouterr().err == "warning: a worker left\na message\n"
+    out, err = capsys.readouterr()
+    assert err == "warning: a worker left\n" and out == "a message\n"
 
 
 def test_completion_scripts(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -21,9 +21,11 @@ MLP = ROOT / "examples" / "digits_mlp.conf"
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    """The exit code and what the command printed: reports (stdout), then warnings and
+    errors (stderr)."""
     code = main(list(argv))
-    _, err = capsys.readouterr()
-    return code, err
+    out, err = capsys.readouterr()
+    return code, out + err
 
 
 def snapshot(folder: Path) -> dict[str, object]:

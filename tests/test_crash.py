@@ -42,12 +42,12 @@ def check(t: cr.Trial) -> None:
 def test_the_moments_of_a_run(harness: cr.Harness) -> None:
     events = [m.event for m in harness.moments]
     assert events.count("step") == 30
-    # metrics.csv after every chunk; checkpoints at 10, 20 and 30, each SINGA's then ours
+    # metrics.csv after every chunk; checkpoints at 10, 20 and 30, each ours then SINGA's
     names = [Path(m.what).name for m in harness.moments if m.event == "write.done"]
     checkpoints = [n for n in names if "-worker" in n or ".ckpt." in n]
-    assert checkpoints == ["step10-worker0", "step-00000010.ckpt.safetensors",
-                           "step20-worker0", "step-00000020.ckpt.safetensors",
-                           "step30-worker0", "step-00000030.ckpt.safetensors"]
+    assert checkpoints == ["step-00000010.ckpt.safetensors", "step10-worker0",
+                           "step-00000020.ckpt.safetensors", "step20-worker0",
+                           "step-00000030.ckpt.safetensors", "step30-worker0"]
     assert names[-1] == "metrics.png"
 
 
@@ -68,8 +68,10 @@ def test_a_killed_checkpoint_write_leaves_a_temporary_that_the_next_start_remove
 
 
 @pytest.mark.parametrize(("event", "name", "again"), [
-    # between SINGA's checkpoint and ours: the resume goes back to step 10, writes both again
-    ("write.done", "step20-worker0", None),
+    # between our checkpoint and SINGA's: the resume goes on from ours, writes SINGA's
+    ("write.done", "step-00000020.ckpt.safetensors", None),
+    # just after a checkpoint, with its TensorBoard events (issue 26: a histogram was lost)
+    ("write.done", "step10-worker0", None),
     # in the middle of a chunk; the resume is killed too, after its 7th step (step 17)
     ("step", "14", "step:7"),
     # at the very end, the plot being written: the resume has nothing to do but the plot

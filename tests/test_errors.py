@@ -26,9 +26,10 @@ from paramserver.numerics import kernels
 
 SRC = Path(paramserver.__file__).parent
 #: Built-in exceptions raised as part of a Python protocol, not as an error report (and
-#: AssertionError: a line that cannot be reached unless paramserver has a bug).
+#: AssertionError: a line that cannot be reached unless paramserver has a bug;
+#: KeyboardInterrupt: a run stopping where the user's Ctrl-C asked it to).
 PROTOCOL = {"AttributeError", "ImportError", "NotImplementedError", "StopIteration",
-            "AssertionError"}
+            "AssertionError", "KeyboardInterrupt"}
 #: (module, function): a built-in error that never leaves the package (its caller catches).
 INTERNAL = {("config/components.py", "_dynamic_field"),
             ("config/parameter.py", "_dynamic_field"),

@@ -50,7 +50,7 @@ def test_export_of_a_training_checkpoint(tmp_path: Path, capsys: pytest.CaptureF
     out = tmp_path / "model.safetensors"
     # A workspace is enough: its newest checkpoint is read.
     assert main(["export", str(tmp_path / "ws"), "--to", str(out)]) == 0
-    assert "wrote 6 tensors" in capsys.readouterr().err
+    assert "wrote 6 tensors" in capsys.readouterr().out  # a result: on stdout
     model = load_file(out)
     assert sorted(model) == sorted(p.name for p in trainer.params.params)
     for p in trainer.params.params:  # the sharer w_dec too, in its own shape

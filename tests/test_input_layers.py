@@ -153,3 +153,17 @@ def test_slice_in_a_net_against_central_differences() -> None:
               num_slices: 4 } } }""")
     with pytest.raises(ParamError, match="num_slices 4 does not divide axis 1 of size 6"):
         Net(bad.neuralnet, phases=("kTrain",))
+
+
+def test_the_shipped_digits_are_scikit_learns() -> None:
+    """The main job's data ships with paramserver (no scikit-learn needed): the same values,
+    labels and order as scikit-learn's load_digits, where it is installed."""
+    from paramserver.train.data import DIGITS_FILE, _load_digits
+
+    assert DIGITS_FILE.stat().st_size < 64 * 1024
+    x, y = _load_digits(normalize=False)
+    assert x.shape == (1797, 64) and y.shape == (1797,) and x.max() == 16
+    datasets = pytest.importorskip("sklearn.datasets")
+    want_x, want_y = datasets.load_digits(return_X_y=True)
+    np.testing.assert_array_equal(x, want_x)
+    np.testing.assert_array_equal(y, want_y)

@@ -440,6 +440,33 @@ def test_lrn_values_and_gradients(type_: str) -> None:
     check_gradients(layer)
 
 
+@pytest.mark.parametrize("type_", ["kBM", "kCudnnBM"])
+def test_batch_normalisation_values_and_gradients(type_: str) -> None:
+    """SINGA v0.3.0's kCudnnBM (cuDNN's spatial batch normalisation), on images and on
+    flat features: per channel, over the batch and the image."""
+    x = randn(4, 3, 2, 5) * 3.0 + 1.5
+    layer = make(type_, [Source(x)], bm_conf={})
+    assert layer.param_shapes() == [(1, 3, 1, 1)] * 4
+    assert layer.untrained_params == (2, 3)  # type: ignore[attr-defined]
+    run(layer)
+    scale, bias = (p.data.reshape(1, 3, 1, 1) for p in layer.params[:2])
+    mean = x.mean(axis=(0, 2, 3), keepdims=True)
+    var = x.var(axis=(0, 2, 3), keepdims=True)
+    np.testing.assert_allclose(arr(layer.data), (x - mean) / np.sqrt(var + 1e-5) * scale
+                               + bias, rtol=1e-10)
+    check_gradients(layer, rtol=1e-5, atol=1e-7)
+    assert not np.any(layer.weights[2].grad.numpy()) and not np.any(
+        layer.weights[3].grad.numpy())  # SINGA's running statistics: not trained
+    flat = make(type_, [Source(randn(6, 4))], bm_conf={})
+    run(flat)
+    np.testing.assert_allclose(arr(flat.data).mean(axis=0) - flat.params[1].data.reshape(4),
+                               0, atol=1e-9)
+    check_gradients(flat, rtol=1e-5, atol=1e-7)
+    with pytest.raises(ParamError, match=r"reads images \(channels, height, width\) or "
+                                         "features"):
+        make(type_, [Source(randn(2, 3, 4))], bm_conf={})
+
+
 # -- connection layers ----------------------------------------------------------------------
 
 def test_concate_values_and_gradients() -> None:

@@ -14,7 +14,7 @@ pytest.importorskip("torch")
 from paramserver import ParamError
 from paramserver.config.job import JobConf, parse_job
 from paramserver.singa.datasets import write_dataset
-from paramserver.train.jobfile import apply_setting, read_job_file
+from paramserver.train.jobfile import read_job_file
 from paramserver.train.net import Net
 from paramserver.train.trainer import Trainer
 
@@ -130,12 +130,11 @@ def test_singas_hybrid_cifar10_equals_its_unpartitioned_run(tmp_path: Path) -> N
                           if split == "train" else None)
         runs = []
         for k in (2, 1):
-            job = read_job_file(HYBRID).job
-            for s in ("train_steps=3", "test_freq=0", "test_steps=0", "disp_freq=1",
-                      "neuralnet.layer[data].store_conf.batchsize=8", f"workspace=ws{k}",
-                      f"cluster.nworkers_per_group={k}",
-                      "updater.learning_rate.fixedstep_conf.step_lr=[0.05, 0.01, 0.001]"):
-                apply_setting(job, s)
+            job = read_job_file(HYBRID, [
+                "train_steps=3", "test_freq=0", "test_steps=0", "disp_freq=1",
+                "neuralnet.layer[data].store_conf.batchsize=8", f"workspace=ws{k}",
+                f"cluster.nworkers_per_group={k}",
+                "updater.learning_rate.fixedstep_conf.step_lr=[0.05, 0.01, 0.001]"]).job
             runs.append(trained(job, tmp_path))
         assert_same(runs[0], runs[1])
     finally:

@@ -41,13 +41,17 @@ neuralnet {
   layer { name: "fc" type: kInnerProduct srclayers: "data" innerproduct_conf { num_output: 10 } }
   layer { name: "loss" type: kSoftmaxLoss srclayers: "fc" srclayers: "data" }
 }
-cluster { nworkers_per_group: 2 nservers_per_group: 2 }
+cluster { nworkers_per_group: 2 nservers_per_group: 2 workspace: "ws" }
 """
+# (a SINGA job, by its cluster { workspace }: SINGA's checkpoints are written too)
 
 
 def run(capsys: pytest.CaptureFixture[str], job: Path, ws: Path, *argv: str) -> tuple[int, str]:
+    """The exit code and what the run printed: its reports (stdout), then its warnings and
+    errors (stderr)."""
     code = main(["train", str(job), "--workspace", str(ws), "--no-tensorboard", *argv])
-    return code, capsys.readouterr().err
+    out = capsys.readouterr()
+    return code, out.out + out.err
 
 
 def snapshot(folder: Path) -> dict[str, object]:
@@ -186,13 +190,26 @@ def test_resume_refuses_when_no_checkpoint_can_be_read(capsys: pytest.CaptureFix
     assert snapshot(ws) == before  # nothing overwritten, nothing deleted
 
 
-def test_resume_without_any_checkpoint_starts_from_the_beginning(
+def test_resume_without_any_checkpoint_is_refused_unless_asked_to_start(
         capsys: pytest.CaptureFixture[str], made: tuple[Path, Path, Path],
         tmp_path: Path) -> None:
+    """Issue 26: --resume with nothing to resume from used to start over, with a warning."""
     code, err = run(capsys, made[0], tmp_path / "new", "--resume", "--steps", "10")
+    assert code == 2
+    assert err == (f"paramserver train: error: cannot resume: no checkpoint in "
+                   f"{tmp_path / 'new' / 'checkpoints'} nor SINGA's in "
+                   f"{tmp_path / 'new' / 'checkpoint'}: train without --resume to start the "
+                   "job, or give --resume-or-start to start from the beginning when there is "
+                   "nothing to resume\n")
+    assert not (tmp_path / "new").exists()  # nothing made
+    (tmp_path / "new").mkdir()
+    code, err = run(capsys, made[0], tmp_path / "new", "--resume", "--steps", "10")
+    assert code == 2 and list((tmp_path / "new").iterdir()) == []
+    code, err = run(capsys, made[0], tmp_path / "new", "--resume-or-start", "--steps", "10")
     assert code == 0, err
-    assert f"warning: no checkpoint in {tmp_path / 'new' / 'checkpoints'}: starting from " \
-           "step 0" in err
+    assert f"no checkpoint in {tmp_path / 'new' / 'checkpoints'}: starting from step 0 " \
+           "(--resume-or-start)" in err
+    assert [s for s, _ in list_checkpoints(tmp_path / "new" / "checkpoints")] == [10]
 
 
 # -- row 15: an earlier run is deleted only when the user asks ----------------------------------
@@ -262,7 +279,7 @@ def test_overwrite_keeps_the_checkpoints_the_job_reads(made: tuple[Path, Path, P
                                f"{ws / 'checkpoint'}, {ws / 'metrics.csv'}"]
     assert sorted(p.name for p in (ws / "checkpoint").iterdir()) == ["step20-worker0",
                                                                      "step5-worker0"]
-    assert list_checkpoints(ws / "checkpoints") == []
+    assert [s for s, _ in list_checkpoints(ws / "checkpoints")] == [5]  # the end's
 
 
 def test_a_run_that_only_tests_replaces_only_the_metrics(made: tuple[Path, Path, Path],
@@ -369,3 +386,93 @@ def test_a_failed_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest.Monke
 def test_lock_is_per_workspace(tmp_path: Path) -> None:
     with workspace_lock(tmp_path / "a"), workspace_lock(tmp_path / "b"):
         assert os.path.isdir(tmp_path / "a") and os.path.isdir(tmp_path / "b")
+
+
+# -- issue 26: resume never starts over --------------------------------------------------------
+
+
+def _values(ws: Path, step: int) -> dict[str, np.ndarray]:
+    return load_checkpoint(ws / "checkpoints" / checkpoint_name(step))[0]
+
+
+def test_a_job_without_checkpoint_freq_resumes_from_its_end(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Issue 26: with no checkpoint_freq only SINGA's checkpoint was written, and --resume
+    read none: the second run started over. A checkpoint is written at the end now."""
+    job = tmp_path / "job.conf"
+    job.write_text(JOB.replace("checkpoint_freq: 10", "checkpoint_freq: 0")
+                   .replace(' workspace: "ws"', ""))  # paramserver's own (not a SINGA job)
+    code, out = run(capsys, job, tmp_path / "ws", "--steps", "6", "--quiet")
+    assert code == 0, out
+    assert not (tmp_path / "ws" / "checkpoint").exists()  # SINGA's only in a SINGA job
+    code, out = run(capsys, job, tmp_path / "ws", "--steps", "12", "--resume")
+    assert code == 0, out
+    assert "resuming from" in out and "(step 6)" in out and "warning" not in out
+    code, out = run(capsys, job, tmp_path / "straight", "--steps", "12", "--quiet")
+    assert code == 0, out
+    for key, value in _values(tmp_path / "straight", 12).items():
+        np.testing.assert_array_equal(_values(tmp_path / "ws", 12)[key], value, err_msg=key)
+    assert (tmp_path / "ws" / "metrics.csv").read_bytes() == (
+        tmp_path / "straight" / "metrics.csv").read_bytes()
+
+
+def test_resume_goes_on_from_singas_own_checkpoints(capsys: pytest.CaptureFixture[str],
+                                                    made: tuple[Path, Path, Path],
+                                                    ws: Path) -> None:
+    """SINGA's -resume continued from the newest step<N>-worker<M> files: so does --resume
+    when they are newer than paramserver's (its values; the updater's state afresh)."""
+    shutil.rmtree(ws / "checkpoints")  # as a workspace of SINGA's own holds them
+    (ws / "checkpoint" / "step10-worker0").unlink()
+    code, out = run(capsys, made[0], ws, "--resume", "--steps", "30")
+    assert code == 0, out
+    assert "warning: resuming from SINGA's checkpoint of step 20 (step20-worker0): it holds " \
+           "the values but not the updater's state" in out
+    rows = [r.split(",")[:2] for r in (ws / "metrics.csv").read_text().splitlines()[1:]]
+    assert ["20", "test"] in rows and ["25", "train"] in rows and ["30", "test"] in rows
+    assert [s for s, _ in list_checkpoints(ws / "checkpoints")] == [30]
+    from paramserver.singa.checkpoints import read_checkpoint
+
+    at20 = {p.name: p for p in read_checkpoint(made[1] / "checkpoint" / "step20-worker0")}
+    at30 = {p.name: p for p in read_checkpoint(ws / "checkpoint" / "step30-worker0")}
+    assert {n: p.version for n, p in at30.items()} == {n: p.version + 10
+                                                       for n, p in at20.items()}
+
+
+def test_ctrl_c_writes_a_checkpoint_and_resume_goes_on_exactly(
+        capsys: pytest.CaptureFixture[str], made: tuple[Path, Path, Path], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first Ctrl-C stops the run at its next stop (every 10 steps here) with a
+    checkpoint there; --resume then ends with the files of a run never interrupted."""
+    import signal
+
+    import paramserver.train.trainer as trainer
+
+    job = made[0]
+    only_at_the_end = ("--set", "checkpoint_freq=0", "--set", "test_freq=0")
+    ws = tmp_path / "ws"  # the same path for both runs (checkpoints name their workspace)
+    code, out = run(capsys, job, ws, "--steps", "30", "--quiet", *only_at_the_end)
+    assert code == 0, out
+    ws.rename(tmp_path / "straight")
+    real = trainer.marker
+
+    def ctrl_c_at_step_13(event: str, what: object = "") -> None:
+        real(event, what)
+        if event == "step" and what == 13:
+            os.kill(os.getpid(), signal.SIGINT)  # as the terminal sends it
+
+    monkeypatch.setattr(trainer, "marker", ctrl_c_at_step_13)
+    code, out = run(capsys, job, ws, "--steps", "30", *only_at_the_end)
+    assert code == 130
+    assert "warning: interrupted: stopping at the next step boundary to write a checkpoint" \
+           in out
+    assert "warning: interrupted at step 20 of 30: --resume goes on from there" in out
+    assert [s for s, _ in list_checkpoints(ws / "checkpoints")] == [20]
+    monkeypatch.setattr(trainer, "marker", real)
+    code, out = run(capsys, job, ws, "--steps", "30", "--resume", "--quiet", *only_at_the_end)
+    assert code == 0, out
+    for name in (checkpoint_name(30), "metrics.csv"):
+        sub = "checkpoints/" if name != "metrics.csv" else ""
+        assert (ws / f"{sub}{name}").read_bytes() == (
+            tmp_path / "straight" / f"{sub}{name}").read_bytes(), name
+    assert (ws / "checkpoint" / "step30-worker0").read_bytes() == (
+        tmp_path / "straight" / "checkpoint" / "step30-worker0").read_bytes()

@@ -3,8 +3,10 @@ module, loaded with --import) run as written on words made by ``paramserver data
 
 from __future__ import annotations
 
+import logging
 import math
 import os
+import re
 import shutil
 import sys
 from collections.abc import Iterator
@@ -27,7 +29,7 @@ from paramserver.train.layers import DataLayer, Layer  # noqa: E402
 from paramserver.train.metrics import MetricsLog  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "rnnlm"
-USER_LAYERS = ("kData", "kEmbedding", "kHidden", "kLoss")
+USER_LAYERS = ("kData", "kLabel", "kEmbedding", "kHidden", "kLoss")
 
 
 def _forget() -> None:
@@ -126,7 +128,9 @@ def test_the_layers_gradients(rnnlm: object) -> None:
     check_gradients(loss)
 
 
-def test_rnnlm_example_runs_as_written(tmp_path: Path, rnnlm: object) -> None:
+def test_rnnlm_example_runs_as_written(tmp_path: Path, rnnlm: object,
+                                      capsys: pytest.CaptureFixture[str],
+                                      caplog: pytest.LogCaptureFixture) -> None:
     old = os.getcwd()
     os.chdir(tmp_path)
     sys.modules.pop("rnnlm", None)  # --import registers it again
@@ -137,13 +141,56 @@ def test_rnnlm_example_runs_as_written(tmp_path: Path, rnnlm: object) -> None:
             write_text("pydoc", f"examples/rnnlm/{name}", fmt="words", split=split,
                        test_fraction=0, val_fraction=0.1, vocab_size=3720)
         shutil.copy(EXAMPLE / "job.conf", "job.conf")
-        assert main(["--import", "rnnlm", "train", "job.conf", "--steps", "30", "--quiet",
-                     "--no-tensorboard", "--set", "disp_freq=10", "--set",
-                     "validate_freq=30", "--set", "validate_steps=5"]) == 0
+        with caplog.at_level(logging.WARNING):
+            assert main(["--import", "rnnlm", "train", "job.conf", "--steps", "30",
+                         "--set", "disp_freq=10", "--set", "validate_freq=30", "--set",
+                         "validate_steps=5"]) == 0
+        out, err = capsys.readouterr()
         log = MetricsLog("examples/rnnlm/metrics.csv")
         log.load()
         train = [r.loss for r in log.rows if r.phase == "train"]
         assert all(math.isfinite(x) for x in train) and train[-1] < train[0], train
-        assert [r.phase for r in log.rows].count("val") == 1
+        # SINGA's schedule (a SINGA job): a validation at step 0 and at 30
+        assert [(r.step, r.phase) for r in log.rows if r.phase == "val"] == [(0, "val"),
+                                                                             (30, "val")]
+        # rnnlm's perplexity, promised by its README: displayed, in metrics.csv and in
+        # TensorBoard; its accuracy (none: NaN) neither warned of nor written
+        # (each row's ppl: the mean of its steps' exp(loss), at least exp of their mean)
+        assert "ppl" in log.extras and all(
+            math.isfinite(r.extra["ppl"]) and r.extra["ppl"] >= 0.999 * math.exp(r.loss)
+            for r in log.rows)
+        assert re.search(r"train step 30/30 .*  ppl \d", out), out
+        assert "step 30: validation loss " in out and ", ppl " in out
+        assert "NaN" not in err and not [m for m in caplog.messages if "NaN" in m]
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        acc = EventAccumulator("examples/rnnlm/tensorboard")
+        acc.Reload()
+        tags = acc.Tags()["scalars"]
+        assert {"train/ppl", "val/ppl", "train/loss"} <= set(tags)
+        assert not [t for t in tags if t.endswith("accuracy")]
     finally:
         os.chdir(old)
+
+
+def test_v010_rnnlm_runs_as_written_with_its_label_layer(cwd: Path, rnnlm: object) -> None:
+    """SINGA v0.1.0's rnnlm job: its words in DataShard folders (Records holding them as
+    their ``word`` extension, as its create_shard wrote them) and a kLabel layer between
+    the data and the loss."""
+    from paramserver.singa.records import word_record
+
+    for split, name in (("train", "train_shard"), ("val", "valid_shard")):
+        write_text("pydoc", f"examples/rnnlm/{name}", fmt="wordshard", split=split,
+                   test_fraction=0, val_fraction=0.1, vocab_size=3720)
+    first = stores.read_kvfile("examples/rnnlm/train_shard")[0][1]
+    assert word_record(first, "x").word_index >= 0
+    job = Path(__file__).parent / "data" / "singa" / "v0.1.0" / "examples" / "rnnlm" / "job.conf"
+    assert main(["train", str(job), "--steps", "12", "--quiet", "--no-tensorboard",
+                 "--set", "disp_freq=4", "--set", "validate_freq=12", "--set",
+                 "validate_steps=3"]) == 0
+    log = MetricsLog("examples/rnnlm/metrics.csv")
+    log.load()
+    train = [r.loss for r in log.rows if r.phase == "train"]
+    assert len(train) == 3 and all(math.isfinite(x) for x in train), train
+    assert [r.step for r in log.rows if r.phase == "val"] == [0, 12]
+    assert "ppl" in log.extras

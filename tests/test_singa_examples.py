@@ -20,6 +20,7 @@ from paramserver.train.metrics import MetricsLog
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "singa"
 V010 = Path(__file__).parent / "data" / "singa" / "v0.1.0" / "examples"
+V030 = Path(__file__).parent / "data" / "singa" / "v0.3.0" / "examples"
 
 
 def data(path: str, shape: tuple[int, ...], fmt: str = "kvfile", mean: str | None = None
@@ -68,6 +69,22 @@ def test_cifar10_with_and_without_cudnn_names(cwd: Path, name: str) -> None:
                    "updater.learning_rate.fixedstep_conf.step_lr=[0.01, 0.001, 0.0001]",
                    disp=4)
     assert falls(losses), losses
+
+
+def test_v030_cifar10_with_batch_normalisation(cwd: Path) -> None:
+    """v0.3.0's cudnn_bm.conf: kCudnnBM after each convolution, as written; its scale and
+    bias train, SINGA's running statistics (s13, s14, ...) stay as initialised."""
+    data("examples/cifar10/train_data.bin", (3, 32, 32), mean="examples/cifar10/image_mean.bin")
+    losses = train(V030 / "cifar10" / "cudnn_bm.conf", 8, "test_steps=1",
+                   "neuralnet.layer[data].store_conf.batchsize=16", disp=4)
+    assert falls(losses), losses
+    from paramserver.singa.checkpoints import read_checkpoint
+
+    saved = {p.name: p.values for p in read_checkpoint("examples/cifar10/checkpoint/"
+                                                       "step8-worker0")}
+    for bm in ("1", "2", "3"):
+        assert not np.any(saved[f"s{bm}3"]) and not np.any(saved[f"s{bm}4"])
+        assert np.any(saved[f"s{bm}1"] != 1) and np.any(saved[f"s{bm}2"] != 0)
 
 
 def test_alexnet_structure_on_small_images(cwd: Path) -> None:

@@ -17,7 +17,7 @@ from paramserver.params import ParamSet
 from paramserver.singa import checkpoints as sc
 from paramserver.singa.records import BlobProtos
 from paramserver.train.net import Net
-from paramserver.train.trainer import Trainer, due
+from paramserver.train.trainer import Trainer, due, singa_due
 
 # SINGA's pattern: two data layers named "data", one per phase.
 LAYERS = """
@@ -79,9 +79,10 @@ def test_each_phase_is_checked_on_its_own() -> None:
 
 
 def test_singas_schedule() -> None:
-    assert [s for s in range(0, 40) if due(s, 10, 0)] == [0, 10, 20, 30]
+    assert [s for s in range(0, 40) if due(s, 10, 0)] == [10, 20, 30]
+    assert [s for s in range(0, 40) if singa_due(s, 10, 0)] == [0, 10, 20, 30]  # TestNow
     assert [s for s in range(0, 40) if due(s, 10, 15)] == [15, 25, 35]
-    assert not any(due(s, 0, 0) for s in range(20))
+    assert not any(due(s, 0, 0) or singa_due(s, 0, 0) for s in range(20))
 
 
 JOB = """
@@ -128,6 +129,25 @@ def test_validation_rows_in_metrics_csv(tmp_path: Path) -> None:
     assert float(val[-1]["loss"]) == again["loss"]
     assert 0 <= float(val[-1]["accuracy"]) <= 1
     assert [r["phase"] for r in got if r["step"] == "10"] == ["train", "val", "test"]
+
+
+def test_a_singa_job_tests_at_step_0_and_not_after_its_last_step(tmp_path: Path) -> None:
+    """A SINGA job (its workspace in cluster { workspace }, as SINGA required) keeps
+    SINGA's schedule: Worker::Run tests and validates before each step that is due, step
+    0 included, and not after the last one; paramserver's own jobs test at the end."""
+    singa = job(tmp_path / "unused", 22, vsteps=1)
+    singa.update({"workspace": None, "cluster": {"workspace": str(tmp_path / "singa")}})
+    assert singa.singa_job and not job(tmp_path, 22).singa_job
+    Trainer(singa, progress=False).train()
+    got = rows(tmp_path / "singa")
+    assert [int(r["step"]) for r in got if r["phase"] == "test"] == [0, 10, 20]
+    assert [int(r["step"]) for r in got if r["phase"] == "val"] == [4, 10, 16, 22]
+    assert sorted(p.name for p in (tmp_path / "singa" / "checkpoint").iterdir()) == [
+        "step22-worker0"]  # SINGA's, at the end, beside ours
+    Trainer(job(tmp_path / "ours", 22, vsteps=1), progress=False).train()
+    got = rows(tmp_path / "ours")
+    assert [int(r["step"]) for r in got if r["phase"] == "test"] == [10, 20, 22]
+    assert not (tmp_path / "ours" / "checkpoint").exists()
 
 
 def test_validation_rows_survive_a_resume(tmp_path: Path) -> None:
@@ -236,7 +256,9 @@ def test_a_chain_of_jobs_through_checkpoint_path(tmp_path: Path, monkeypatch) ->
     steps and at the end); job 2 names it in checkpoint_path, relative to the working
     folder as in SINGA's rbm examples, and starts from its values."""
     monkeypatch.chdir(tmp_path)
-    first = Trainer(job(Path("examples/one"), 12, ckpt=5), progress=False)
+    conf = job(Path("unused"), 12, ckpt=5)
+    conf.update({"workspace": None, "cluster": {"workspace": "examples/one"}})  # SINGA's
+    first = Trainer(conf, progress=False)
     first.train()
     folder = tmp_path / "examples" / "one" / "checkpoint"
     assert sorted(p.name for p in folder.iterdir()) == ["step10-worker0", "step12-worker0",
@@ -250,6 +272,8 @@ def test_a_chain_of_jobs_through_checkpoint_path(tmp_path: Path, monkeypatch) ->
     # the second job renames w2 (so it is initialised anew) and keeps the versions
     text = (JOB.format(steps=3, ws="examples/two", ckpt=0, vsteps=0,
                        layers=LAYERS.format(data="val_fraction: 0.1").replace('"w2"', '"w2b"'))
+            .replace('workspace: "examples/two"', "").replace(
+                "timeout: 30", 'timeout: 30 workspace: "examples/two"')
             + '\ncheckpoint_path: "examples/one/checkpoint/step12-worker0"'
             + "\nreset_param_version: false")
     second = Trainer(parse_job(text), progress=False)

@@ -341,7 +341,6 @@ UNBUILT = {
                                        "user:kHidden", "user:kLoss"},
     "v0.2.0/examples/rnnlm/job.conf": {"user:kData", "user:kEmbedding", "user:kHidden",
                                        "user:kLoss"},
-    "v0.3.0/examples/cifar10/cudnn_bm.conf": {"kCudnnBM"},
 }
 
 
@@ -364,7 +363,7 @@ def test_check_reads_every_example_and_asks_only_for_its_data(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Every released example is read whole; in an empty working folder, check asks for
     the first data file it names (to be made by paramserver data), or lists what is not
-    built (users' layers to --import, v0.3.0's batch normalisation)."""
+    built (users' layers to --import)."""
     monkeypatch.chdir(tmp_path)
     code = main(["check", str(path)])
     err = capsys.readouterr().err

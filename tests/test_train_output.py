@@ -102,7 +102,7 @@ def test_steps_per_second_is_recent_not_since_the_start() -> None:
 def test_live_display_keeps_its_last_line_and_prints_messages_above(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     term = Terminal()
-    monkeypatch.setattr(sys, "stderr", term)
+    monkeypatch.setattr(sys, "stdout", term)
     monkeypatch.setenv("COLUMNS", "80")
     assert main(["train", str(_job_file(tmp_path)), "--workspace", str(tmp_path / "ws"),
                  "--no-tensorboard"]) == 0
@@ -128,11 +128,13 @@ def _screen(text: str) -> list[str]:
 def test_ctrl_c_is_reported_on_a_line_of_its_own(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     term = Terminal()
-    monkeypatch.setattr(sys, "stderr", term)
+    monkeypatch.setattr(sys, "stdout", term)  # the display's
+    monkeypatch.setattr(sys, "stderr", term)  # the interruption's: the same terminal
     monkeypatch.setenv("COLUMNS", "80")
 
-    def interrupted(self: Trainer, *args: object) -> None:
-        raise KeyboardInterrupt
+    def interrupted(self: Trainer, step: int, *args: object) -> None:
+        if step >= 10:
+            raise KeyboardInterrupt
 
     monkeypatch.setattr(Trainer, "_evaluate", interrupted)
     assert main(["train", str(_job_file(tmp_path)), "--workspace", str(tmp_path / "ws"),
@@ -221,6 +223,30 @@ def test_resume_continues_the_event_files_without_duplicates(tmp_path: Path) -> 
     assert [e.step for e in b.Histograms("values/fc1_0")] == [10, 20]
 
 
+def test_a_record_cut_short_is_cut_off_by_the_next_run(tmp_path: Path,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """A run killed while it wrote an event leaves the record cut short at the end of its
+    file; the next run in the workspace cuts it off (and says so), so that TensorBoard
+    reads the file whole, the events before it included."""
+    from paramserver.train.tensorboard import records_end, repair
+
+    ws = tmp_path / "ws"
+    Trainer(job(ws), progress=False).train()
+    (ws / "checkpoints" / checkpoint_name(20)).unlink()  # killed after the one at 10
+    first = next((ws / "tensorboard").iterdir())
+    whole = first.read_bytes()
+    cut = len(whole) - 7
+    first.write_bytes(whole[:cut])  # the last record torn
+    assert records_end(whole[:cut]) < cut
+    with caplog.at_level(logging.WARNING, logger="paramserver"):
+        Trainer(job(ws), progress=False).train(resume=True)
+    assert any("cut off a TensorBoard event cut short" in m for m in caplog.messages)
+    assert records_end(first.read_bytes()) == first.stat().st_size
+    assert repair(ws / "tensorboard") == []  # nothing left to cut
+    acc = events(ws / "tensorboard")
+    assert [e.step for e in acc.Histograms("update/fc2_1")] == [10, 20]
+
+
 def test_no_tensorboard(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", str(_job_file(tmp_path)), "--workspace", str(tmp_path / "ws"),
                  "--no-tensorboard", "--quiet"]) == 0
@@ -247,10 +273,64 @@ def test_accuracy_axis_zooms_to_the_data_and_lr_is_plotted(tmp_path: Path) -> No
     finally:
         plt.subplots = real  # type: ignore[assignment]
     assert path is not None and path.read_bytes()[:4] == b"\x89PNG"
-    _, (_, ax_acc, ax_lr) = figures[0]
+    _, ((_, ax_acc, ax_lr),) = figures[0]
     assert ax_acc.get_ylim()[0] > 0.9 and ax_lr.get_title() == "learning rate"
     assert np.allclose(ax_lr.lines[0].get_ydata(), [r.lr for r in log.rows[:10]])
     assert ax_lr.get_yscale() == "log"
+
+
+def test_a_step_schedule_is_drawn_as_steps_and_a_metric_never_computed_has_no_panel(
+        tmp_path: Path) -> None:
+    """Issue 26: a kStep rate was drawn as ramps between display rows, and an RBM's
+    accuracy (NaN: not computed) as an empty panel."""
+    import matplotlib.pyplot as plt
+
+    log = MetricsLog(tmp_path / "metrics.csv")
+    log.rows = [Row(s, "train", 1.0 / s, float("nan"), 0.1 * 0.5 ** ((s - 1) // 30))
+                for s in range(10, 101, 10)]
+    figures = []
+    real = plt.subplots
+    plt.subplots = lambda *a, **k: figures.append(real(*a, **k)) or figures[-1]  # type: ignore[assignment]
+    try:
+        assert log.plot(tmp_path / "metrics.png", "t") is not None
+    finally:
+        plt.subplots = real  # type: ignore[assignment]
+    _, grid = figures[0]
+    axes = list(grid[0])
+    assert [ax.get_title() for ax in axes] == ["loss", "learning rate"]
+    line = axes[1].lines[0]
+    assert line.get_drawstyle() == "steps-pre"  # each row's rate holds over its window
+    # the drawn path: flat runs joined by vertical jumps, not ramps from row to row
+    path = line._get_transformed_path().get_fully_transformed_path().vertices
+    assert len(path) == 2 * len(log.rows) - 1
+
+
+def test_a_run_with_no_metric_plots_its_learning_rate(tmp_path: Path) -> None:
+    """A sampling job (char-rnn's sample.conf) computes neither loss nor accuracy: one
+    panel, no error."""
+    log = MetricsLog(tmp_path / "metrics.csv")
+    log.rows = [Row(0, "test", float("nan"), float("nan"), 0.1)]
+    path = log.plot(tmp_path / "metrics.png", "t")
+    assert path is not None and path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_nets_own_metrics_and_nan_ones(tmp_path: Path) -> None:
+    """A metric the net adds (rnnlm's ppl) is a column of metrics.csv, read back on resume;
+    a missing one is nan in its row."""
+    log = MetricsLog(tmp_path / "metrics.csv")
+    log.rows = [Row(10, "train", 2.0, float("nan"), 0.1, {"ppl": 7.389}),
+                Row(10, "val", 2.5, float("nan"), 0.1, {"ppl": 12.18}),
+                Row(20, "test", 2.5, 0.5, 0.1)]
+    log.write()
+    assert (tmp_path / "metrics.csv").read_text().splitlines() == [
+        "step,phase,loss,accuracy,lr,ppl", "10,train,2.0,nan,0.1,7.389",
+        "10,val,2.5,nan,0.1,12.18", "20,test,2.5,0.5,0.1,nan"]
+    again = MetricsLog(tmp_path / "metrics.csv")
+    again.load()
+    again.write()
+    assert (tmp_path / "metrics.csv").read_text() == "\n".join([
+        "step,phase,loss,accuracy,lr,ppl", "10,train,2.0,nan,0.1,7.389",
+        "10,val,2.5,nan,0.1,12.18", "20,test,2.5,0.5,0.1,nan"]) + "\n"
 
 
 def test_missing_matplotlib_is_a_plain_message(tmp_path: Path,

@@ -2,14 +2,17 @@
 class-factored softmax (rnnlm.org), written by SINGA as user layers in C++
 (``examples/rnnlm/rnnlm.cc``) and here in Python on paramserver's layer interface.
 
-Load it with ``--import`` (run from the repository root, as SINGA's paths are)::
+Load it with ``--import`` (run from the repository root, as SINGA's paths are; the module is
+found beside the job file)::
 
-    PYTHONPATH=examples/rnnlm paramserver --import rnnlm train examples/rnnlm/job.conf
+    paramserver --import rnnlm train examples/rnnlm/job.conf
 
 The job file selects these layers with ``user_type: "kData"`` and so on: users' layers live
 in their own namespace, so ``kData`` here is not paramserver's built-in ``kData``. Each
 reads its own configuration block (``[data_conf]``, ``[embedding_conf]``, ``[loss_conf]``,
-the messages of SINGA's ``rnnlm.proto``).
+the messages of SINGA's ``rnnlm.proto``). SINGA v0.1.0's job (its data in DataShard folders,
+``paramserver data --format wordshard``) has a fifth layer, ``kLabel``, which gives the
+loss the window's words; v0.2.0's loss reads the data layer itself.
 
 One step is one window of at most ``max_window`` words of the text (up to the end of a
 sentence); the layers compute along the window's words (the "batch" axis is time), and the
@@ -29,7 +32,7 @@ import torch
 
 from paramserver.config import ParamError, Parameter, field
 from paramserver.singa import stores
-from paramserver.singa.records import WordRecord, parse
+from paramserver.singa.records import word_record
 from paramserver.train.data import Batch
 from paramserver.train.layers import InputLayer, Layer, LossLayer, register_layer
 
@@ -40,7 +43,9 @@ WORD, CLASS, START, END = range(4)
 class DataConf(Parameter):
     """``[data_conf]`` of the data layer (rnnlm.proto's DataProto)."""
 
-    path: str = field(doc="The kvfile of WordRecords (paramserver data --format words).")
+    path: str = field(doc="The kvfile of WordRecords (v0.2.0; paramserver data --format "
+                          "words) or the DataShard folder of Records holding them (v0.1.0; "
+                          "--format wordshard).")
     max_window: int = field(10, lower=1, doc="Words per step at most (a window ends at the "
                                              "end of a sentence).")
     backend: str = field("kvfile", enum=("kvfile",), doc="The store: SINGA's kvfile.")
@@ -69,7 +74,7 @@ def read_windows(path: str, max_window: int) -> tuple[np.ndarray, list[tuple[int
         raise ParamError(f"'{path}' holds no words")
     rows = np.zeros((len(records), 4), np.int64)
     for i, (_, value) in enumerate(records):
-        r = parse(WordRecord, value, f"'{path}', record {i}")
+        r = word_record(value, f"'{path}', record {i}")
         rows[i] = (r.word_index, r.class_index, r.class_start, r.class_end)
     if np.any(rows[:, START] >= rows[:, END]) or np.any(rows[:, WORD] < rows[:, START]) or \
             np.any(rows[:, WORD] >= rows[:, END]):
@@ -136,6 +141,22 @@ class RNNLMDataLayer(InputLayer):
         return min(steps, len(self.windows)) if steps else len(self.windows)
 
 
+@register_layer("kLabel")
+class RNNLMLabelLayer(Layer):
+    """v0.1.0's label layer: the rows of the window its data layer read (the words, their
+    classes and the classes' ranges of words), for the loss layer."""
+
+    min_srcs = 1
+    max_srcs = 1
+
+    def setup(self) -> None:
+        super().setup()
+        self.int_output = True
+
+    def forward(self, phase: str, rng: Any) -> None:
+        self.data = self.srcs[0].data
+
+
 @register_layer("kEmbedding")
 class RNNLMEmbeddingLayer(Layer):
     """The vectors of the window's words but the last (each predicts the word after it):
@@ -181,7 +202,8 @@ class RNNLMLossLayer(LossLayer):
     class by softmax over ``nclass`` scores ``h · Cᵀ``, the word by softmax over the
     scores ``h · W[start:end]ᵀ`` of its class's words. ``loss`` is the mean of ``-ln p``
     over the window's words; ``ppl`` the perplexity ``exp(loss)``. Its srclayers: the hidden
-    layer, then the data layer (the words to predict)."""
+    layer, then the data layer (v0.2.0) or the label layer (v0.1.0): the words to
+    predict."""
 
     Config = LossConf
     conf_name = "loss_conf"
@@ -217,4 +239,4 @@ class RNNLMLossLayer(LossLayer):
 
 
 __all__ = ["DataConf", "EmbeddingConf", "LossConf", "RNNLMDataLayer", "RNNLMEmbeddingLayer",
-           "RNNLMHiddenLayer", "RNNLMLossLayer", "read_windows"]
+           "RNNLMHiddenLayer", "RNNLMLabelLayer", "RNNLMLossLayer", "read_windows"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import logging
 import os
 import sys
 import traceback
@@ -18,6 +19,7 @@ from typing import Any
 
 from . import __version__
 from .config import ParamError
+from .console import LOG_FORMATS
 
 EXIT_USER_ERROR = 2
 
@@ -26,10 +28,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .console import attach, error_text
 
     parser = _parser()
-    args = parser.parse_args(argv)
-    detach = attach(quiet=getattr(args, "quiet", False))
+    args = parser.parse_args(singa_argv(sys.argv[1:] if argv is None else list(argv)))
+    detach = attach(quiet=getattr(args, "quiet", False),
+                    log_format=getattr(args, "log_format", "paramserver"))
     try:
-        for module in [*args.imports, *args.sub_imports]:
+        job = getattr(args, "job", None)
+        if job is not None or getattr(args, "conf", None) is not None:
+            args.job = _job_path(args)
+        imports = [*args.imports, *args.sub_imports]
+        if imports:
+            # A module of the user's: in the current folder, or beside the job file (as a
+            # script's own modules are beside it), as well as on the path.
+            places = [os.getcwd(), *([os.path.dirname(os.path.abspath(args.job))]
+                                     if getattr(args, "job", None) else [])]
+            sys.path[:0] = [p for p in dict.fromkeys(places) if p not in sys.path]
+        for module in imports:
             _import_user_module(module)
         status: int = args.run(args)
         return status
@@ -57,6 +70,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         detach()
 
 
+#: SINGA's command-line options (``singa-run.sh -conf JOB [-resume|-test]``), as accepted.
+SINGA_OPTIONS = ("-conf", "-resume", "-test")
+
+
+def singa_argv(argv: list[str]) -> list[str]:
+    """``argv`` with SINGA's spelling made a ``train`` command: ``paramserver -conf JOB
+    -resume`` (singa-run.sh's line) is ``paramserver train -conf JOB -resume``."""
+    commands = ("check", "doc", "train", "data", "export", "completion")
+    if "-conf" in argv and not any(a in commands for a in argv):
+        return ["train", *argv]
+    return argv
+
+
+def _job_path(args: argparse.Namespace) -> str:
+    """The job file of ``check`` or ``train``: the argument (or SINGA's ``-conf``), a file
+    there is; else one of paramserver's examples by its short name (``digits_mlp``,
+    ``singa/mnist/conv``, or a README path such as ``examples/digits_mlp.conf`` run from
+    another folder)."""
+    from .train.jobfile import find_example
+
+    conf = getattr(args, "conf", None)
+    if conf is not None and args.job is not None:
+        raise ParamError(f"give the job file once: '{args.job}' or -conf {conf}")
+    job = conf if conf is not None else args.job
+    if job is None:
+        raise ParamError("no job file: give it as JOB (or as SINGA did, -conf JOB)")
+    found = None if os.path.lexists(job) else find_example(job)
+    if found is None:
+        return str(job)
+    if not getattr(args, "json", False):  # --json: nothing but the JSON on stdout
+        logging.getLogger("paramserver").info("%s: paramserver's example %s", job, found)
+    return str(found)
+
+
 def _import_user_module(name: str) -> None:
     """Import a module of the user's; its failure is their mistake, told in one line:
     the module, the exception, and the place in their code where it was raised."""
@@ -66,8 +113,8 @@ def _import_user_module(name: str) -> None:
         raise ParamError(f"--import {name}: {_exception_line(e)}") from None
     except ModuleNotFoundError as e:
         if e.name and name.startswith(e.name):
-            raise ParamError(f"--import {name}: no module named '{e.name}' (is it on "
-                             "PYTHONPATH, or in the current folder?)") from None
+            raise ParamError(f"--import {name}: no module named '{e.name}' in the current "
+                             "folder, the job file's folder or on PYTHONPATH") from None
         raise ParamError(f"--import {name}: {_exception_line(e)}") from None
     except SyntaxError as e:
         where = f"{e.filename}:{e.lineno}" + (f":{e.offset}" if e.offset else "")
@@ -107,45 +154,66 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"paramserver {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    check = sub.add_parser("check", parents=[common], help="check a job file and show its "
-                           "Params, updater and servers")
-    check.add_argument("job", help="the job file (SINGA's text format)")
+    settings = argparse.ArgumentParser(add_help=False)
+    settings.add_argument("--set", dest="settings", action="append", default=[],
+                          metavar="PATH=VALUE",
+                          help="set a field of the job, e.g. --set "
+                          "neuralnet.layer[data].store_conf.batchsize=8 (repeatable; the job "
+                          "is checked as if its file said it; docs/cli.md)")
+
+    check = sub.add_parser("check", parents=[common, settings], help="check a job file and "
+                           "show its Params, updater and servers")
+    check.add_argument("job", nargs="?", help="the job file (SINGA's text format), or the "
+                       "name of one of paramserver's examples (digits_mlp, singa/mnist/conv)")
+    check.add_argument("-conf", dest="conf", metavar="JOB", help="the job file, as SINGA's "
+                       "command line gave it")
     check.add_argument("--json", action="store_true", help="print the report (or the "
                        "problems) as JSON on stdout (docs/cli.md describes it)")
     check.set_defaults(run=_check)
 
     doc = sub.add_parser("doc", parents=[common], help="document the registered components")
     doc.add_argument("name", nargs="?", help="one component (e.g. kSGD, kStep, kGaussian, "
-                     "kInnerProduct, cluster; any letter case); all when left out")
+                     "kInnerProduct, cluster; any letter case), a field (momentum) or a "
+                     "field of one (kSGD.momentum, job.train_steps); all when left out")
     doc.add_argument("--json", action="store_true", help="print the documentation as JSON")
     doc.set_defaults(run=_doc)
 
-    train = sub.add_parser("train", parents=[common], help="train a job")
-    train.add_argument("job", help="the job file (SINGA's text format)")
+    train = sub.add_parser("train", parents=[common, settings], help="train a job")
+    train.add_argument("job", nargs="?", help="the job file (SINGA's text format), or the "
+                       "name of one of paramserver's examples (digits_mlp, singa/mnist/conv)")
+    train.add_argument("-conf", dest="conf", metavar="JOB", help="the job file, as SINGA's "
+                       "command line gave it (singa-run.sh -conf JOB)")
     train.add_argument("--steps", type=int, help="train this many steps (default: "
                        "the job's train_steps)")
     train.add_argument("--workspace", help="folder for checkpoints, metrics and the plot "
                        "(default: the job's workspace)")
     train.add_argument("--seed", type=int, help="seed of the job (default: the job's seed)")
     again = train.add_mutually_exclusive_group()
-    again.add_argument("--resume", action="store_true",
+    again.add_argument("--resume", "-resume", action="store_true",
                        help="go on from the newest checkpoint in the workspace that can be "
-                       "read (a damaged newer one is set aside, with a warning)")
+                       "read (or SINGA's, when newer; a damaged newer one is set aside, with "
+                       "a warning); refused when there is none")
+    again.add_argument("--resume-or-start", action="store_true",
+                       help="as --resume, but start from the beginning when the workspace "
+                       "holds nothing to resume from (for scripts that rerun a job until it "
+                       "ends)")
     again.add_argument("--overwrite", action="store_true",
                        help="start afresh in a workspace that holds an earlier run, deleting "
                        "its checkpoints, TensorBoard event files and metrics (without "
                        "--resume or --overwrite such a workspace is refused)")
+    again.add_argument("--test", "-test", action="store_true",
+                       help="train nothing: test the Params once (those checkpoint_path "
+                       "loads; SINGA's -test)")
     train.add_argument("--backend", choices=("local", "ray"),
                        help="where servers and workers run (default: the job's, local)")
     train.add_argument("--address", help="with --backend ray: address of an existing Ray "
                        "cluster (default: start a local one on 127.0.0.1)")
-    train.add_argument("--set", dest="settings", action="append", default=[],
-                       metavar="PATH=VALUE",
-                       help="set a field of the job, e.g. --set "
-                       "neuralnet.layer[data].store_conf.batchsize=8 (repeatable; "
-                       "docs/cli.md)")
     train.add_argument("--quiet", action="store_true",
                        help="no progress display and no messages but warnings")
+    train.add_argument("--log-format", choices=LOG_FORMATS, default="paramserver",
+                       help="paramserver's progress display and messages, or SINGA's log "
+                       "lines (Train step-10, loss : 2.302585, accuracy : 0.100000; "
+                       "docs/training.md)")
     train.add_argument("--no-tensorboard", dest="tensorboard", action="store_false",
                        help="write no TensorBoard event files")
     train.set_defaults(run=_train)
@@ -182,19 +250,22 @@ def _check(args: argparse.Namespace) -> int:
     from .train.jobfile import read_job_file
 
     try:
-        job_file = read_job_file(args.job)
+        job_file = read_job_file(args.job, args.settings)
         net = job_file.build_net()
-        job_file.check_params(net)
+        loaded = job_file.check_params(net)
     except ParamError as e:
         if not args.json:
             raise
         _print_json({"ok": False, "file": args.job, "problems": problems_data(e)})
         return EXIT_USER_ERROR
     if args.json:
-        _print_json(json_safe({"ok": True, "file": args.job, **job_summary(job_file.job, net),
-                               "problems": []}))
+        _print_json(json_safe({"ok": True, "file": args.job,
+                               **job_summary(job_file.job, net, loaded), "problems": []}))
     else:
-        print(job_report(job_file.job, net))
+        summary = job_summary(job_file.job, net, loaded)
+        print(job_report(job_file.job, summary=summary))
+        for warning in summary["warnings"]:
+            logging.getLogger("paramserver").warning("%s", warning)
     return 0
 
 
@@ -222,13 +293,16 @@ def _doc(args: argparse.Namespace) -> int:
 # -- train ----------------------------------------------------------------------------------
 
 def _train(args: argparse.Namespace) -> int:
-    from .train.jobfile import apply_setting, read_job_file
+    from .train.jobfile import read_job_file
     from .train.trainer import Trainer
 
-    job_file = read_job_file(args.job)
+    job_file = read_job_file(args.job, args.settings)
     job = job_file.job
+    if args.test and args.steps:
+        raise ParamError(f"--test trains nothing: leave out --steps {args.steps}")
     # Each option checked as its field, every mistake named by its option.
-    options = [("--steps", job, "train_steps", args.steps), ("--seed", job, "seed", args.seed),
+    options = [("--steps", job, "train_steps", 0 if args.test else args.steps),
+               ("--seed", job, "seed", args.seed),
                ("--workspace", job, "workspace", args.workspace),
                ("--backend", job.cluster, "backend", args.backend),
                ("--address", job.cluster, "ray_address", args.address)]
@@ -240,18 +314,15 @@ def _train(args: argparse.Namespace) -> int:
             conf.update({key: value}, allow_unknown=False)
         except ParamError as e:
             problems.append(f"{option} {value}: {e}")
-    for setting in args.settings:
-        try:
-            apply_setting(job, setting)
-        except ParamError as e:
-            problems += [p.message for p in e.problems]
     if problems:
         raise ParamError(problems)
     with job_file.placing():
         trainer = Trainer(job, progress=not args.quiet, base_dir=job_file.base_dir,
-                          tensorboard=args.tensorboard)
+                          tensorboard=args.tensorboard, stream=sys.stdout,
+                          log_format=args.log_format)
         try:
-            trainer.train(resume=args.resume, overwrite=args.overwrite)
+            trainer.train(resume=args.resume or args.resume_or_start,
+                          overwrite=args.overwrite, or_start=args.resume_or_start)
         finally:
             trainer.close()
     return 0
@@ -283,7 +354,7 @@ def _export(args: argparse.Namespace) -> int:
 # -- completion -----------------------------------------------------------------------------
 
 #: Arguments that name files (completed as paths by the shell).
-_PATH_ARGS = ("job", "checkpoint", "to", "workspace")
+_PATH_ARGS = ("job", "conf", "checkpoint", "to", "workspace")
 
 
 def _completion(args: argparse.Namespace) -> int:

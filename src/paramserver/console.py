@@ -2,15 +2,22 @@
 
 The library reports through :mod:`logging` (the ``paramserver`` logger) and never prints;
 the command installs a handler for the time of one run (:func:`attach`) that writes each
-message as a plain line on stderr — above the live progress display when one is shown
-(rich redirects stderr while it draws) — and shows Python warnings the same way, as
-``warning: <message>``, without the source line they came from.
+message as a plain line: what a run reports (test results, checkpoints, the end) on stdout
+with its results and progress, so that ``paramserver train job.conf > log`` keeps them;
+warnings and errors on stderr — above the live progress display when one is shown (rich
+redirects both while it draws). Python warnings are shown the same way, as ``warning:
+<message>``, without the source line they came from.
+
+``--log-format singa`` prints every message as SINGA's logs (glog's) did: ``I0817
+07:15:24.462602 34073 trainer.py:412] Train step-10, loss : 2.302585, accuracy :
+0.100000``, for programs that parse SINGA's logs.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any, TextIO
@@ -18,6 +25,8 @@ from typing import Any, TextIO
 from .config import ParamError
 
 LOGGER = "paramserver"
+#: What ``train --log-format`` takes: paramserver's messages, or SINGA's (glog's) lines.
+LOG_FORMATS = ("paramserver", "singa")
 
 
 class _Formatter(logging.Formatter):
@@ -30,25 +39,39 @@ class _Formatter(logging.Formatter):
         return text
 
 
+class GlogFormatter(logging.Formatter):
+    """glog's line, as SINGA wrote its logs: severity letter, month and day, time to the
+    microsecond, thread, the file and line that logged, then the message."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        letter = "IWEF"[min(max(record.levelno // 10 - 2, 0), 3)]
+        stamp = time.strftime("%m%d %H:%M:%S", time.localtime(record.created))
+        micro = int((record.created % 1) * 1e6)
+        return (f"{letter}{stamp}.{micro:06d} {record.thread or 0} {record.filename}:"
+                f"{record.lineno}] {record.getMessage()}")
+
+
 class LineHandler(logging.Handler):
-    """Writes each record as a line on the current ``sys.stderr`` (looked up at every
-    message, so that a live display's redirection and test captures see it)."""
+    """Writes each record as a line on the current ``sys.stdout`` (below WARNING) or
+    ``sys.stderr``, looked up at every message, so that a live display's redirection and
+    test captures see it."""
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            stream: TextIO = sys.stderr
+            stream: TextIO = sys.stderr if record.levelno >= logging.WARNING else sys.stdout
             stream.write(self.format(record) + "\n")
             stream.flush()
         except Exception:
             self.handleError(record)
 
 
-def attach(quiet: bool = False) -> Callable[[], None]:
-    """Route the ``paramserver`` logger and Python warnings to stderr for one command;
-    ``quiet`` keeps only warnings and errors. Returns the function that undoes it."""
+def attach(quiet: bool = False, log_format: str = "paramserver") -> Callable[[], None]:
+    """Route the ``paramserver`` logger and Python warnings to stdout and stderr for one
+    command; ``quiet`` keeps only warnings and errors; ``log_format`` ``singa`` writes
+    glog's lines. Returns the function that undoes it."""
     logger = logging.getLogger(LOGGER)
     handler = LineHandler()
-    handler.setFormatter(_Formatter())
+    handler.setFormatter(GlogFormatter() if log_format == "singa" else _Formatter())
     saved = (logger.level, logger.propagate, warnings.showwarning)
     logger.addHandler(handler)
     logger.setLevel(logging.WARNING if quiet else logging.INFO)
@@ -77,9 +100,11 @@ def error_text(command: str, error: ParamError | str, what: str = "error") -> st
     for p in problems:
         first, _, rest = str(p).partition("\n")
         lines.append(f"paramserver {command}: {what}: {first}")
-        if rest:
-            lines.append(rest)
+        further = rest.splitlines()
+        # dmlc's "Did you mean" ends its list of ~50 arguments: the hint goes first.
+        hints = [x for x in further if x.startswith("Did you mean ")]
+        lines += hints + [x for x in further if x not in hints]
     return "\n".join(lines)
 
 
-__all__ = ["LOGGER", "LineHandler", "attach", "error_text"]
+__all__ = ["LOGGER", "LOG_FORMATS", "GlogFormatter", "LineHandler", "attach", "error_text"]

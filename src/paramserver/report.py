@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from .config import Location, ParamError, Parameter
@@ -94,7 +94,8 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-def job_summary(job: JobConf, net: Any = None) -> dict[str, Any]:
+def job_summary(job: JobConf, net: Any = None, loaded: Collection[str] = ()
+                ) -> dict[str, Any]:
     """What ``paramserver check`` reports, as plain data (``check --json``): the job, its
     Params, updater, learning-rate schedule, cluster and server loads.
 
@@ -102,6 +103,7 @@ def job_summary(job: JobConf, net: Any = None) -> dict[str, Any]:
         job: the job.
         net: the job's :class:`~paramserver.train.net.Net` if already built (default: built
             here from the job, data paths relative to the working folder).
+        loaded: the Params that ``checkpoint_path`` gives values (their init is not used).
     """
     from .cluster import server_loads
     from .config.job import unbuilt_error
@@ -123,7 +125,10 @@ def job_summary(job: JobConf, net: Any = None) -> dict[str, Any]:
     warnings = []
     for s in specs:
         owner = by_name[plan.owner_of[s.name]]  # a sharer takes its owner's configuration
-        if owner is s and len(s.shape) >= 2 and is_constant(s.conf.init):
+        # A matrix (two dimensions of more than one element: SINGA's (1, C, 1, 1) scales
+        # are vectors) whose units would all start, and stay, equal.
+        if owner is s and sum(d > 1 for d in s.shape) >= 2 and is_constant(s.conf.init) and (
+                s.name not in loaded):
             init = ("none given, so SINGA's default: kConstant, value 1"
                     if s.conf.init == ParamGenConf() else describe_conf(s.conf.init))
             warnings.append(
@@ -137,7 +142,8 @@ def job_summary(job: JobConf, net: Any = None) -> dict[str, Any]:
                        "lr_scale": float(owner.conf.lr_scale),
                        "wd_scale": float(owner.conf.wd_scale),
                        "share_from": owner.name if owner is not s else None,
-                       "row_sparse": s.name in tables})
+                       "row_sparse": s.name in tables,
+                       "from_checkpoint": owner.name in loaded})
     c = job.cluster
     sizes, dims = plan.server_sizes()  # as the servers slice them: tables last, by rows
     lr = create_lr_method(job.updater.learning_rate)
@@ -165,12 +171,15 @@ def job_summary(job: JobConf, net: Any = None) -> dict[str, Any]:
     }
 
 
-def job_report(job: JobConf, net: Any = None) -> str:
-    """What ``paramserver check`` prints: Params, updater, cluster and server loads."""
-    d = job_summary(job, net)
+def job_report(job: JobConf, net: Any = None, loaded: Collection[str] = (),
+               summary: dict[str, Any] | None = None) -> str:
+    """What ``paramserver check`` prints: Params, updater, cluster and server loads, from
+    ``summary`` (default: :func:`job_summary`'s); its warnings go to stderr."""
+    d = summary if summary is not None else job_summary(job, net, loaded)
     j, c = d["job"], job.cluster
     rows = [[p["name"], p["layer"], ("x".join(map(str, p["shape"])) or "()")
-             + (" (row-sparse)" if p["row_sparse"] else ""), p["init"],
+             + (" (row-sparse)" if p["row_sparse"] else ""),
+             "checkpoint_path" if p["from_checkpoint"] else p["init"],
              format_number(p["lr_scale"]), format_number(p["wd_scale"]),
              p["share_from"] or ""] for p in d["params"]]
     out = [
@@ -192,8 +201,6 @@ def job_report(job: JobConf, net: Any = None) -> str:
     out.append(table(["server", "slices", "values", "share"], [
         [x["server"], _ranges(x["slices"]), f"{x['values']:,}", f"{100 * x['share']:.1f}%"]
         for x in d["servers"]]))
-    if d["warnings"]:
-        out += ["", *(f"warning: {w}" for w in d["warnings"])]
     return "\n".join(out)
 
 
@@ -244,6 +251,9 @@ def component_doc(name: str | None = None) -> str:
             blocks.append(f"{title}\n{'=' * len(title)}\n" + "\n\n".join(entries))
         blocks += [_config_doc(_block_title(key), cls) for key, cls in BLOCKS]
         return "\n\n\n".join(blocks)
+    if "." in name:
+        where, found_field = _dotted_field(name)
+        return f"{where}:\n" + _indent(found_field.describe())
     fields = _field_docs(name)
     try:
         found = find_component(name)
@@ -257,6 +267,37 @@ def component_doc(name: str | None = None) -> str:
     entry = _entry(registry, canonical, common, brief=False)
     return "\n\n".join([entry, *(["fields of the same name:"] if fields else []),
                          *(text for _, text, _ in fields)])
+
+
+def _dotted_field(name: str) -> tuple[str, Any]:
+    """``OWNER.FIELD`` (``kSGD.momentum``, ``job.train_steps``, ``cluster.nworker_groups``,
+    ``kStep.gamma``): where the field is written, and its declaration. The owner is a
+    component (its own block's fields and the common fields of its kind) or a block of the
+    job schema.
+
+    Raises:
+        ParamError: an unknown owner, or a field it does not have (with the close ones).
+    """
+    owner, _, key = name.rpartition(".")
+    found = find_component(owner)
+    if isinstance(found, str):
+        candidates: list[tuple[str, type[Parameter]]] = [(_block_title(found),
+                                                          dict(BLOCKS)[found])]
+    else:
+        canonical, registry, common = found
+        conf_key = registry.conf_name(canonical)
+        own = getattr(registry.get(canonical), "Config", None)
+        candidates = ([(f"{canonical}: {conf_key} {{ ... }}", own)]
+                      if own is not None and conf_key is not None else [])
+        candidates.append((f"{canonical}: common fields of {registry.kind} blocks", common))
+    for where, cls in candidates:
+        f = cls.fields().get(cls.__keys__.get(key, key))
+        if f is not None:
+            return where, f
+    known = [k for _, cls in candidates for k in cls.fields()]
+    close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    raise ParamError(f"{owner} has no field '{key}'{hint} (its fields: {', '.join(known)})")
 
 
 def _block_title(key: str) -> str:
@@ -296,6 +337,12 @@ def _field_docs(name: str) -> list[tuple[str, str, list[dict[str, Any]]]]:
 
 def component_data(name: str | None = None) -> dict[str, Any]:
     """``paramserver doc --json``: every component (or the one called ``name``) as data."""
+    if name is not None and "." in name:
+        where, f = _dotted_field(name)
+        owner = name.rpartition(".")[0]
+        declared = [d for d in fields_data(_declaring(where, owner)) if d["name"] == f.name]
+        return {"name": name, "kind": "field", "places": [{"where": where,
+                                                           "fields": declared}]}
     if name is not None:
         try:
             found = find_component(name)
@@ -319,6 +366,15 @@ def component_data(name: str | None = None) -> dict[str, Any]:
                      for title, registry, common in SECTIONS],
         "configurations": [{"name": key, "fields": fields_data(cls)} for key, cls in BLOCKS],
     }
+
+
+def _declaring(where: str, owner: str) -> type[Parameter]:
+    """The configuration class :func:`_dotted_field` found a field in, by its ``where``."""
+    found = find_component(owner)
+    if isinstance(found, str):
+        return dict(BLOCKS)[found]
+    canonical, registry, common = found
+    return common if where.endswith("blocks") else registry.get(canonical).Config
 
 
 def _component_data(registry: ComponentRegistry, name: str) -> dict[str, Any]:

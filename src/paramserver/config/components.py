@@ -233,7 +233,7 @@ class ComponentConf(Parameter):
             # component could read are mistakes as well, reported in the same run.
             component = cls._named_component(known)
             own = cls._own_keys(component) if component else cls._all_own_keys()
-            raise ParamError(err.problems + cls._unknown_keys(
+            raise ParamError(cls._user_type_hint(err.problems, known) + cls._unknown_keys(
                 {k: v for k, v in loose.items() if k not in own}, known, block,
                 own)) from None
         problems: list[Problem] = []
@@ -294,6 +294,21 @@ class ComponentConf(Parameter):
         if problems:
             raise ParamError(problems)
         return obj
+
+    @classmethod
+    def _user_type_hint(cls, problems: list[Problem], entries: list[Entry]) -> list[Problem]:
+        """The problems, a ``user_type`` that names nothing registered (nor anything close:
+        that is a misspelling, its suggestion given) told how to register it: a user's
+        component is registered by their module, loaded with ``--import``."""
+        places = [w for e in entries if e.key == "user_type" for w in (e.where, e.value.where)]
+        names = [e.value.raw for e in entries if e.key == "user_type"
+                 and isinstance(e.value, Scalar)]
+        return [Problem(p.message + f"\n'{names[0]}' is not a registered {cls.registry.kind}: "
+                        "load the module that registers it with --import (paramserver "
+                        "--import my_module ...)", p.where)
+                if names and p.where is not None and p.where in places
+                and p.message.startswith("Invalid Input:") and "Did you mean" not in p.message
+                else p for p in problems]
 
     @classmethod
     def _selected_component(cls, entries: list[Entry]) -> str | None:

@@ -393,7 +393,9 @@ class ClusterConf(Parameter):
     staleness: int | None = field(None, lower=0, doc="Bounded staleness: a worker may run at "
                                                      "most this many versions ahead.")
     workspace: str | None = field(None, doc="Folder for checkpoints and metrics (SINGA "
-                                            "keeps it here; job.workspace wins).")
+                                            "keeps it here; job.workspace wins). Given, it "
+                                            "makes the job a SINGA job: SINGA's test "
+                                            "schedule and checkpoints (docs/singa.md).")
     backend: str = field("local", enum=("local", "ray"), doc="Where servers and workers run.")
     ray_address: str | None = field(None, doc="Address of an existing Ray cluster.")
     timeout: float = field(60.0, lower=0.0, lower_exclusive=True,
@@ -421,7 +423,9 @@ class JobConf(Parameter):
                                "else on the CPU (with a warning). Tests run on the first.")
     test_freq: int = field(0, lower=0, doc="Steps between tests, from test_after (0: no tests "
                                            "during training). With test_freq or test_steps "
-                                           "a test runs at the end too.")
+                                           "a test runs at the end too; a SINGA job (one "
+                                           "with cluster { workspace }) tests at step 0 "
+                                           "instead, as SINGA did.")
     test_steps: int = field(0, lower=0, doc="Batches per test (0: the whole test split; SINGA "
                                             "ran no tests then).")
     test_after: int = field(0, lower=0, doc="First step at which tests run; then every "
@@ -436,9 +440,10 @@ class JobConf(Parameter):
     validate_after: int = field(0, lower=0, doc="First step at which validations run; then "
                                                 "every validate_freq steps.")
     checkpoint_freq: int = field(0, lower=0, doc="Steps between checkpoints, from "
-                                                 "checkpoint_after (0: none). Each writes "
-                                                 "paramserver's checkpoint and SINGA's "
-                                                 "step<N>-worker0.")
+                                                 "checkpoint_after (0: only the one at the "
+                                                 "end of training, written always). A SINGA "
+                                                 "job (cluster { workspace }) writes SINGA's "
+                                                 "step<N>-worker0 beside each.")
     checkpoint_after: int = field(0, lower=0, doc="First step at which checkpoints are "
                                                   "written; then every checkpoint_freq steps.")
     checkpoint_path: list[str] = field(factory=list,
@@ -463,7 +468,8 @@ class JobConf(Parameter):
                                                       "small layers; give more for large "
                                                       "convolutions.")
     resume: bool = field(False, doc="Go on from the newest checkpoint in the workspace, as "
-                                    "--resume does.")
+                                    "--resume does (refused when there is none: "
+                                    "--resume-or-start starts then).")
     step: int = field(0, lower=0, doc="The first step of a new run (SINGA sets it when it "
                                       "resumes); the learning rate and data order follow it.")
     id: int = field(-1, doc="SINGA's job id, given by ZooKeeper; no effect.")
@@ -481,6 +487,15 @@ class JobConf(Parameter):
     @property
     def workspace_dir(self) -> str:
         return self.workspace or self.cluster.workspace or f"workspace/{self.name}"
+
+    @property
+    def singa_job(self) -> bool:
+        """Whether this is a SINGA job: one that names its workspace SINGA's way, in
+        ``cluster { workspace }`` (which SINGA required), rather than paramserver's (the top
+        level's ``workspace``, or none). A SINGA job keeps SINGA's conventions: tests and
+        validations at step 0 and no test added after the last step, and SINGA's
+        checkpoints (``checkpoint/step<N>-worker0``) written beside paramserver's."""
+        return self.cluster.workspace is not None
 
     def eval_phases(self) -> list[str]:
         """The phases whose nets the job evaluates: kTest when it tests (test_freq or

@@ -16,6 +16,7 @@ with :class:`~paramserver.checkpoint.CheckpointError` naming it.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -43,6 +44,24 @@ def checkpoint_file_name(step: int, worker: int = 0) -> str:
 def is_checkpoint_file_name(name: str) -> bool:
     """Whether ``name`` is SINGA's name of a checkpoint file (``step6000-worker0``)."""
     return _FILE_NAME.fullmatch(name) is not None
+
+
+def newest_checkpoint(folder: str | os.PathLike[str]) -> tuple[int, list[Path]] | None:
+    """The newest step of SINGA's checkpoints in ``folder`` and its files (one per worker of
+    the first group: ``step<N>-worker<M>``), as SINGA's ``-resume`` finds them; None when
+    there are none."""
+    by_step: dict[int, list[Path]] = {}
+    try:
+        paths = sorted(Path(folder).iterdir())
+    except OSError:
+        return None
+    for path in paths:
+        if is_checkpoint_file_name(path.name) and path.is_file():
+            by_step.setdefault(int(path.name[4:path.name.index("-")]), []).append(path)
+    if not by_step:
+        return None
+    step = max(by_step)
+    return step, by_step[step]
 
 
 @dataclass(frozen=True)
@@ -118,14 +137,12 @@ def read_checkpoint(path: str | os.PathLike[str]) -> list[SavedParam]:
     return out
 
 
-def load_checkpoints(params: ParamSet, paths: Sequence[str | os.PathLike[str]]
-                     ) -> dict[str, int]:
-    """Set the values of ``params``' owner Params from SINGA checkpoints, by name, as SINGA's
-    ``checkpoint_path`` does: files in order (a later one wins), names the ParamSet does not
-    own are passed over. Every file is read and checked before any value changes.
-
-    Returns:
-        The version each loaded Param has in its (last) file.
+def saved_params(paths: Sequence[str | os.PathLike[str]],
+                 shapes: dict[str, tuple[int, ...]], what: str = "checkpoint_path"
+                 ) -> dict[str, SavedParam]:
+    """The Params of ``checkpoint_path``'s files that a job with owner Params of ``shapes``
+    (by name) loads: files in order (a later one wins), names the job does not own passed
+    over. Every file is read and checked; nothing is changed.
 
     Raises:
         CheckpointError: a file that cannot be read or is malformed, or a Param whose number
@@ -133,24 +150,42 @@ def load_checkpoints(params: ParamSet, paths: Sequence[str | os.PathLike[str]]
             order, as SINGA does).
     """
     loaded: dict[str, tuple[SavedParam, str]] = {}
+    problems: list[str] = []
     for path in paths:
-        for saved in read_checkpoint(path):
-            loaded[saved.name] = (saved, str(path))
-    owners = {p.name: p for p in params.owners}
-    problems = [f"{path}: Param '{s.name}' has {s.values.size} values {s.shape} but the "
-                f"job's has {owners[s.name].size} {owners[s.name].shape}"
-                for s, path in loaded.values()
-                if s.name in owners and s.values.size != owners[s.name].size]
+        try:
+            for saved in read_checkpoint(path):
+                loaded[saved.name] = (saved, str(path))
+        except CheckpointError as e:
+            problems += [f"{what}: {p.message}" for p in e.problems]
+    problems += [f"{what}: {path}: Param '{s.name}' has {s.values.size} values "
+                 f"{s.shape} but the job's has {math.prod(shapes[s.name])} {shapes[s.name]}"
+                 for s, path in loaded.values()
+                 if s.name in shapes and s.values.size != math.prod(shapes[s.name])]
     if problems:
         raise CheckpointError(problems)
-    versions = {}
-    for name, (saved, _) in loaded.items():
-        p = owners.get(name)
-        if p is not None:
-            p.data[...] = saved.values.reshape(p.shape).astype(p.dtype)
-            versions[name] = saved.version
-    return versions
+    return {name: saved for name, (saved, _) in loaded.items() if name in shapes}
+
+
+def load_checkpoints(params: ParamSet, paths: Sequence[str | os.PathLike[str]],
+                     what: str = "checkpoint_path") -> dict[str, int]:
+    """Set the values of ``params``' owner Params from SINGA checkpoints, by name, as SINGA's
+    ``checkpoint_path`` does (:func:`saved_params`). Every file is read and checked before
+    any value changes.
+
+    Returns:
+        The version each loaded Param has in its (last) file.
+
+    Raises:
+        CheckpointError: as :func:`saved_params`.
+    """
+    owners = {p.name: p for p in params.owners}
+    saved = saved_params(paths, {name: p.shape for name, p in owners.items()}, what)
+    for name, s in saved.items():
+        p = owners[name]
+        p.data[...] = s.values.reshape(p.shape).astype(p.dtype)
+    return {name: s.version for name, s in saved.items()}
 
 
 __all__ = ["FOLDER", "SavedParam", "checkpoint_file_name", "is_checkpoint_file_name",
-           "load_checkpoints", "read_checkpoint", "write_checkpoint"]
+           "load_checkpoints", "newest_checkpoint", "read_checkpoint", "saved_params",
+           "write_checkpoint"]

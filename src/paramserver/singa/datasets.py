@@ -2,7 +2,7 @@
 
 SINGA's examples read their data from files that SINGA's own tools made (``create_data``,
 ``create_shard``) from MNIST or CIFAR-10 downloads. This command makes such files from data
-at hand — scikit-learn's bundled digits or an ``.npz`` archive — at the path and in the
+at hand — the 8×8 digits shipped with paramserver or an ``.npz`` archive — at the path and in the
 format a job file names, so that the job can run as written:
 
     paramserver data digits examples/mnist/train_data.bin --shape 28,28
@@ -32,7 +32,9 @@ from ..config import ParamError
 from . import stores
 
 FORMATS = {"kvfile": "kvfile", "shard": "shard", "csv": "textfile", "textfile": "textfile",
-           "text": "text", "words": "words"}
+           "text": "text", "words": "words", "wordshard": "wordshard"}
+#: The formats of texts (the others hold samples).
+TEXT_FORMATS = ("text", "words", "wordshard")
 SPLITS = ("train", "test", "val", "all")
 #: The digits' pixel values are 0..16; pixel records hold 0..255.
 DIGITS_SCALE = 255.0 / 16.0
@@ -79,7 +81,7 @@ def write_dataset(source: str, output: str | Path, *, fmt: str = "kvfile",
     from ..train.data import DIGITS, load_dataset
 
     backend = FORMATS.get(fmt)
-    if backend in ("text", "words"):
+    if backend in TEXT_FORMATS:
         raise ParamError(f"--format {fmt} writes text (write_text), not samples")
     if backend is None:
         raise ParamError(f"Invalid Input: '{fmt}', valid values are: "
@@ -205,14 +207,15 @@ def parse_shape(text: str) -> tuple[int, ...]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``paramserver data``."""
-    p.add_argument("source", help="'digits' (scikit-learn's 8x8 digits) or an .npz file "
-                   "with arrays x and y; for --format text and words, 'pydoc' (Python's "
-                   "bundled help text) or a text file")
+    p.add_argument("source", help="'digits' (the 8x8 digits shipped with paramserver) or an "
+                   ".npz file with arrays x and y; for --format text and words, 'pydoc' "
+                   "(Python's bundled help text) or a text file")
     p.add_argument("output", help="the store to write (a folder for --format shard)")
     p.add_argument("--format", dest="fmt", default="kvfile", choices=list(FORMATS),
                    help="kvfile (SINGA v0.2+, kRecordInput), shard (v0.1's DataShard, "
-                   "kShardData), csv (kCSVInput), text (kCharRNN) or words (the rnnlm "
-                   "example's WordRecords); default kvfile")
+                   "kShardData), csv (kCSVInput), text (kCharRNN), words (the rnnlm "
+                   "example's WordRecords) or wordshard (v0.1's rnnlm: a DataShard of "
+                   "them); default kvfile")
     p.add_argument("--split", default="train", choices=SPLITS,
                    help="which samples (the split kData makes; default train)")
     p.add_argument("--test-fraction", type=float, default=0.2, help="default 0.2")
@@ -251,12 +254,13 @@ def write_text(source: str, output: str | Path, *, fmt: str = "text", split: str
     train = text.split_lines(whole, "train", test_fraction, val_fraction)
     if fmt == "text":
         return text.write_chars(part, train, output, vocab, vocab_size)
-    return text.write_words(part, train, output, classes, vocab_size)
+    return text.write_words(part, train, output, classes, vocab_size,
+                            shard=fmt == "wordshard")
 
 
 def run(args: argparse.Namespace) -> int:
     """``paramserver data``: write the store and say what was written."""
-    if FORMATS.get(args.fmt) in ("text", "words"):
+    if FORMATS.get(args.fmt) in TEXT_FORMATS:
         t = write_text(args.source, args.output, fmt=args.fmt, split=args.split,
                        test_fraction=args.test_fraction, val_fraction=args.val_fraction,
                        vocab=args.vocab, vocab_size=args.vocab_size, classes=args.classes)
@@ -279,5 +283,5 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["FORMATS", "SPLITS", "Written", "add_arguments", "resample", "run",
+__all__ = ["FORMATS", "SPLITS", "TEXT_FORMATS", "Written", "add_arguments", "resample", "run",
            "write_dataset", "write_text"]

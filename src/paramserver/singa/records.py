@@ -14,7 +14,9 @@ without hand-written wire code. Parsing a message runs no code of the file's.
 * ``CaffeBlob`` (Caffe's ``.binaryproto`` mean images) and ``CaffeDatum`` (LMDB records):
   what SINGA imported from Caffe;
 * ``WordRecord`` (word, its index, its class and the class's range of indexes): the records
-  of SINGA's rnnlm example (``examples/rnnlm/rnnlm.proto``).
+  of SINGA's rnnlm example (``examples/rnnlm/rnnlm.proto``): bare in v0.2.0's kvfile, the
+  ``word`` extension (101) of a ``Record`` in v0.1.0's DataShard (:func:`word_record` reads
+  both).
 """
 
 from __future__ import annotations
@@ -89,6 +91,9 @@ def _file() -> descriptor_pb2.FileDescriptorProto:
                 fd.type, fd.type_name = _F.TYPE_MESSAGE, f".singa.{ftype}"
             if packed:
                 fd.options.packed = True
+    # rnnlm.proto of v0.1.0: extend singa.Record { optional WordRecord word = 101; }
+    f.extension.add(name="word", number=101, label=_OPTIONAL, type=_F.TYPE_MESSAGE,
+                    type_name=".singa.WordRecord", extendee=".singa.Record")
     return f
 
 
@@ -110,6 +115,27 @@ Record = message_class("Record")
 CaffeDatum = message_class("CaffeDatum")
 CaffeBlob = message_class("CaffeBlob")
 WordRecord = message_class("WordRecord")
+#: The ``word`` extension of ``Record`` (v0.1.0's rnnlm shards).
+WORD = _POOL.FindExtensionByName("singa.word")
+
+
+def word_record(value: bytes, what: str) -> Any:
+    """The WordRecord of a stored value: a bare one (v0.2.0's kvfile) or the ``word``
+    extension of a Record (v0.1.0's DataShard, as its rnnlm ``create_shard`` wrote it)."""
+    try:
+        return parse(WordRecord, value, what)
+    except ParamError:
+        record = parse(Record, value, what)
+        if not record.HasExtension(WORD):
+            raise ParamError(f"{what}: neither a WordRecord nor a Record holding one") from None
+        return record.Extensions[WORD]
+
+
+def wrapped_word(word: Any) -> bytes:
+    """A WordRecord as v0.1.0's rnnlm ``create_shard`` stored it: a Record's extension."""
+    record = Record()
+    record.Extensions[WORD].CopyFrom(word)
+    return bytes(record.SerializeToString())
 
 
 def parse(cls: Any, data: bytes, what: str) -> Any:
@@ -137,5 +163,6 @@ def _has_unknown(msg: Message) -> bool:
     return False
 
 
-__all__ = ["BlobProto", "BlobProtos", "CaffeBlob", "CaffeDatum", "Record", "RecordProto",
-           "SingleLabelImageRecord", "WordRecord", "message_class", "parse"]
+__all__ = ["WORD", "BlobProto", "BlobProtos", "CaffeBlob", "CaffeDatum", "Record", "RecordProto",
+           "SingleLabelImageRecord", "WordRecord", "message_class", "parse", "word_record",
+           "wrapped_word"]

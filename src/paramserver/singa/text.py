@@ -126,9 +126,10 @@ def classes(words: list[str], counts: Counter[str], nclass: int) -> list[int]:
 
 
 def write_words(text: str, train: str, output: str | os.PathLike[str], nclass: int,
-                vocab_size: int | None) -> TextWritten:
-    """A kvfile of rnnlm's WordRecords for the words of ``text``."""
-    from .records import WordRecord
+                vocab_size: int | None, shard: bool = False) -> TextWritten:
+    """A kvfile of rnnlm's WordRecords for the words of ``text`` (v0.2.0); ``shard``: a
+    DataShard folder of Records holding them (v0.1.0's ``create_shard``)."""
+    from .records import WordRecord, wrapped_word
 
     if nclass < 1:
         raise ParamError("--classes must be at least 1")
@@ -154,10 +155,11 @@ def write_words(text: str, train: str, output: str | os.PathLike[str], nclass: i
         c = of[i]
         r = WordRecord(word=vocab[i], word_index=i, class_index=c, class_start=start[c],
                        class_end=end[c])
-        records.append((f"{len(records):05d}", r.SerializeToString()))
+        records.append((f"{len(records):05d}", wrapped_word(r) if shard
+                        else r.SerializeToString()))
     if not records:
         raise ParamError("no words to write (the split is empty)")
-    out = stores.write_kvfile(output, records)
+    out = stores.write_kvfile(Path(output) / stores.SHARD_FILE if shard else output, records)
     return TextWritten(out, len(records), len(vocab), None)
 
 

@@ -51,8 +51,11 @@ def trained_layers(net: Net, alg: TrainOneBatchConf) -> list[Any]:
 
 def frozen_params(net: Net, alg: TrainOneBatchConf) -> set[str]:
     """The Params no step of ``alg`` changes (kCD: those of the layers that are not RBM
-    layers); the trainer gives them ``lr_scale`` and ``wd_scale`` 0."""
-    trained = {p.name for layer in trained_layers(net, alg) for p in net.layer_params(layer)}
+    layers; any algorithm: those a layer does not train, a batch normalisation's running
+    statistics); the trainer gives them ``lr_scale`` and ``wd_scale`` 0."""
+    trained = {p.name for layer in trained_layers(net, alg)
+               for i, p in enumerate(net.layer_params(layer))
+               if i not in getattr(layer, "untrained_params", ())}
     return {s.name for s in net.param_specs()} - trained
 
 

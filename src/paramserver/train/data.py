@@ -2,8 +2,11 @@
 
 Sources:
 
-* ``"digits"``: scikit-learn's bundled 8×8 digits (1,797 samples, 64 features, 10 classes);
-  no download. Imported on first use only.
+* ``"digits"``: the 8×8 digits scikit-learn bundles (1,797 samples, 64 features 0..16, 10
+  classes: the test set of the UCI "Optical Recognition of Handwritten Digits" data, E.
+  Alpaydin and C. Kaynak, CC BY 4.0), shipped with paramserver as ``digits.npz`` beside
+  this module (:data:`DIGITS_FILE`; ``DIGITS.md`` says where it comes from), so that the
+  main job needs no download and no scikit-learn.
 * a path to an ``.npz`` archive with a feature array (``x``) and a label array (``y``), read
   with ``allow_pickle=False`` so that loading cannot run code. When the archive also holds
   ``x_test`` and ``y_test`` these are the test split and ``test_fraction`` is not used; so
@@ -347,13 +350,17 @@ def _split3(n: int, test_fraction: float, seed: int, val_fraction: float
     return np.sort(perm[n_test + n_val:]), test, val
 
 
+#: The digits, as scikit-learn's ``load_digits`` gives them (uint8 ``x`` and ``y``).
+DIGITS_FILE = Path(__file__).with_name("digits.npz")
+
+
 def _load_digits(normalize: bool) -> tuple[np.ndarray, np.ndarray]:
     try:
-        from sklearn.datasets import load_digits
-    except ImportError:
-        raise ParamError("the data source 'digits' needs scikit-learn "
-                         "(pip install scikit-learn)") from None
-    x, y = load_digits(return_X_y=True)
+        with np.load(DIGITS_FILE, allow_pickle=False) as f:
+            x, y = f["x"], f["y"]
+    except (OSError, KeyError, ValueError) as e:
+        raise ParamError(f"the data source 'digits' cannot be read from {DIGITS_FILE} "
+                         f"(reinstall paramserver): {e}") from None
     x = np.asarray(x, np.float64)
     if normalize:
         x = x / 16.0

@@ -12,18 +12,18 @@ from __future__ import annotations
 import copy
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from ..config import Location, ParamError, Parameter, Problem
+from ..config import Location, ParamError, Problem
 from ..config.job import JobConf, NetConf, read_job_text, unbuilt_error
 from ..config.textformat import parse_text, paused_gc
-from ..config.tree import Block, Entry, Scalar
+from ..config.tree import Block, Entry, ListValue, Scalar, Value
 from ..init import init_params
 from ..params import ParamSet, plan_params
+from ..singa import checkpoints as singa_checkpoints
 from .net import Net
 
 #: Most memory ``check`` spends on making and initialising a model's Params.
@@ -31,6 +31,7 @@ CHECK_MEMORY = 256 * 1024 * 1024
 
 _LAYER = re.compile(r"layer '([^']*)'")
 _PARAM = re.compile(r"(?:.*?)\bParam '([^']*)'")
+_QUOTED = re.compile(r"'([^']*)'")
 
 
 @dataclass
@@ -60,9 +61,12 @@ class JobFile:
                 net.check_trainable(self.job.train_one_batch.alg)
             return net
 
-    def check_params(self, net: Net) -> None:
+    def check_params(self, net: Net) -> set[str]:
         """Make and initialise the net's Params as training would (an init method that does
-        not fit its Param, a kFromFile file that lacks a tensor), problems placed.
+        not fit its Param, a kFromFile file that lacks a tensor), and read the SINGA
+        checkpoints of ``checkpoint_path`` (a file that is missing or not one, a Param whose
+        size differs), problems placed. Returns the names of the Params those checkpoints
+        give values (their ``init`` is not used).
 
         A model whose buffers exceed :data:`CHECK_MEMORY` is not made (``check`` allocates
         nothing large): its names, sharing and sizes are checked without memory.
@@ -71,6 +75,13 @@ class JobFile:
             plan = plan_params(net.param_specs())
             if plan.nbytes(net.dtype) <= CHECK_MEMORY:
                 init_params(ParamSet(plan, net.dtype), self.job.seed)
+        try:
+            return set(singa_checkpoints.saved_params(
+                self.job.checkpoint_path, {s.name: s.shape for s in plan.owners}))
+        except ParamError as e:
+            where = next((x.where for x in self.tree.entries if x.key == "checkpoint_path"),
+                         None)
+            raise e.at(where) from None
 
     @contextmanager
     def placing(self) -> Iterator[None]:
@@ -81,108 +92,234 @@ class JobFile:
             raise place_net_problems(e, self.tree) from None
 
 
-def read_job_file(path: str | os.PathLike[str]) -> JobFile:
-    """Read and check a job file's configuration.
+def examples_folder() -> Path | None:
+    """paramserver's example job files and their documents: shipped in the wheel as
+    ``paramserver/examples`` (setup.py copies them), or the checkout's ``examples/``."""
+    package = Path(__file__).resolve().parents[1]
+    for folder in (package / "examples", package.parents[1] / "examples"):
+        if (folder / "digits_mlp.conf").is_file():
+            return folder
+    return None
+
+
+def example_names(folder: Path) -> list[str]:
+    """The short names of the example jobs: ``digits_mlp``, ``singa/mnist/conv``, and a
+    folder's ``job.conf`` by the folder (``rnnlm``)."""
+    names = []
+    for path in sorted(folder.rglob("*.conf")):
+        rel = path.relative_to(folder).with_suffix("").as_posix()
+        names.append(rel[:-len("/job")] if rel.endswith("/job") else rel)
+    return names
+
+
+def find_example(name: str | os.PathLike[str]) -> Path | None:
+    """The example job file that ``name`` names, for a job file that does not exist: its
+    short name (``digits_mlp``, ``singa/mnist/conv``, ``rnnlm``), or its path in the
+    repository (``examples/digits_mlp.conf``, as the README writes it); None if none.
 
     Raises:
-        ParamError: every problem of the file; with the configuration's problems, those of
-            the net when the ``neuralnet`` block itself reads without one.
+        ParamError: a short name (no ``.conf``) of no example, naming the examples.
+    """
+    folder = examples_folder()
+    text = Path(name).as_posix()
+    if folder is not None and not Path(name).is_absolute():
+        rel = text[len("examples/"):] if text.startswith("examples/") else text
+        for candidate in (rel, f"{rel}.conf", f"{rel}/job.conf"):
+            path = folder / candidate
+            if rel and ".." not in Path(rel).parts and path.is_file() and path.suffix == ".conf":
+                return path
+    if Path(name).suffix == ".conf" or Path(name).is_absolute():
+        return None  # a file's path: reading it says what is wrong
+    known = ", ".join(example_names(folder)) if folder is not None else "none installed"
+    raise ParamError(f"{name}: no such job file, nor an example of that name (the examples: "
+                     f"{known})")
+
+
+def read_job_file(path: str | os.PathLike[str], settings: Sequence[str] = ()) -> JobFile:
+    """Read and check a job file's configuration, changed by ``settings`` (``--set``).
+
+    Each setting changes the file's text as read (:func:`apply_setting`), so that the job is
+    then checked as a whole, as if the file said it: a setting's mistake is found here,
+    before anything runs, and named by the setting (``--set updater.type=kAdam: ...``).
+
+    Raises:
+        ParamError: every problem of the file and the settings; with the configuration's
+            problems, those of the net when the ``neuralnet`` block itself reads without one.
     """
     path = Path(path)
     text = read_job_text(path)
     tree = parse_text(text, str(path))  # the grammar: nothing more to check without it
+    problems: list[Problem] = []
+    for setting in settings:
+        try:
+            apply_setting(tree, setting)
+        except ParamError as e:
+            problems += e.problems
+    if problems:
+        raise ParamError(problems)
     try:
         with paused_gc():
             job = JobConf._build(tree)
     except ParamError as e:
-        problems: list[Problem] = [*e.problems, *_net_problems(tree, path.parent)]
+        problems = [*e.problems, *_net_problems(tree, path.parent)]
         problems.sort(key=_order)
         raise ParamError(problems) from None
     return JobFile(job, tree, path)
 
 
-_PART = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?:\[([^\]]+)\])?$")
+_PART = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(?:\[([^\]]+)\])?")
+#: How the place of a value given by ``--set`` starts (the rest is the setting itself).
+SETTING = "--set "
 
 
-def apply_setting(job: JobConf, setting: str) -> None:
-    """Set one field of a read job from the command line: ``PATH=VALUE`` (``--set``).
+def setting_parts(path: str) -> list[tuple[str, str | None]] | None:
+    """``neuralnet.layer[conv1.a].store_conf`` as ``[(name, pick)]``; None if malformed. A
+    pick in brackets may hold dots (a layer named ``conv1.a``)."""
+    parts: list[tuple[str, str | None]] = []
+    pos = 0
+    while True:
+        m = _PART.match(path, pos)
+        if m is None:
+            return None
+        parts.append((m.group(1), m.group(2)))
+        pos = m.end()
+        if pos == len(path):
+            return parts
+        if path[pos] != ".":
+            return None
+        pos += 1
+
+
+def apply_setting(tree: Block, setting: str) -> None:
+    """Change a job file's text as read (its tree) by one ``--set PATH=VALUE``.
 
     ``PATH`` is the field's place, its parts joined by dots; a repeated block is picked by
     its index or, for ``layer`` and ``param``, by name (every layer of that name, in every
     phase): ``train_steps=20``, ``updater.momentum=0.5``,
-    ``neuralnet.layer[data].store_conf.batchsize=8``, ``cluster.nworkers_per_group=2``.
-    ``VALUE`` is read as the field reads text in a job file. Nothing changes on an error.
+    ``neuralnet.layer[data].store_conf.batchsize=8``, ``cluster.nworkers_per_group=2``. A
+    block the file does not write is added (``cluster.nworkers_per_group=2`` in a file with
+    no ``cluster { }``). ``VALUE`` is what the file would write after ``KEY:`` — a number, a
+    name, a quoted or bare string, a list ``[a, b]``, a block ``{ ... }``. The field's entries
+    are replaced by the value, placed at the setting, so that the job's checks (run on the
+    whole tree afterwards) name the setting in their messages. Nothing changes on an error.
 
     Raises:
-        ParamError: naming the setting, and the fields or names there are at the place
-            that is wrong.
+        ParamError: naming the setting: a malformed one, or a place in the file that is not
+            a block or has no block of that name (with the names there are).
     """
-    path, sep, value = setting.partition("=")
-    where = f"--set {setting}"
-    if not sep or not path.strip():
+    where = SETTING + setting
+    path, sep, text = setting.partition("=")
+    parts = setting_parts(path.strip()) if sep else None
+    if not parts:
         raise ParamError(f"{where}: expected PATH=VALUE, e.g. "
-                         "neuralnet.layer[data].store_conf.batchsize=8")
-    parts = path.strip().split(".")
-    targets: list[Any] = [job]
-    for depth, part in enumerate(parts[:-1]):
-        m = _PART.match(part)
-        if m is None:
-            raise ParamError(f"{where}: '{part}' is not a field name (or name[index])")
-        name, pick = m.groups()
-        found: list[Any] = []
-        for target in targets:
-            if name not in target.__dict__:
-                known = sorted(k for k, v in target.__dict__.items()
-                               if isinstance(v, (Parameter, list)))
-                raise ParamError(f"{where}: {'.'.join(parts[:depth]) or 'the job'} has no "
-                                 f"block '{name}'; its blocks: {', '.join(known)}")
-            value_ = target.__dict__[name]
-            if isinstance(value_, list):
-                if pick is None:
-                    raise ParamError(f"{where}: '{name}' is repeated: pick one with "
-                                     f"{name}[index] or {name}[name]")
-                chosen = ([value_[int(pick)]] if pick.isdigit() and int(pick) < len(value_)
-                          else [v for v in value_ if getattr(v, "name", None) == pick])
-                if not chosen:
-                    names = [str(getattr(v, "name", i)) for i, v in enumerate(value_)]
-                    raise ParamError(f"{where}: no {name} '{pick}'; there are: "
-                                     f"{', '.join(names)}")
-                found += chosen
-            elif isinstance(value_, Parameter) and pick is None:
-                found.append(value_)
-            else:
-                raise ParamError(f"{where}: '{part}' is not a block")
-        targets = found
-    key = parts[-1]
-    trials = [copy.deepcopy(t) for t in targets]
+                         "neuralnet.layer[data].store_conf.batchsize=8" if not sep else
+                         f"{where}: '{path.strip()}' is not a place: field names (or "
+                         "name[index], name[name]) joined by dots")
+    blocks = [tree]
+    added: list[tuple[Block, Entry]] = []  # blocks the setting adds, once it holds
+    for depth, (name, pick) in enumerate(parts[:-1]):
+        here = ".".join(n + (f"[{p}]" if p else "") for n, p in parts[:depth]) or "the job"
+        found: list[Block] = []
+        for block in blocks:
+            entries = [e for e in block.entries if e.key == name and not e.extension]
+            values: list[object] = []
+            for e in entries:
+                values += e.value.items if isinstance(e.value, ListValue) else [e.value]
+            if any(not isinstance(v, Block) for v in values):
+                raise ParamError(f"{where}: '{name}' in {here} is a value, not a block")
+            subs = [v for v in values if isinstance(v, Block)]
+            if pick is None:
+                if len(subs) > 1:
+                    raise ParamError(f"{where}: {here} has {len(subs)} '{name}' blocks: pick "
+                                     f"one with {name}[index] or {name}[name]")
+                if not subs:  # not written: the setting writes it
+                    sub = Block([], where)
+                    added.append((block, Entry(name, sub, where)))
+                    subs = [sub]
+                found += subs
+                continue
+            chosen = ([subs[int(pick)]] if pick.isdigit() and int(pick) < len(subs)
+                      else [b for b in subs if _name(b) == pick])
+            if not chosen:
+                names = [_name(b) or str(i) for i, b in enumerate(subs)]
+                raise ParamError(f"{where}: no {name} '{pick}' in {here}; there are: "
+                                 + (", ".join(names) if names else "none"))
+            found += chosen
+        blocks = found
+    key = parts[-1][0]
+    if parts[-1][1] is not None:
+        raise ParamError(f"{where}: the last part names the field to set: '{key}', without "
+                         "[...]")
+    value = _setting_value(key, text.strip(), where)
+    for block, entry in added:
+        block.entries.append(entry)
+    for block in blocks:
+        block.entries[:] = [e for e in block.entries if e.key != key or e.extension]
+        block.entries.append(Entry(key, copy.deepcopy(value), where))
+
+
+def _setting_value(key: str, text: str, where: str) -> Value:
+    """The value of a setting as a job file reads it after ``KEY:``, placed at the setting;
+    text that does not read so (``my job``, with a space) is a string."""
     try:
-        # The value as a job file writes it (a list as [a, b], a string quoted or not).
-        text = value.strip()
-        block = parse_text(f"{key}: {text}", "--set") if text[:1] == "[" else \
-            {key: text}
-        for trial in trials:
-            trial.update(block, allow_unknown=False)
-    except ParamError as e:
-        raise ParamError([f"{where}: {p}" for p in e.problems]) from None
-    for target, trial in zip(targets, trials, strict=True):
-        target.__dict__.update(trial.__dict__)
+        entries = parse_text(f"{key}: {text}", "--set").entries
+    except ParamError:
+        entries = []
+    value: Value = (entries[0].value if len(entries) == 1 and entries[0].key == key
+                    else Scalar(text, where, quoted=True))
+    _place(value, where)
+    return value
+
+
+def _place(value: Value, where: str) -> None:
+    """Place ``value`` and everything in it at ``where``."""
+    value.where = where
+    if isinstance(value, ListValue):
+        for item in value.items:
+            _place(item, where)
+    elif isinstance(value, Block):
+        for e in value.entries:
+            e.where = where
+            _place(e.value, where)
+
+
+def _settings_in(value: object) -> list[str]:
+    """The settings that changed something inside a block (in order, each once)."""
+    found: list[str] = []
+
+    def walk(v: object) -> None:
+        if isinstance(v, Block):
+            for e in v.entries:
+                if isinstance(e.where, str) and e.where.startswith(SETTING):
+                    found.append(e.where)
+                walk(e.value)
+        elif isinstance(v, ListValue):
+            for item in v.items:
+                walk(item)
+
+    walk(value)
+    return list(dict.fromkeys(found))
 
 
 def place_net_problems(error: ParamError, tree: Block) -> ParamError:
     """The problems of ``error``, those that name a layer (at the start) or a Param and have
-    no place of their own placed at that layer's or Param's block in ``tree``."""
+    no place of their own placed at that layer's or Param's block in ``tree``; a problem of
+    a layer or Param that a ``--set`` changed names the setting too."""
     layers, params = _places(tree)
     placed = []
     for p in error.problems:
         layer, param = _LAYER.match(p.message), _PARAM.match(p.message)
-        if p.where is None and layer and layer.group(1) in layers:
-            p = Problem(p.message, layers[layer.group(1)])
-        elif p.where is None and param and param.group(1) in params:
-            p = Problem(p.message, params[param.group(1)])
+        found = (layers.get(layer.group(1)) if layer else None) or (
+            params.get(param.group(1)) if param else None)
+        if p.where is None and found is not None:
+            # The settings that changed a layer or Param the problem names (the layer it is
+            # about, or a source it names: 'fc2' gives 7 scores).
+            named = [layers.get(n) or params.get(n) for n in _QUOTED.findall(p.message)]
+            settings = list(dict.fromkeys(s for x in named if x for s in x[1]))
+            p = Problem(p.message + (f" (after {', '.join(settings)})" if settings else ""),
+                        found[0])
         placed.append(p)
     return ParamError(placed)
-
-
 
 
 def _net_problems(tree: Block, base_dir: Path) -> list[Problem]:
@@ -203,22 +340,23 @@ def _net_problems(tree: Block, base_dir: Path) -> list[Problem]:
     return []
 
 
-Places = dict[str, Location | str | None]
+Places = dict[str, tuple[Location | str | None, list[str]]]
 
 
 def _places(tree: Block) -> tuple[Places, Places]:
-    """Where each layer's block and each named Param's block start, by name (the first)."""
+    """Where each layer's block and each named Param's block start, by name (the first),
+    with the settings that changed something in it."""
     layers: Places = {}
     params: Places = {}
     for net in (e.value for e in tree.entries if e.key == "neuralnet"):
         for layer in _blocks(net, "layer"):
             name = _name(layer.value)
             if name is not None:
-                layers.setdefault(name, layer.where)
+                layers.setdefault(name, (layer.where, _settings_in(layer.value)))
             for param in _blocks(layer.value, "param"):
                 name = _name(param.value)
                 if name is not None:
-                    params.setdefault(name, param.where)
+                    params.setdefault(name, (param.where, _settings_in(param.value)))
     return layers, params
 
 
@@ -242,4 +380,5 @@ def _order(problem: Problem) -> tuple[int, int, int]:
     return (1, 0, 0)
 
 
-__all__ = ["JobFile", "apply_setting", "place_net_problems", "read_job_file"]
+__all__ = ["JobFile", "apply_setting", "example_names", "examples_folder", "find_example",
+           "place_net_problems", "read_job_file"]

@@ -1,7 +1,9 @@
 """What a training run leaves for a person to look at: ``metrics.csv`` and ``metrics.png``.
 
 The CSV holds only what is a function of the job and the step (no timings), so a resumed
-run writes exactly the file a straight run writes.
+run writes exactly the file a straight run writes. Its columns are ``step, phase, loss,
+accuracy, lr``, then the net's own metrics (rnnlm's ``ppl``) in the order they first
+appear; a metric a row does not have is ``nan``.
 """
 
 from __future__ import annotations
@@ -9,9 +11,10 @@ from __future__ import annotations
 import csv
 import io
 import logging
+import math
 import os
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..atomic import write_atomically
@@ -29,10 +32,12 @@ class Row:
     loss: float
     accuracy: float
     lr: float
+    extra: Mapping[str, float] = field(default_factory=dict)  # the net's own (rnnlm's ppl)
 
-    def cells(self) -> list[str]:
+    def cells(self, extras: Sequence[str] = ()) -> list[str]:
         return [str(self.step), self.phase, repr(float(self.loss)), repr(float(self.accuracy)),
-                repr(float(self.lr))]
+                repr(float(self.lr)),
+                *(repr(float(self.extra.get(name, math.nan))) for name in extras)]
 
 
 class MetricsError(ParamError):
@@ -43,22 +48,24 @@ _FIX = (" (fix the line, or move the file away to resume without the rows of the
         "steps)")
 
 
-def _parse_row(cells: list[str], where: str) -> Row:
-    if len(cells) != len(COLUMNS):
-        raise MetricsError(f"{where}: expected {len(COLUMNS)} values "
-                           f"({','.join(COLUMNS)}), found {len(cells)}" + _FIX)
+def _parse_row(cells: list[str], where: str, extras: Sequence[str]) -> Row:
+    names = (*COLUMNS, *extras)
+    if len(cells) != len(names):
+        raise MetricsError(f"{where}: expected {len(names)} values "
+                           f"({','.join(names)}), found {len(cells)}" + _FIX)
     step, phase, *numbers = cells
     if not step.isascii() or not step.isdigit():
         raise MetricsError(f"{where}: step '{step}' is not a non-negative integer" + _FIX)
     if phase not in PHASES:
         raise MetricsError(f"{where}: phase '{phase}' is not one of {', '.join(PHASES)}" + _FIX)
     values = []
-    for name, text in zip(COLUMNS[2:], numbers):
+    for name, text in zip(names[2:], numbers):
         try:
             values.append(float(text))
         except ValueError:
             raise MetricsError(f"{where}: {name} '{text}' is not a number" + _FIX) from None
-    return Row(int(step), phase, *values)
+    loss, accuracy, lr = values[:3]
+    return Row(int(step), phase, loss, accuracy, lr, dict(zip(extras, values[3:])))
 
 
 class MetricsLog:
@@ -80,11 +87,12 @@ class MetricsLog:
         except (OSError, UnicodeDecodeError, csv.Error) as e:
             raise MetricsError(f"{self.path}: cannot read the metrics of the run: {e}"
                                ) from None
-        if not rows or tuple(rows[0]) != COLUMNS:
+        if not rows or tuple(rows[0][:len(COLUMNS)]) != COLUMNS:
             raise MetricsError(f"{self.path}:1: the metrics file does not start with the "
                                f"header {','.join(COLUMNS)}" + _FIX)
+        extras = rows[0][len(COLUMNS):]
         for number, cells in enumerate(rows[1:], start=2):
-            self.rows.append(_parse_row(cells, f"{self.path}:{number}"))
+            self.rows.append(_parse_row(cells, f"{self.path}:{number}", extras))
 
     def resume_at(self, step: int, keep: Callable[[Row], bool]) -> None:
         """Read the file of a run that stopped at ``step``, keeping the rows ``keep`` says
@@ -99,13 +107,19 @@ class MetricsLog:
     def add(self, row: Row) -> None:
         self.rows.append(row)
 
+    @property
+    def extras(self) -> list[str]:
+        """The names of the net's own metrics, in the order they first appear."""
+        return list(dict.fromkeys(name for r in self.rows for name in r.extra))
+
     def write(self) -> None:
         """Write the whole file atomically (it is small)."""
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
-        w.writerow(COLUMNS)
+        extras = self.extras
+        w.writerow([*COLUMNS, *extras])
         for r in self.rows:
-            w.writerow(r.cells())
+            w.writerow(r.cells(extras))
         data = buf.getvalue().encode("utf-8")
         write_atomically(self.path, lambda tmp: tmp.write_bytes(data))
 
@@ -113,7 +127,10 @@ class MetricsLog:
         """A PNG of loss, accuracy and learning rate against the step, train, test and val;
         None without matplotlib (the ``examples`` extra).
 
-        The accuracy axis spans the data (97 % and 99.7 % look different), not 0 to 1.
+        A metric the net does not compute (NaN: an RBM's accuracy) has no panel. The
+        learning rate is drawn as steps: each train row's rate holds over the window of
+        steps that ends at it (a step schedule is a staircase, not ramps). The accuracy
+        axis spans the data (97 % and 99.7 % look different), not 0 to 1.
         """
         try:
             import matplotlib
@@ -125,25 +142,35 @@ class MetricsLog:
             log.warning("no metrics.png: matplotlib is not installed (pip install "
                         "'paramserver[examples]')")
             return None
-        fig, (ax_loss, ax_acc, ax_lr) = plt.subplots(1, 3, figsize=(14, 4))
+        panels = [name for name in ("loss", "accuracy")
+                  if any(not math.isnan(getattr(r, name)) for r in self.rows)]
+        fig, grid = plt.subplots(1, len(panels) + 1, figsize=(4.7 * (len(panels) + 1), 4),
+                                 squeeze=False)
+        axes = list(grid[0])
+        by_name = dict(zip([*panels, "lr"], axes))
         for phase, style in (("train", "-"), ("test", "o-"), ("val", "s--")):
             rows = [r for r in self.rows if r.phase == phase]
-            if not rows:
-                continue
-            steps = [r.step for r in rows]
-            ax_loss.plot(steps, [r.loss for r in rows], style, label=phase, markersize=3)
-            ax_acc.plot(steps, [r.accuracy for r in rows], style, label=phase, markersize=3)
+            for name in panels:
+                points = [(r.step, getattr(r, name)) for r in rows
+                          if not math.isnan(getattr(r, name))]
+                if points:
+                    by_name[name].plot(*zip(*points), style, label=phase, markersize=3)
+        ax_lr = by_name["lr"]
         train = [r for r in self.rows if r.phase == "train"]
         if train:
-            ax_lr.plot([r.step for r in train], [r.lr for r in train], "-", label="train")
+            ax_lr.plot([r.step for r in train], [r.lr for r in train], "-", label="train",
+                       drawstyle="steps-pre")
             if _spans_decades([r.lr for r in train]):
                 ax_lr.set_yscale("log")
-        ax_loss.set(xlabel="step", ylabel="loss", title="loss")
-        ax_acc.set(xlabel="step", ylabel="accuracy", title="accuracy",
-                   ylim=accuracy_limits([r.accuracy for r in self.rows]))
-        ax_acc.yaxis.set_major_formatter(PercentFormatter(1.0))
+        if "loss" in by_name:
+            by_name["loss"].set(xlabel="step", ylabel="loss", title="loss")
+        if "accuracy" in by_name:
+            ax_acc = by_name["accuracy"]
+            ax_acc.set(xlabel="step", ylabel="accuracy", title="accuracy",
+                       ylim=accuracy_limits([r.accuracy for r in self.rows]))
+            ax_acc.yaxis.set_major_formatter(PercentFormatter(1.0))
         ax_lr.set(xlabel="step", ylabel="learning rate", title="learning rate")
-        for ax in (ax_loss, ax_acc, ax_lr):
+        for ax in axes:
             ax.grid(alpha=0.3)
             if ax.lines:
                 ax.legend()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 import time
 from collections import deque
+from collections.abc import Mapping
 from typing import Any, TextIO
 
 #: Seconds of recent steps that steps/s and the ETA are measured over.
@@ -119,16 +120,18 @@ class Progress:
             self._live.update(self._task, description=phase, refresh=True)
 
     def update(self, step: int, loss: float, accuracy: float, lr: float,
-               force: bool = False) -> None:
-        """The state after ``step`` steps. A live display takes every update; a plain one
-        writes a line only when ``force`` is given (a display step)."""
+               force: bool = False, extra: Mapping[str, float] | None = None) -> None:
+        """The state after ``step`` steps (``extra``: the net's own metrics, rnnlm's
+        ``ppl``). A live display takes every update; a plain one writes a line only when
+        ``force`` is given (a display step)."""
         if not self.enabled or not (self.tty or force):
             return
         self.step = step
         rate = self._rate.add(step)
         eta = (self.total - step) / rate if rate > 0 else None
         acc = f"{accuracy:6.2%}" if accuracy == accuracy else "     -"
-        metrics = f"loss {loss:.4f}  acc {acc}  lr {lr:.3g}"
+        metrics = f"loss {loss:.4f}  acc {acc}  lr {lr:.3g}" + "".join(
+            f"  {name} {value:.4g}" for name, value in (extra or {}).items() if value == value)
         if self._live is not None:
             self._fields = {"metrics": metrics, "rate": f"{rate_text(rate)} steps/s",
                             "eta": clock_text(eta)}

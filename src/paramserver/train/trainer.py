@@ -9,13 +9,18 @@ it had not stopped.
 
 Schedules are SINGA's: an event with frequency ``f`` and start ``a`` (``test_freq`` and
 ``test_after``; ``validate_*``, ``checkpoint_*``, ``disp_*``) happens after step ``s`` when
-``f > 0``, ``s >= a`` and ``(s - a) % f == 0`` (:func:`due`), never at step 0. Workers train
-the kTrain net; tests run the kTest net and validations the kVal net, built from the same
-file and sharing the Params by name (SINGA's include/exclude).
+``f > 0``, ``s >= a`` and ``(s - a) % f == 0`` (:func:`due`), never at step 0; a test also
+runs at the end. A SINGA job (:attr:`~paramserver.config.job.JobConf.singa_job`) keeps
+SINGA's own test schedule: tests and validations at step 0 too, none added at the end.
+Workers train the kTrain net; tests run the kTest net and validations the kVal net, built
+from the same file and sharing the Params by name (SINGA's include/exclude).
 
-SINGA's checkpoints (``<workspace>/checkpoint/step<N>-worker0``) are written at every
-checkpoint step and at the end, as SINGA's workers do, and ``checkpoint_path`` loads Params
-from such files before the first step.
+A checkpoint is written at every checkpoint step, at the end of training, and when the run
+is interrupted (Ctrl-C: the run stops at its next step boundary, writes one, and ends), so
+that ``--resume`` always has the newest state. A SINGA job also writes SINGA's checkpoints
+(``<workspace>/checkpoint/step<N>-worker0``) beside them, which ``checkpoint_path`` of a
+later job loads, and ``--resume`` goes on from those too when they are the newest, as
+SINGA's ``-resume`` did.
 """
 
 from __future__ import annotations
@@ -24,9 +29,11 @@ import json
 import logging
 import math
 import os
+import signal
+import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +44,7 @@ import numpy as np
 from ..checkpoint import (
     CheckpointError,
     checkpoint_name,
+    list_checkpoints,
     load_checkpoint,
     read_checkpoints,
     save_checkpoint,
@@ -44,6 +52,7 @@ from ..checkpoint import (
 from ..cluster import Cluster, RemoteGradFn, Worker, workers_share_process
 from ..config import ParamError
 from ..config.job import JobConf, unbuilt_error
+from ..console import LOG_FORMATS
 from ..export import TABLE, param_table
 from ..faults import marker
 from ..init import init_params
@@ -67,6 +76,11 @@ from .workspace import (
 )
 
 FORMAT = "paramserver-checkpoint/1"
+#: The steps between two stops of a run where an interrupted run can write a checkpoint: its
+#: display steps, at least this many apart...
+MIN_CHUNK = 10
+#: ... and at most this many.
+MAX_CHUNK = 100
 log = logging.getLogger(__name__)
 
 
@@ -116,8 +130,13 @@ class Trainer:
 
     def __init__(self, job: JobConf, *, progress: bool = True, stream: TextIO | None = None,
                  base_dir: str | os.PathLike[str] | None = None,
-                 cluster_options: Mapping[str, Any] | None = None, tensorboard: bool = True):
+                 cluster_options: Mapping[str, Any] | None = None, tensorboard: bool = True,
+                 log_format: str = "paramserver"):
         self.job = job
+        if log_format not in LOG_FORMATS:
+            raise ParamError(f"Invalid Input: '{log_format}', valid values are: "
+                             + "{" + ", ".join(repr(f) for f in LOG_FORMATS) + "}")
+        self.log_format = log_format
         unbuilt = job.unbuilt()
         if unbuilt:
             raise unbuilt_error(unbuilt)
@@ -169,8 +188,9 @@ class Trainer:
             for phase in self.eval_phases:  # a split to evaluate on: refused now, not later
                 self.eval_net.data_layer_of(phase).eval_batches(phase)
         self.log = MetricsLog(self.workspace / "metrics.csv")
-        self._window: list[list[float]] = []  # train metrics since the last display row
+        self._window: list[dict[str, float]] = []  # train metrics since the last display row
         self.disp_freq = job.disp_freq or default_disp_freq(job.train_steps)
+        self._interrupted = threading.Event()
 
     def _make_params(self, net: Net) -> ParamSet:
         """The job's Params: initialised from the seed, then (``checkpoint_path``) loaded
@@ -216,35 +236,67 @@ class Trainer:
 
     # -- the run ----------------------------------------------------------------------------
 
-    def train(self, resume: bool = False, *, overwrite: bool = False) -> TrainResult:
+    def train(self, resume: bool = False, *, overwrite: bool = False,
+              or_start: bool = False) -> TrainResult:
         """Train to ``job.train_steps``.
 
         Args:
             resume: go on from the newest checkpoint in the workspace that can be read (also
-                the job's ``resume: true``); a damaged newer one is set aside with a warning.
-                With no checkpoint at all, the run starts from the job's ``step``.
+                the job's ``resume: true``), or from SINGA's ``step<N>-worker<M>`` files when
+                they are newer; a damaged newer one is set aside with a warning. With
+                nothing to resume from, refused, unless ``or_start``.
             overwrite: start afresh in a workspace that holds an earlier run's results,
                 deleting them (its checkpoints, SINGA checkpoints, TensorBoard event files and
                 metrics). Without it (or ``resume``) such a workspace is refused.
+            or_start: with ``resume``, start from the job's ``step`` when the workspace holds
+                nothing to resume from (a script that reruns a job until it ends).
 
         Raises:
             ParamError: the workspace holds an earlier run and neither ``resume`` nor
                 ``overwrite`` is given, or another run holds the workspace.
-            CheckpointError: ``resume`` and no checkpoint in the workspace can be read, or
-                the newest readable one is not of this job.
+            CheckpointError: ``resume`` and no checkpoint in the workspace (without
+                ``or_start``) or none that can be read, or the newest readable one is not of
+                this job.
+            KeyboardInterrupt: Ctrl-C (SIGINT), after the checkpoint of the step the run
+                stopped at is written (a second Ctrl-C stops at once, writing nothing).
         """
         resumed = resume or self.job.resume
         if resumed and overwrite:
             raise ParamError("--resume and --overwrite exclude each other: resume the run "
                              "in the workspace, or overwrite it" + (
                                  " (the job file sets resume: true)" if not resume else ""))
-        with workspace_lock(self.workspace):
-            return self._train(resumed, overwrite)
+        if resumed and not or_start and not self.workspace.is_dir():
+            raise self._nothing_to_resume()  # refused before the workspace is made
+        with workspace_lock(self.workspace), self._sigint():
+            return self._train(resumed, overwrite, or_start)
 
-    def _train(self, resumed: bool, overwrite: bool) -> TrainResult:
+    @contextmanager
+    def _sigint(self) -> Iterator[None]:
+        """The first Ctrl-C asks the run to stop at its next step boundary and write a
+        checkpoint there (said on stderr); a second one stops at once. Only where signals
+        can be handled (the main thread)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handler(signum: int, frame: Any) -> None:
+            if self._interrupted.is_set():
+                raise KeyboardInterrupt
+            self._interrupted.set()
+            log.warning("interrupted: stopping at the next step boundary to write a "
+                        "checkpoint (Ctrl-C again to stop at once, without one)")
+
+        self._interrupted.clear()
+        before = signal.signal(signal.SIGINT, handler)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, before)
+
+    def _train(self, resumed: bool, overwrite: bool, or_start: bool) -> TrainResult:
         job = self.job
         t0 = time.perf_counter()
-        start = self._resume() if resumed else self._fresh(overwrite)  # or refused, as it was
+        start = self._resume(or_start) if resumed else self._fresh(overwrite)  # or refused
         removed = remove_temporaries(self.workspace)  # held: no other run writes them
         if removed:
             log.info("removed %d temporary file(s) of an interrupted run: %s",
@@ -259,9 +311,11 @@ class Trainer:
         checkpoints = self._checkpoint_steps(start)
         board = TensorBoardLog(self.workspace / TENSORBOARD_FOLDER, start, checkpoints,
                                enabled=self.tensorboard and start < job.train_steps)
-        with Progress(job.train_steps, start, self.stream, self.show) as progress, board, \
+        shown = self.show and self.log_format == "paramserver"
+        with Progress(job.train_steps, start, self.stream, shown) as progress, board, \
                 torch_threads(job.num_openblas_threads):
-            step, test = self._run(start, set(checkpoints), progress, board)
+            step, test = self._run(start, set(checkpoints), progress, board, fresh=not (
+                resumed and start > job.step))
         self.log.write()
         plot = self.log.plot(self.workspace / "metrics.png", f"{job.name}")
         seconds = time.perf_counter() - t0
@@ -280,7 +334,7 @@ class Trainer:
             return self.cluster.run(self._step_fn, steps, start_step=start)
 
     def _run(self, start: int, checkpoints: set[int], progress: Progress,
-             board: TensorBoardLog) -> tuple[int, dict[str, float] | None]:
+             board: TensorBoardLog, fresh: bool) -> tuple[int, dict[str, float] | None]:
         job = self.job
         if start >= job.train_steps and job.train_steps:
             log.info("nothing to do: the job is at step %d of %d", start, job.train_steps)
@@ -289,57 +343,68 @@ class Trainer:
         rate = Rate(start)  # steps/s for TensorBoard, whether or not progress is shown
 
         def on_step(step: int, metrics: list[Mapping[str, Any] | None]) -> None:
-            live = [m for m in metrics if m is not None]
-            window.append([float(np.mean([m.get("loss", math.nan) for m in live])),
-                           float(np.mean([m.get("accuracy", math.nan) for m in live]))])
+            window.append(mean_metrics([m for m in metrics if m is not None]))
             done = step + 1
             marker("step", done)
             shown = due(done, self.disp_freq, job.disp_after)
             if shown or done == job.train_steps:
-                loss, acc = (float(v) for v in np.mean(window, axis=0))
+                means = mean_metrics(window)
+                loss, acc = means.pop("loss", math.nan), means.pop("accuracy", math.nan)
                 lr = self.cluster.updater.lr(step)
-                self.log.add(Row(done, "train", loss, acc, lr))
-                progress.update(done, loss, acc, lr, force=True)
-                board.scalars("train", done, {"loss": loss, "accuracy": acc, "lr": lr,
+                self.log.add(Row(done, "train", loss, acc, lr, means))
+                progress.update(done, loss, acc, lr, force=True, extra=means)
+                if self.log_format == "singa":
+                    log.info("%s", singa_line("Train", done, {"loss": loss, "accuracy": acc,
+                                                              **means}))
+                board.scalars("train", done, {"loss": loss, "accuracy": acc, "lr": lr, **means,
                                               "steps_per_second": rate.add(done)})
                 if shown:
                     window.clear()  # else kept: a resumed run goes on with the same window
             elif progress.tty:
-                loss, acc = window[-1]
-                progress.update(done, loss, acc, self.cluster.updater.lr(step))
+                now = window[-1]
+                progress.update(done, now.get("loss", math.nan),
+                                now.get("accuracy", math.nan), self.cluster.updater.lr(step))
 
         step = start
-        singa_written = -1
-        for stop in self._boundaries(start, board.stops(start)):
+        if job.train_steps == 0 and start == 0:  # a job that only tests (-test): once
+            self._evaluate(0, True, last, progress, board)
+            self.log.write()
+        elif fresh and job.singa_job:  # SINGA tests (and validates) before the first step
+            self._evaluate(start, False, last, progress, board)
+            self.log.write()
+        events = set(self._boundaries(start, board.stops(start)))
+        for stop in sorted(events | self._pauses(start)):
             board.before_chunk(step, stop, self.params)
             self.cluster.run(self._step_fn, stop - step, start_step=step, on_step=on_step)
             step = stop
+            stopped = self._interrupted.is_set() and step < job.train_steps
+            if step not in events and not stopped:
+                continue  # only a place to stop at: no event here, nothing to write
             self._evaluate(step, step == job.train_steps, last, progress, board)
             self.log.write()
-            if step in checkpoints:
+            if step in checkpoints or stopped:
                 board.histograms(step, self.params)
                 board.flush()  # what the checkpoint covers is on disk before it
                 path = self.save(step)
-                singa_written = step
                 log.info("step %d: checkpoint %s", step, path)
-        if job.train_steps == 0 and start == 0:  # a job that only tests (SINGA's -test)
-            self._evaluate(0, True, last, progress, board)
-            self.log.write()
-        if step == job.train_steps > 0 and singa_written != step and step > start:
-            self.save_singa(step)  # SINGA's workers always save the model at the end
+            if stopped:
+                log.warning("interrupted at step %d of %d: --resume goes on from there",
+                            step, job.train_steps)
+                raise KeyboardInterrupt
         return step, last.get("kTest")
 
     def _evaluate(self, step: int, final: bool, last: dict[str, dict[str, float]],
                   progress: Progress, board: TensorBoardLog) -> None:
-        """The validation and the test due after ``step`` (the test also at the end), each
-        a row of metrics.csv and a TensorBoard scalar."""
+        """The validation and the test due after ``step`` (the test also at the end, but in
+        a SINGA job), each a row of metrics.csv and a TensorBoard scalar."""
         job = self.job
         lr = self.cluster.updater.lr(max(step - 1, 0))
+        when = singa_due if job.singa_job else due
         for phase, row, freq, after, steps in (
                 ("kVal", "val", job.validate_freq, job.validate_after, job.validate_steps),
                 ("kTest", "test", job.test_freq, job.test_after, job.test_steps)):
-            if phase not in self.eval_phases or not (due(step, freq, after) or (
-                    final and phase == "kTest")):
+            if phase not in self.eval_phases or not (when(step, freq, after) or (
+                    final and phase == "kTest" and (not job.singa_job or not job.train_steps))):
                 continue
             net = self.eval_net
             assert net is not None
@@ -350,23 +415,38 @@ class Trainer:
             progress.set_phase("train")
             loss, acc = result.get("loss", math.nan), result.get("accuracy", math.nan)
             last[phase] = {**result, "loss": loss, "accuracy": acc}
+            extra = {k: v for k, v in result.items() if k not in ("loss", "accuracy")}
             batches = net.eval_count(phase, steps=steps)
-            self.log.add(Row(step, row, loss, acc, lr))
-            board.scalars(row, step, {"loss": loss, "accuracy": acc,
+            self.log.add(Row(step, row, loss, acc, lr, extra))
+            board.scalars(row, step, {"loss": loss, "accuracy": acc, **extra,
                                       "steps_per_second": batches / max(seconds, 1e-9)})
             what = "validation" if row == "val" else "test"
+            if self.log_format == "singa":
+                log.info("%s", singa_line("Validation" if row == "val" else "Test", step,
+                                          result))
+                continue
             log.info("step %d: %s %s", step, what, ", ".join(
                 f"{k} {100 * v:.2f}%" if k == "accuracy" else f"{k} {v:.4f}"
-                for k, v in result.items()) or f"{batches} batches, no metrics")
+                for k, v in result.items() if not math.isnan(v))
+                or f"{batches} batches, no metrics")
 
     def _checkpoint_steps(self, start: int) -> list[int]:
-        """The steps after ``start`` that write a checkpoint."""
+        """The steps after ``start`` that write a checkpoint: the job's, and the end."""
         job = self.job
         return [s for s in self._boundaries(start) if due(s, job.checkpoint_freq,
-                job.checkpoint_after) or (job.checkpoint_freq and s == job.train_steps)]
+                job.checkpoint_after) or s == job.train_steps]
+
+    def _pauses(self, start: int) -> set[int]:
+        """Where the run also stops, that an interrupted run (Ctrl-C) may write a checkpoint
+        there: every display step, at least :data:`MIN_CHUNK` and at most
+        :data:`MAX_CHUNK` steps apart (a stop costs every worker a pause)."""
+        every = min(max(self.disp_freq, MIN_CHUNK), MAX_CHUNK)
+        return {s for s in range(every, self.job.train_steps, every) if s > start}
 
     def _boundaries(self, start: int, extra: set[int] | frozenset[int] = frozenset()
                     ) -> list[int]:
+        """Where the run stops between chunks: its events (tests, validations,
+        checkpoints, the end) and ``extra``."""
         job = self.job
         stops = {job.train_steps, *extra}
         for freq, after in ((job.test_freq, job.test_after),
@@ -383,17 +463,19 @@ class Trainer:
         return [[p.name, p.size] for p in self.params.owners]
 
     def save(self, step: int) -> Path:
-        """Write the checkpoint of ``step`` into ``<workspace>/checkpoints``, and SINGA's
-        (:meth:`save_singa`) before it: once a checkpoint is on disk, so is everything of
-        its step (a run killed between the two resumes from the step before and writes
-        SINGA's again)."""
-        self.save_singa(step)
+        """Write the checkpoint of ``step`` into ``<workspace>/checkpoints``, then in a SINGA
+        job SINGA's (:meth:`save_singa`). A SINGA checkpoint newer than every one of ours
+        is therefore not ours (``--resume`` goes on from it); one of ours that a kill left
+        without SINGA's beside it gets it when the run resumes from it."""
         meta = {"format": FORMAT, "job": self.job.name, "step": step,
                 "params": self._layout(), "dtype": self.params.dtype.name,
                 "window": self._window, TABLE: param_table(self.params),
                 "job_conf": self.job.to_dict()}
-        return save_checkpoint(self.workspace / "checkpoints" / checkpoint_name(step),
+        path = save_checkpoint(self.workspace / "checkpoints" / checkpoint_name(step),
                                self.cluster.state_dict(), meta)
+        if self.job.singa_job:
+            self.save_singa(step)
+        return path
 
     def save_singa(self, step: int) -> Path:
         """Write SINGA's checkpoint of ``step``: ``<workspace>/checkpoint/step<N>-worker0``,
@@ -423,44 +505,84 @@ class Trainer:
         self.log.rows = []
         return job.step
 
-    def _resume(self) -> int:
+    def _nothing_to_resume(self) -> CheckpointError:
+        folder = self.workspace / "checkpoints"
+        return CheckpointError(
+            f"cannot resume: no checkpoint in {folder}"
+            + (f" nor SINGA's in {self.workspace / singa_checkpoints.FOLDER}"
+               if self.job.singa_job else "")
+            + (" (the job file sets resume: true)" if self.job.resume else "")
+            + ": train without --resume to start the job, or give --resume-or-start to "
+            "start from the beginning when there is nothing to resume")
+
+    def _resume(self, or_start: bool) -> int:
         """Restore the newest checkpoint that can be read; the damaged ones after it are
-        set aside (renamed, kept) with a warning naming each. None at all: the job's
-        ``step``; only unreadable ones: refused, naming every file."""
+        set aside (renamed, kept) with a warning naming each. SINGA's newer checkpoint: its
+        values. None at all: refused, or with ``or_start`` the job's ``step``; only
+        unreadable ones: refused, naming every file."""
         folder = self.workspace / "checkpoints"
         refused: list[tuple[Path, CheckpointError]] = []
+        singa = singa_checkpoints.newest_checkpoint(self.workspace / singa_checkpoints.FOLDER)
+        ours = [step for step, _ in list_checkpoints(folder)]
+        if singa is not None and ours and singa[0] <= max(ours):
+            singa = None  # written with one of ours (damaged or not): ours resume exactly
         for path, read in read_checkpoints(folder):
+            if singa is not None:
+                break  # SINGA's is newer than any of ours: resumed from below
             if isinstance(read, CheckpointError):
                 refused.append((path, read))
                 continue
             self._restore(path, *read)  # one of another job is refused, not passed over
             break
         else:
-            if refused:
+            if refused and singa is None:
                 raise CheckpointError([
                     f"cannot resume: none of the {len(refused)} checkpoint(s) in {folder} can "
                     "be read (move them away to resume from the start, or give --overwrite "
                     "to start afresh, deleting the earlier run's files)",
                     *(str(e) for _, e in refused)])
-            log.warning("no checkpoint in %s: starting from step %d", folder, self.job.step)
-            self.log.rows = []
-            return self.job.step
+            if singa is None:
+                if not or_start:
+                    raise self._nothing_to_resume()
+                log.info("no checkpoint in %s: starting from step %d (--resume-or-start)",
+                         folder, self.job.step)
+                self.log.rows = []
+                return self.job.step
+        if singa is not None:
+            path = self._restore_singa(*singa)
         step = self.cluster.step
         job = self.job
+        if job.singa_job and not (self.workspace / singa_checkpoints.FOLDER /
+                                  singa_checkpoints.checkpoint_file_name(step)).exists():
+            self.save_singa(step)  # killed between ours and SINGA's: as a straight run has
         # Keep what a straight run has at this step: rows of the steps before, and the
         # display, validation and test rows due at it (not the extra rows of a run that
         # ended here, unless this run ends here too: then they are its own last rows).
         final = step == job.train_steps
+        when = singa_due if job.singa_job else due
         self.log.resume_at(step, lambda r: r.step < step or final or (
             (r.phase == "train" and due(step, self.disp_freq, job.disp_after))
-            or (r.phase == "test" and due(step, job.test_freq, job.test_after))
-            or (r.phase == "val" and due(step, job.validate_freq, job.validate_after))))
+            or (r.phase == "test" and when(step, job.test_freq, job.test_after))
+            or (r.phase == "val" and when(step, job.validate_freq, job.validate_after))))
         for bad, error in refused:  # the resume stands: out of the way of the new ones
             kept = set_aside(bad)
             log.warning("%s; resuming from %s instead%s", error, path.name,
                         f" (the damaged file is kept as {kept.name})" if kept != bad else "")
         log.info("resuming from %s (step %d)", path, step)
         return step
+
+    def _restore_singa(self, step: int, files: list[Path]) -> Path:
+        """Go on from SINGA's checkpoint of ``step`` (every worker's file), as SINGA's
+        ``-resume`` does: its Params' values and versions; the updater's state (momentum,
+        histories), which SINGA's files do not hold, starts afresh, with a warning."""
+        versions = singa_checkpoints.load_checkpoints(self.params, files, "--resume")
+        self._base_versions.update(versions)
+        self.cluster.step = step  # the servers take the values at the first step (a put)
+        self._window.clear()
+        log.warning("resuming from SINGA's checkpoint of step %d (%s): it holds the values "
+                    "but not the updater's state, which starts afresh (paramserver's own "
+                    "checkpoints resume exactly)", step, ", ".join(p.name for p in files))
+        return files[0]
 
     def load(self, path: str | os.PathLike[str]) -> None:
         """Restore a checkpoint of this job; refused whole if it does not fit."""
@@ -477,7 +599,10 @@ class Trainer:
         window = meta.get("window", [])
         try:
             self.cluster.load_state_dict(arrays)
-            self._window[:] = [[float(a), float(b)] for a, b in window]
+            # (loss, accuracy) pairs in checkpoints of earlier releases
+            self._window[:] = [{k: float(v) for k, v in (
+                w.items() if isinstance(w, dict) else zip(("loss", "accuracy"), w))}
+                for w in window]
         except CheckpointError:
             raise
         except Exception as e:
@@ -486,8 +611,31 @@ class Trainer:
 
 def due(step: int, freq: int, after: int) -> bool:
     """Whether an event of frequency ``freq`` from step ``after`` happens after ``step``
-    steps: SINGA's rule (never when ``freq`` is 0)."""
+    steps: SINGA's rule (never when ``freq`` is 0), never at step 0."""
+    return freq > 0 and step > 0 and step >= after and (step - after) % freq == 0
+
+
+def singa_due(step: int, freq: int, after: int) -> bool:
+    """SINGA's own test and validation schedule (``Worker::TestNow``), step 0 included."""
     return freq > 0 and step >= after and (step - after) % freq == 0
+
+
+def mean_metrics(metrics: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """The mean of each metric over ``metrics`` (workers, or the steps of a window), in the
+    order the names first appear; NaN where none has it."""
+    names = list(dict.fromkeys(k for m in metrics for k in m))
+    out = {}
+    for name in names:
+        values = [float(m[name]) for m in metrics if name in m]
+        out[name] = float(np.mean(values)) if values else math.nan
+    return out
+
+
+def singa_line(phase: str, step: int, metrics: Mapping[str, float]) -> str:
+    """A result as SINGA's logs print it (``--log-format singa``): ``Train step-10, loss :
+    2.302585, accuracy : 0.100000``; a metric not computed (NaN) left out."""
+    return f"{phase} step-{step}" + "".join(
+        f", {name} : {value:.6f}" for name, value in metrics.items() if not math.isnan(value))
 
 
 def _train_step(net: Net, job: JobConf, worker: Worker, step: int) -> Mapping[str, Any]:
@@ -566,4 +714,5 @@ def net_grad_fn(job: str, base_dir: str | None = None, run: str = ""
     return grad_fn
 
 
-__all__ = ["TrainResult", "Trainer", "due", "net_grad_fn", "worker_device"]
+__all__ = ["LOG_FORMATS", "TrainResult", "Trainer", "due", "mean_metrics", "net_grad_fn",
+           "singa_due", "singa_line", "worker_device"]

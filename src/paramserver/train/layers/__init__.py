@@ -3,7 +3,8 @@
 Importing this package registers every built-in layer (without importing PyTorch: set-up
 needs no PyTorch, so that ``paramserver check`` runs without it; the computation does).
 :mod:`.base` holds the interface (:class:`Layer`), the families are :mod:`.dense`,
-:mod:`.conv`, :mod:`.loss`, :mod:`.input`, :mod:`.connection`, :mod:`.rbm` and :mod:`.rnn`.
+:mod:`.conv`, :mod:`.batchnorm`, :mod:`.loss`, :mod:`.input`, :mod:`.connection`,
+:mod:`.rbm` and :mod:`.rnn`.
 """
 
 from .base import (
@@ -14,6 +15,7 @@ from .base import (
     register_layer,
     require_torch,
 )
+from .batchnorm import BatchNormLayer, CudnnBatchNormLayer
 from .connection import (
     BridgeDstLayer,
     BridgeSrcLayer,
@@ -81,6 +83,7 @@ __all__ = [
     "AccuracyLayer",
     "ActivationLayer",
     "ArgSortLayer",
+    "BatchNormLayer",
     "BridgeDstLayer",
     "BridgeSrcLayer",
     "CConvolutionLayer",
@@ -93,6 +96,7 @@ __all__ = [
     "ConcateLayer",
     "ConvolutionLayer",
     "CudnnActivationLayer",
+    "CudnnBatchNormLayer",
     "CudnnConvLayer",
     "CudnnLRNLayer",
     "CudnnPoolLayer",

@@ -7,7 +7,8 @@ of the seed and the step, so a resumed run reads what a straight one would),
 validation reads). Data files are read whole when the net is built, so that ``paramserver
 check`` reports a missing or malformed file before training starts.
 
-* ``kData`` (paramserver's): scikit-learn's digits or an ``.npz`` file, shuffled each epoch.
+* ``kData`` (paramserver's): the 8x8 digits (shipped with paramserver) or an ``.npz`` file,
+  shuffled each epoch.
 * SINGA's stores: ``kRecordInput`` (kvfile of records), ``kCSVInput`` (textfile),
   ``kShardData`` (v0.1.0's DataShard). As SINGA's, they read their records in stored order
   after a random skip, and wrap around; relative paths start at the working folder.
@@ -127,8 +128,8 @@ def _problems_at(layer: Layer, error: ParamError) -> ParamError:
 class DataConf(Parameter):
     """The data layer's ``data_conf``."""
 
-    source: str = field("digits", doc="'digits' (scikit-learn's bundled 8x8 digits) or "
-                                      "the path of an .npz file.")
+    source: str = field("digits", doc="'digits' (scikit-learn's 8x8 digits, shipped with "
+                                      "paramserver) or the path of an .npz file.")
     batchsize: int = field(64, lower=1, aliases=("batch_size",),
                            doc="Samples per step, all workers together.")
     test_fraction: float = field(0.2, lower=0.0, upper=1.0,
