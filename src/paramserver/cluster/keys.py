@@ -157,13 +157,15 @@ class Replace(Updater):
 
     def _run(self, w: np.ndarray, g: np.ndarray, state: UpdaterState, lr: np.ndarray,
              wd: np.ndarray, gscale: np.ndarray, check: bool = False,
-             bf16_values: np.ndarray | None = None) -> int:
+             bf16_values: np.ndarray | None = None, skip: np.ndarray | None = None) -> int:
         # bf16_values: never given (its configuration keeps float32 values, no master copy)
         nonfinite = int(g.size - np.count_nonzero(np.isfinite(g)))
         if check and nonfinite:
             return nonfinite
         off = state.offsets
         for i in range(state.num_segments):
+            if skip is not None and skip[i]:
+                continue
             np.multiply(g[off[i]:off[i + 1]], w.dtype.type(gscale[i]), out=w[off[i]:off[i + 1]])
         return nonfinite
 
