@@ -438,20 +438,22 @@ class Updater:
         return f"{type(self).__name__}({self.conf!r})"
 
 
-def fill_segment(state: UpdaterState, role: str, i: int, value: float) -> None:
-    """Set segment ``i`` of ``role`` to ``value``, as the role is kept: its type, bfloat16
-    patterns, or 8-bit codes with their block scales (``<role>_scale``)."""
+def fill_segment(state: UpdaterState, role: str, i: int, value: float | np.ndarray) -> None:
+    """Set segment ``i`` of ``role`` to ``value`` (a number, or the segment's values), as the
+    role is kept: its type, bfloat16 patterns, or 8-bit codes with their block scales
+    (``<role>_scale``)."""
     piece = state.segment(i)[role]
-    if state.role(role).per == "element" and piece.dtype == np.uint16:
-        piece[...] = quant.bf16_encode(np.full(piece.size, value, np.float32))
-    elif state.role(role).per == "element" and piece.dtype.itemsize == 1:
-        codes, scales = quant.block_encode(np.full(piece.size, value, np.float32),
-                                           np.array([0, piece.size]),
+    x = np.broadcast_to(np.asarray(value, np.float64), piece.shape)
+    element = state.role(role).per == "element"
+    if element and piece.dtype == np.uint16:
+        piece[...] = quant.bf16_encode(x.astype(np.float32))
+    elif element and piece.dtype.itemsize == 1:
+        codes, scales = quant.block_encode(x.astype(np.float32), np.array([0, piece.size]),
                                            quant.code_of(piece.dtype))
         piece[...] = codes
         state.segment(i)[role + quant.SCALE][...] = scales
     else:
-        piece[...] = value
+        piece[...] = x
 
 
 def _per_segment(x: np.ndarray | float, n: int) -> np.ndarray:
@@ -996,4 +998,4 @@ class AdamMax(_Fused):
                 "bias_correction": self.own.bias_correction}
 
 
-__all__ = ["COUNT", "Updater", "create_updater", "register_updater"]
+__all__ = ["COUNT", "Updater", "create_updater", "fill_segment", "register_updater"]

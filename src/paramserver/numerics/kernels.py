@@ -1682,13 +1682,8 @@ def nadam(
                          + (f" of shape {mu_product.shape}"
                             if isinstance(mu_product, np.ndarray) else ""))
     lr64 = _f64(lr)
-    t = _step(step, skip)
-    mu = beta1 * (1.0 - 0.5 * np.power(0.96, t * momentum_decay))
-    mu_next = beta1 * (1.0 - 0.5 * np.power(0.96, (t + 1.0) * momentum_decay))
-    product = mu_product * mu
-    k0 = lr64 * (1.0 - mu) / (1.0 - product)
-    k1 = lr64 * mu_next / (1.0 - product * mu_next)
-    k2 = 1.0 / np.sqrt(-np.expm1(t * np.log(beta2))) if beta2 > 0 else 1.0
+    k0, k1, k2, product = nadam_coefficients(lr64, _step(step, skip), mu_product, beta1, beta2,
+                                             momentum_decay)
     coupled_wd, decay = _decay(lr64, wd, decoupled)
     found = _launch("nadam", w, g, {"m": m, "v": v}, offsets, gscale, coupled_wd,
                     (k0, k1, k2, decay), (beta1, 1.0 - beta1, beta2, 1.0 - beta2, delta),
@@ -1738,7 +1733,32 @@ def radam(
       decoupled: decoupled weight decay (torch.optim.RAdam's ``decoupled_weight_decay``).
     """
     lr64 = _f64(lr)
-    t = _step(step, skip)
+    k0, k1 = radam_coefficients(lr64, _step(step, skip), beta1, beta2)
+    coupled_wd, decay = _decay(lr64, wd, decoupled)
+    return _launch("radam", w, g, {"m": m, "v": v}, offsets, gscale, coupled_wd,
+                   (k0, k1, decay), (beta1, 1.0 - beta1, beta2, 1.0 - beta2, delta),
+                   clip_low, clip_high, check, stochastic, step, bf16_values, skip=skip)
+
+
+def nadam_coefficients(lr: np.ndarray, t: np.ndarray, mu_product: np.ndarray, beta1: float,
+                       beta2: float, momentum_decay: float) -> tuple[np.ndarray, ...]:
+    """NAdam's per-segment ``(k0, k1, k2, P_t)`` (:func:`nadam`) in float64, from the rates,
+    the update numbers ``t`` and the products ``P_{t-1}`` (one home for the numba kernel's and
+    the device rule's)."""
+    mu = beta1 * (1.0 - 0.5 * np.power(0.96, t * momentum_decay))
+    mu_next = beta1 * (1.0 - 0.5 * np.power(0.96, (t + 1.0) * momentum_decay))
+    product = mu_product * mu
+    k0 = lr * (1.0 - mu) / (1.0 - product)
+    k1 = lr * mu_next / (1.0 - product * mu_next)
+    k2 = 1.0 / np.sqrt(-np.expm1(t * np.log(beta2))) if beta2 > 0 else np.ones_like(t)
+    return k0, k1, k2, product
+
+
+def radam_coefficients(lr: np.ndarray, t: np.ndarray, beta1: float, beta2: float
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """RAdam's per-segment ``(k0, k1)`` (:func:`radam`) in float64, from the rates and the
+    update numbers ``t``, worked out as torch.optim.RAdam does (so that the test
+    ``rho_t > 5`` falls alike)."""
     correction1 = 1.0 - np.power(beta1, t)
     correction2 = 1.0 - np.power(beta2, t)
     rho_inf = 2.0 / (1.0 - beta2) - 1.0
@@ -1746,12 +1766,9 @@ def radam(
     tractable = rho_t > 5.0
     rect = np.sqrt(np.where(tractable, (rho_t - 4.0) * (rho_t - 2.0) * rho_inf, 0.0)
                    / ((rho_inf - 4.0) * (rho_inf - 2.0) * np.where(tractable, rho_t, 1.0)))
-    k0 = np.where(tractable, lr64 * rect * np.sqrt(correction2) / correction1, 0.0)
-    k1 = np.where(tractable, 0.0, lr64 / correction1)
-    coupled_wd, decay = _decay(lr64, wd, decoupled)
-    return _launch("radam", w, g, {"m": m, "v": v}, offsets, gscale, coupled_wd,
-                   (k0, k1, decay), (beta1, 1.0 - beta1, beta2, 1.0 - beta2, delta),
-                   clip_low, clip_high, check, stochastic, step, bf16_values, skip=skip)
+    k0 = np.where(tractable, lr * rect * np.sqrt(correction2) / correction1, 0.0)
+    k1 = np.where(tractable, 0.0, lr / correction1)
+    return k0, k1
 
 
 def _decay(lr: np.ndarray, wd: PerSegment, decoupled: bool) -> tuple[PerSegment, PerSegment]:
