@@ -124,9 +124,10 @@ def _centered_avg(h, a, p):  # type: ignore[no-untyped-def]
     # The centred RMSProp's denominator: sqrt(h - a² (+ delta)) (+ delta) with the running
     # mean a of g. h ≥ a² holds exactly (Cauchy-Schwarz over the running means' weights),
     # but bfloat16 or 8-bit state rounds h and a apart: a negative difference is taken as 0
-    # (torch.optim, in float state, would give NaN there). NaN stays NaN (NaN * 0).
+    # (torch.optim, in float state, would give NaN there). NaN stays NaN (d - d: a zero of
+    # the data type, where a literal 0 would widen float32 to float64).
     d = h - a * a
-    d = d if d >= 0 else d * 0
+    d = d if d >= 0 else d - d
     return np.sqrt(d + p[2]) + p[3]
 
 

@@ -95,7 +95,7 @@ def _rmsprop_momentum(w: T, g: T, h: T, u: T, x: Any, k: Any, p: Any) -> R:
 
 def _centered_avg(h: T, a: T, p: Any) -> T:
     d = h - a * a
-    d = torch.where(d >= 0, d, d * 0)
+    d = torch.where(d >= 0, d, d - d)
     return torch.sqrt(d + p[2]) + p[3]
 
 
