@@ -395,15 +395,19 @@ class Updater:
         ``grad_scale`` defaults to ``1 / num_shares`` per owner: the mean of the gradients
         of the Params sharing it, once :meth:`ParamSet.sum_shared_grads` has summed them.
         With ``clip_norm``, the gradients are clipped by the L2 norm of all of them (scaled).
+        Owners that :attr:`ParamSet.idle` marks (no gradient this step) are not updated, nor
+        their versions raised; the flags are taken (set back to None).
         """
         state = self.state_of(params)
+        idle, params.idle = params.idle, None
         scale = 1.0 / params.num_shares if grad_scale is None else grad_scale
         grads = params.owner_grads()
         if not params.tables:
             norm = (math.sqrt(self.grad_sum_squares(grads, params.offsets, scale))
                     if self.conf.clip_norm > 0 else None)
             nonfinite = self.apply(step, params.values, grads, state,
-                                   params.lr_scales, params.wd_scales, scale, grad_norm=norm)
+                                   params.lr_scales, params.wd_scales, scale, grad_norm=norm,
+                                   skip=idle)
         else:  # the dense owners in one call, each table on the rows of its gradient
             n = len(params.owners)
             nd = n - len(params.tables)
@@ -424,14 +428,15 @@ class Updater:
                 factor = clip_factor(norm, self.conf.clip_norm)
             nonfinite = self.apply(step, params.values[:params.dense_size], grads,
                                    state.segments(0, nd), lr[:nd], wd[:nd], scale[:nd],
-                                   grad_norm=norm)
+                                   grad_norm=norm, skip=None if idle is None else idle[:nd])
             for i, (table, (ids, rows)) in enumerate(zip(params.tables, taken, strict=True),
                                                      start=nd):
                 nonfinite += self.apply_rows(step, params.values[off[i]:off[i + 1]], ids, rows,
                                              table.dim, state.segments(i, i + 1), lr[i],
                                              wd[i], scale[i] * factor)
-        for p in params.owners:
-            p.version += 1
+        for i, p in enumerate(params.owners):
+            if idle is None or not idle[i] or p.row_sparse:
+                p.version += 1
         return nonfinite
 
     def __repr__(self) -> str:

@@ -12,6 +12,7 @@ Sharing (``share_from``) makes the sharer's tensor a view of its owner's values,
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -172,6 +173,31 @@ class BoundTensors:
         rows = grad.values().reshape(len(ids), dim).to(self.values.dtype).cpu().numpy()
         return ids, np.ascontiguousarray(rows)
 
+    def watch_grads(self) -> np.ndarray:
+        """From now on, note per tensor whether autograd gives it a gradient (a hook on
+        each; the flags are cleared at every call and returned, filled as backward runs).
+        What tells a parameter that got no gradient from one whose gradient is zero while
+        ``.grad`` stays a view of the flat buffer (a cluster worker's replica)."""
+        got: np.ndarray | None = getattr(self, "_got", None)
+        if got is None:
+            got = self._got = np.zeros(len(self.tensors), bool)
+            for i, t in enumerate(self.tensors):
+                if t.requires_grad:
+                    t.register_post_accumulate_grad_hook(functools.partial(_note, got, i))
+        got[:] = False
+        return got
+
+    def idle_owners(self, got: np.ndarray, missing: Sequence[bool]) -> np.ndarray | None:
+        """Per owner, whether none of its tensors got a gradient (``got`` from
+        :meth:`watch_grads`, ``missing`` from :meth:`attach_grads`); None when all did."""
+        idle = np.ones(len(self.pset.owners), bool)
+        for i, name in enumerate(self.names):
+            if got[i] and not missing[i]:
+                idle[self.pset.owner_index(name)] = False
+        for t in self.pset.tables:  # a table's gradient travels as its rows
+            idle[self.pset.owner_index(t.name)] = False
+        return idle if idle.any() else None
+
     def take_rows(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         """The sparse gradients :meth:`attach_grads` kept, by owner index: ``(ids, rows)``."""
         rows = getattr(self, "_rows", {})
@@ -204,6 +230,10 @@ class BoundTensors:
                     cur.detach_().zero_()
             if views:
                 self.grads.zero_()
+
+
+def _note(got: np.ndarray, i: int, tensor: torch.Tensor) -> None:
+    got[i] = True
 
 
 class HostUpdates:
