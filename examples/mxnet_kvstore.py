@@ -15,6 +15,7 @@ import sys
 import tempfile
 
 import numpy as nd  # with MXNet: from mxnet import nd
+
 import paramserver.kv as kvstore  # with MXNet: from mxnet import kvstore
 
 shape = (2, 3)

@@ -166,7 +166,7 @@ def test_an_updater_function_runs_in_process_as_mxnets() -> None:
         store.init(4, np.zeros(40, np.float32))  # made later: updated by it too, in pieces
         store.push(4, np.ones(40, np.float32))
         assert (store.pull(4) == 2).all() and sum(s[1][0] for s in seen[1:]) == 40
-        with pytest.raises(ParamError, match="a Python function .*dump_optimizer=False"):
+        with pytest.raises(ParamError, match=r"a Python function .*dump_optimizer=False"):
             store.save_optimizer_states("unused", dump_optimizer=True)
         store.set_updater(MOMENTUM)  # a declaration replaces it
         calls = len(seen)
