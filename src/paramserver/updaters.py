@@ -812,7 +812,7 @@ class Adam(_Fused):
     ``amsgrad``, AMSGrad: the running maximum of ``v`` (role ``vmax``) in the
     denominator."""
 
-    Config = AdamConf
+    Config: ClassVar[type[Parameter] | None] = AdamConf
     kernel = "adam"
     counted = True
     decoupled = False

@@ -342,8 +342,9 @@ class Server:
     def _skip(self, rnd: _Round) -> np.ndarray | None:
         """The dense segments no pushed gradient of the step covers (they are not updated:
         no gradient, no update)."""
-        flags = [rnd.idle.get(w) for w in rnd.senders() if rnd.grads[w] is not None]
-        if not flags or any(f is None for f in flags):
+        given = [w for w in rnd.senders() if rnd.grads[w] is not None]
+        flags = [f for w in given if (f := rnd.idle.get(w)) is not None]
+        if not flags or len(flags) < len(given):
             return None
         skip = np.logical_and.reduce(flags)
         return skip if skip.any() else None

@@ -168,12 +168,14 @@ class Worker:
             self.skipped += 1
             grads = [None] * len(grads)
             rows = [None] * len(rows)
-        return [self._transport.send(
-            self._address(L), Update(self.group, self.index, step, g,
-                                     *(r if r is not None else (None, None, None)),
-                                     idle=_idle_of(idle, L)),
-            f"{self._server_name(L)}'s reply to its update")
-            for L, g, r in zip(self._layouts, grads, rows, strict=True)]
+        out = []
+        for L, g, r in zip(self._layouts, grads, rows, strict=True):
+            ids, part, splits = r if r is not None else (None, None, None)
+            out.append(self._transport.send(
+                self._address(L), Update(self.group, self.index, step, g, ids, part, splits,
+                                         idle=_idle_of(idle, L)),
+                f"{self._server_name(L)}'s reply to its update"))
+        return out
 
     def _rows_by_server(self, tables: dict[str, tuple[np.ndarray, np.ndarray]]
                         ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray] | None]:

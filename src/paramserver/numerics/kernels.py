@@ -1362,12 +1362,14 @@ def rmsprop(
     if centered:
         if a is None:
             raise ParamError("a centred RMSProp needs a, the running mean of the gradient")
-        states = {"h": h, "u": u, "a": a} if momentum > 0 else {"h": h, "a": a}
+        states: dict[str, State] = {"h": h, "a": a}
+        if u is not None and momentum > 0:
+            states = {"h": h, "u": u, "a": a}
         return _launch("rmsprop_centered_momentum" if momentum > 0 else "rmsprop_centered",
-                       w, g, states, offsets, gscale, wd, (lr,),  # type: ignore[arg-type]
+                       w, g, states, offsets, gscale, wd, (lr,),
                        (rho, 1.0 - rho, inner, outer, momentum), clip_low, clip_high, check,
                        stochastic, step, bf16_values, skip=skip)
-    if momentum > 0:
+    if momentum > 0 and u is not None:  # (u is there: refused above otherwise)
         return _launch("rmsprop_momentum", w, g, {"h": h, "u": u}, offsets, gscale, wd,
                        (lr,), (rho, 1.0 - rho, inner, outer, momentum), clip_low, clip_high,
                        check, stochastic, step, bf16_values, skip=skip)
