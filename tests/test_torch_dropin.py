@@ -356,3 +356,23 @@ def test_repr_is_torchs_table_and_describe_gives_everything() -> None:
     full = opt.describe()
     assert '"type": "kAdamW"' in full and '"amsgrad": true' in full
     assert "group1.param0 (5, 6) lr_scale 1 wd_scale 1" in full
+
+
+@pytest.mark.parametrize("placement", ["offload", "device"])
+def test_every_placement_leaves_a_parameter_without_gradient_alone(placement: str) -> None:
+    """Offloaded (an fp32 master on the host) and on the device (the device rules, run
+    eagerly on CPU tensors here) as on the host: the idle half bit for bit, the rest
+    torch.optim's."""
+    ours, ref = make(), make()
+    opt = pst.NAdam(ours.parameters(), lr=0.01, weight_decay=0.1, placement=placement)
+    torch_opt = torch.optim.NAdam(ref.parameters(), lr=0.01, weight_decay=0.1)
+    for s, use in enumerate(SCHEDULE):
+        idle = [h for h in ("a", "b") if h not in use]
+        before = {h: [p.detach().clone() for p in getattr(ours, h).parameters()] for h in idle}
+        step_on(ref, torch_opt, s, use)
+        step_on(ours, opt, s, use)
+        for h in idle:
+            assert all(torch.equal(p, q) for p, q in
+                       zip(getattr(ours, h).parameters(), before[h], strict=True)), (s, h)
+        assert max_diff(ref, ours) < 1e-12, s
+    assert int(opt.state[ours.b.weight]["step"]) == 6

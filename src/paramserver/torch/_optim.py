@@ -113,13 +113,15 @@ class Optimizer(torch.optim.Optimizer):
             memory for a model on a GPU, in any float dtype) or ``"device"`` (updates on
             the tensors' device); see the module docstring and ``docs/torch.md``.
 
+    As torch.optim: :meth:`zero_grad` sets ``.grad`` to None (or zeroes it with
+    ``set_to_none=False``), and a parameter whose ``.grad`` is None at :meth:`step` -- it
+    got no gradient -- is not touched: values, state, update count. A sparse ``.grad`` is
+    applied on its rows (lazily).
+
     Differences from torch.optim, all deliberate:
 
-    - ``.grad`` of every parameter is a view of one flat buffer, and :meth:`zero_grad`
-      zeroes it in place whatever ``set_to_none`` says: a parameter that got no gradient
-      in a step is updated with a zero gradient (as torch does with ``set_to_none=False``).
-      A ``.grad`` set to None elsewhere (``module.zero_grad()``) is honoured: that
-      parameter is skipped in the next step, as torch.optim skips it.
+    - ``.grad`` is a view of one flat buffer once a step has taken it in (autograd then adds
+      into paramserver's memory); a gradient torch allocated is copied in at ``step()``.
     - Parameters with ``requires_grad=False`` are skipped.
     - Parameters tied by ``share_from`` are updated with the *mean* of their gradients
       (SPEC §3); torch's own tying (one tensor used twice) sums them.
