@@ -896,19 +896,12 @@ class NAdamConf(Parameter):
             self, ("beta1",), "the momentum schedule divides by 1 - {name}^t")
 
 
-@register_updater("kNAdam", aliases=("nadam",))
-class NAdam(_Fused):
-    """NAdam, Adam with Nesterov momentum (Dozat 2016), as torch.optim.NAdam: the product of
-    the momentum schedule is kept per Param (role ``mu_product``, float64); see
-    :func:`paramserver.numerics.kernels.nadam`."""
+class _AdamLike(_Fused):
+    """Adam's two moments, without a row kernel of their own (NAdam, RAdam)."""
 
-    Config = NAdamConf
-    kernel = "nadam"
-    kernel_rule = "nadam"
     state_roles = ("m", "v")
-    extra_roles = (Role("mu_product", "float64", "segment"),)
     counted = True
-    torch_names: ClassVar[dict[str, str]] = {**_ADAM_NAMES, "mu_product": "mu_product"}
+    torch_names: ClassVar[dict[str, str]] = _ADAM_NAMES
 
     @property
     def uses_momentum(self) -> bool:
@@ -917,6 +910,19 @@ class NAdam(_Fused):
     @property
     def has_row_kernel(self) -> bool:
         return False
+
+
+@register_updater("kNAdam", aliases=("nadam",))
+class NAdam(_AdamLike):
+    """NAdam, Adam with Nesterov momentum (Dozat 2016), as torch.optim.NAdam: the product of
+    the momentum schedule is kept per Param (role ``mu_product``, float64); see
+    :func:`paramserver.numerics.kernels.nadam`."""
+
+    Config = NAdamConf
+    kernel = "nadam"
+    kernel_rule = "nadam"
+    extra_roles = (Role("mu_product", "float64", "segment"),)
+    torch_names: ClassVar[dict[str, str]] = {**_ADAM_NAMES, "mu_product": "mu_product"}
 
     def initial_state(self) -> dict[str, float]:
         return {"mu_product": 1.0}
@@ -940,7 +946,7 @@ class RAdamConf(Parameter):
 
 
 @register_updater("kRAdam", aliases=("radam",))
-class RAdam(_Fused):
+class RAdam(_AdamLike):
     """RAdam, Adam with the variance of its rate rectified (Liu et al. 2020), as
     torch.optim.RAdam: momentum SGD while the variance is intractable (``rho_t <= 5``),
     then rectified Adam; see :func:`paramserver.numerics.kernels.radam`."""
@@ -948,17 +954,6 @@ class RAdam(_Fused):
     Config = RAdamConf
     kernel = "radam"
     kernel_rule = "radam"
-    state_roles = ("m", "v")
-    counted = True
-    torch_names: ClassVar[dict[str, str]] = _ADAM_NAMES
-
-    @property
-    def uses_momentum(self) -> bool:
-        return False
-
-    @property
-    def has_row_kernel(self) -> bool:
-        return False
 
     def extra(self) -> dict[str, Any]:
         own = self.own

@@ -164,10 +164,13 @@ class Replace(Updater):
             return nonfinite
         off = state.offsets
         for i in range(state.num_segments):
-            if skip is not None and skip[i]:
-                continue
-            np.multiply(g[off[i]:off[i + 1]], w.dtype.type(gscale[i]), out=w[off[i]:off[i + 1]])
+            if skip is None or not skip[i]:
+                self._segment(w[off[i]:off[i + 1]], g[off[i]:off[i + 1]], float(gscale[i]))
         return nonfinite
+
+    def _segment(self, w: np.ndarray, g: np.ndarray, gscale: float) -> None:
+        """One segment's update: the values become the scaled gradient."""
+        np.multiply(g, w.dtype.type(gscale), out=w)
 
     def _run_rows(self, w: np.ndarray, g: np.ndarray, ids: np.ndarray, dim: int,
                   state: UpdaterState, lr: float, wd: float, gscale: float,
@@ -200,23 +203,12 @@ class FunctionUpdater(Replace):
         super().__init__()
         self.fn, self.key, self.shape = fn, key, shape
 
-    def _run(self, w: np.ndarray, g: np.ndarray, state: UpdaterState, lr: np.ndarray,
-             wd: np.ndarray, gscale: np.ndarray, check: bool = False,
-             bf16_values: np.ndarray | None = None, skip: np.ndarray | None = None) -> int:
-        nonfinite = int(g.size - np.count_nonzero(np.isfinite(g)))
-        if check and nonfinite:
-            return nonfinite
-        off = state.offsets
-        for i in range(state.num_segments):
-            if skip is not None and skip[i]:
-                continue
-            lo, hi = int(off[i]), int(off[i + 1])
-            given = g[lo:hi].copy() if gscale[i] == 1 else g[lo:hi] * w.dtype.type(gscale[i])
-            stored = w[lo:hi]
-            if self.shape is not None and stored.size == int(np.prod(self.shape)):
-                given, stored = given.reshape(self.shape), stored.reshape(self.shape)
-            self.fn(self.key, given, stored)
-        return nonfinite
+    def _segment(self, w: np.ndarray, g: np.ndarray, gscale: float) -> None:
+        given = g.copy() if gscale == 1 else g * w.dtype.type(gscale)
+        stored = w
+        if self.shape is not None and stored.size == int(np.prod(self.shape)):
+            given, stored = given.reshape(self.shape), stored.reshape(self.shape)
+        self.fn(self.key, given, stored)
 
     def _run_rows(self, w: np.ndarray, g: np.ndarray, ids: np.ndarray, dim: int,
                   state: UpdaterState, lr: float, wd: float, gscale: float,
