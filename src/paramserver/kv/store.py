@@ -390,10 +390,10 @@ class KVStore:
     def is_capable(self, capability: str) -> bool:
         """MXNet's query of what the store can do: ``"optimizer"`` -- whether the servers
         run the update method (here always: every mode, every backend). Anything else is a
-        ValueError, as MXNet's."""
+        ValueError (a :class:`~paramserver.ParamError`), as MXNet's."""
         if str(capability).lower() == self.OPTIMIZER:
             return True
-        raise ValueError(f"Unknown capability: {capability}")
+        raise ParamError(f"Unknown capability: {capability} (known: '{self.OPTIMIZER}')")
 
     def set_gradient_compression(self, compression: Mapping[str, Any] | str | None) -> None:
         """Compress this store's pushes: ``{"type": "2bit", "threshold": 0.5}`` (MXNet's),

@@ -1,10 +1,12 @@
 """Fused numeric update kernels over flat parameter buffers (numba).
 
 All Params of a server slice live in one contiguous 1-D array per role: values ``w``, gradient
-``g`` and the updater state (``h``, ``u``; ``m``, ``v`` for Adam; ``m``, ``u`` for AdaMax).
+``g`` and the updater state (``h``, ``u``; ``m``, ``v`` for Adam; ``m``, ``u`` for AdaMax;
+a third array for AMSGrad's running maximum and the centred RMSProp's mean with momentum).
 One call updates many Params ("segments") at once: segment ``k`` is ``[offsets[k],
 offsets[k+1])`` of the arrays passed, and the per-segment arguments (``lr``, ``wd``,
-``gscale``, ``step``) are scalars or arrays with one entry per segment.
+``gscale``, ``step``) are scalars or arrays with one entry per segment. ``skip`` marks
+segments to pass over (a Param that got no gradient: nothing of it is read or written).
 
 For every element, in the order of SPEC §5:
 
