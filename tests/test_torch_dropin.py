@@ -376,3 +376,25 @@ def test_every_placement_leaves_a_parameter_without_gradient_alone(placement: st
                        zip(getattr(ours, h).parameters(), before[h], strict=True)), (s, h)
         assert max_diff(ref, ours) < 1e-12, s
     assert int(opt.state[ours.b.weight]["step"]) == 6
+
+
+def test_clip_norm_counts_the_rows_of_a_sparse_gradient() -> None:
+    """Plain SGD updates a sparse gradient's rows as a dense update would: with clip_norm
+    the two embeddings train alike only if the global norm counts the rows."""
+    torch.manual_seed(2)
+    sparse, dense = Bag(), Bag()
+    dense.emb = nn.Embedding(20, 4, sparse=False)
+    dense.load_state_dict(sparse.state_dict())
+    start = [p.detach().clone() for p in sparse.parameters()]
+    updater = "type: kSGD clip_norm: 0.05 learning_rate { base_lr: 0.5 }"
+    opts = [pst.Optimizer(m.parameters(), updater) for m in (sparse, dense)]
+    for ids in ([1, 2, 2], [4, 19]):
+        for m, o in zip((sparse, dense), opts, strict=True):
+            o.zero_grad()
+            m(torch.tensor(ids)).backward()
+            o.step()
+    assert sparse.emb.weight.grad.is_sparse and not dense.emb.weight.grad.is_sparse
+    assert max_diff(sparse, dense) < 1e-15
+    moved = [float((p.detach() - q).norm()) for p, q in zip(sparse.parameters(), start,
+                                                            strict=True)]
+    assert all(x > 0 for x in moved) and sum(x * x for x in moved) ** 0.5 <= 2 * 0.5 * 0.05
