@@ -246,7 +246,7 @@ def test_doc_unknown_name_has_a_did_you_mean(capsys: pytest.CaptureFixture[str])
     code, _, err = run(capsys, "doc", "kadm")
     assert code == 2
     assert err.startswith("paramserver doc: error: no component named 'kadm'; did you mean "
-                          "'kAdam' or 'kAdamW' or 'kAdamMax'?")
+                          "'kAdam' or 'kRAdam' or 'kNAdam'?")
 
 
 def test_error_on_the_line_of_error(capsys: pytest.CaptureFixture[str], tmp_path: Path

@@ -37,6 +37,14 @@ METHODS: dict[str, dict[str, Any]] = {
     "adagrad_torch": {"type": "kAdaGrad", "form": "torch",
                       "adagrad_conf": {"lr_decay": 0.1}},
     "rmsprop_torch": {"type": "kRMSProp", "momentum": 0.5, "form": "torch"},
+    # beyond SINGA (AMSGrad, the centred RMSProp, NAdam and RAdam gather the rows and run
+    # their dense kernel; SparseAdam has Adam's row kernel)
+    "amsgrad": {"type": "kAdam", "adam_conf": {"amsgrad": True}},
+    "rmsprop_centered": {"type": "kRMSProp", "momentum": 0.5, "form": "torch",
+                         "rmsprop_conf": {"centered": True}},
+    "nadam": {"type": "kNAdam", "nadam_conf": {"decoupled_weight_decay": True}},
+    "radam": {"type": "kRAdam"},
+    "sparseadam": {"type": "kSparseAdam"},
 }
 
 
@@ -52,7 +60,10 @@ def table(u: Updater, dtype: Any, seed: int = 0) -> tuple[np.ndarray, UpdaterSta
     w = rng.standard_normal(ROWS * DIM).astype(dtype)
     state = u.init_state([0, w.size], dtype)
     for r in state.roles[1:]:  # a state built up by earlier updates: >= 0 where it must be
-        state[r.name][...] = np.abs(rng.standard_normal(w.size)).astype(dtype)
+        if r.per == "element":
+            state[r.name][...] = np.abs(rng.standard_normal(w.size)).astype(dtype)
+        else:  # NAdam's product of its momentum schedule, after 3 updates
+            state[r.name][...] = 0.6
     state.counts[...] = 3
     return w, state
 
@@ -96,6 +107,9 @@ def test_rows_update_equals_the_dense_update_of_those_rows(method: str, dtype: A
         np.testing.assert_array_equal(per_row[ids].reshape(-1), want_w)
         np.testing.assert_array_equal(per_row[~touched], before_w.reshape(ROWS, DIM)[~touched])
         for r in state.roles[1:]:
+            if r.per != "element":  # per table (NAdam's mu_product): as the dense update's
+                np.testing.assert_array_equal(state[r.name], want[r.name])
+                continue
             got = state[r.name].reshape(ROWS, DIM)
             np.testing.assert_array_equal(got[ids].reshape(-1), want[r.name])
             np.testing.assert_array_equal(got[~touched],

@@ -249,8 +249,8 @@ def test_a_weight_decay_only_step_shows_the_wd_scale() -> None:
     opt = pst.Optimizer(model.named_parameters(), "type: kSGD weight_decay: 0.5 "
                                                   "learning_rate { base_lr: 0.1 }",
                         param_conf="param { name: 'bias' wd_scale: 0 }")
-    opt.zero_grad()
-    opt.step()  # zero gradients: only weight decay acts
+    opt.zero_grad(set_to_none=False)
+    opt.step()  # zero gradients (None would skip them, as torch): only weight decay acts
     assert torch.allclose(model.weight, w0 * (1 - 0.1 * 0.5))
     assert torch.equal(model.bias, b0)
 

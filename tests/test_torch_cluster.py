@@ -161,3 +161,50 @@ def test_the_grad_function_travels_and_builds_its_replica_where_it_runs() -> Non
     expected = make_net()
     shard_loss(expected, 0, 1, 2).backward()
     assert torch.equal(torch.from_numpy(worker.params["fc.weight"].grad), expected.fc.weight.grad)
+
+
+class Halves(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(4, 3)
+        self.b = torch.nn.Linear(4, 3)
+
+
+def halves_loss(model: Any, step: int, rank: int, num_workers: int) -> Any:
+    """Both halves at steps 0 and 1; then only a, but worker 1 at step 3 uses b too."""
+    g = torch.Generator().manual_seed(10 * step + rank)
+    x = torch.randn(6, 4, generator=g, dtype=torch.float64)
+    out = model.a(x)
+    if step < 2 or (step == 3 and rank == 1):
+        out = out + model.b(x)
+    return (out ** 2).mean()
+
+
+def test_a_parameter_no_worker_gives_a_gradient_stays_put_on_the_cluster() -> None:
+    torch.manual_seed(0)
+    model = Halves().double()
+    updater = "type: kAdamW weight_decay: 0.1 learning_rate { base_lr: 0.1 }"
+    tc = pst.TorchCluster(model, {"nworkers_per_group": 2, "nservers_per_group": 2}, updater)
+    tc.run(halves_loss, 2)
+    b = [p.detach().clone() for p in model.b.parameters()]
+    tc.run(halves_loss, 1)  # step 2: nobody uses b
+    assert all(torch.equal(p, q) for p, q in zip(model.b.parameters(), b, strict=True))
+    tc.run(halves_loss, 2)  # step 3: worker 1 uses b (the mean with worker 0's none); 4: idle
+    assert not torch.equal(model.b.weight, b[0])
+
+    # the same as the optimizer in one process, whose b gets .grad None at steps 2 and 4
+    torch.manual_seed(0)
+    solo = Halves().double()
+    opt = pst.Optimizer(solo.parameters(), updater)
+    for step in range(5):
+        opt.zero_grad()
+        for rank in range(2):
+            halves_loss(solo, step, rank, 2).backward()
+        for p in solo.parameters():
+            if p.grad is not None:
+                p.grad.mul_(0.5)
+        opt.step()
+    assert params_equal(solo, model)  # bit for bit
+    counts = {k: int(v.reshape(-1)[0]) for k, v in tc.state_dict().items()
+              if k.endswith("/count") and ".weight" in k}
+    assert counts == {k: 3 if "/b.weight/" in k else 5 for k in counts} and counts

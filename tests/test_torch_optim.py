@@ -170,8 +170,6 @@ def test_a_group_setting_written_later_is_taken_at_the_next_step() -> None:
 
 
 @pytest.mark.parametrize(("make", "message"), [
-    (lambda ps: pst.Adam(ps, amsgrad=True), "amsgrad=True is not supported"),
-    (lambda ps: pst.RMSprop(ps, centered=True), "centered=True is not supported"),
     (lambda ps: pst.SGD(ps, differentiable=True), "differentiable=True is not supported"),
     (lambda ps: pst.SGD(ps, nesterov=True), "Nesterov momentum requires a momentum"),
     (lambda ps: pst.SGD(ps, lr=-1), "Invalid learning rate: -1"),

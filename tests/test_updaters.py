@@ -32,8 +32,8 @@ from paramserver.numerics import kernels
 from paramserver.state import COUNT
 
 RTOL, ATOL = 2e-5, 2e-6  # float32 against a float64 reference
-BUILTINS = ["kAdaDelta", "kAdaGrad", "kAdam", "kAdamMax", "kAdamW", "kNesterov", "kRMSProp",
-            "kSGD"]
+BUILTINS = ["kAdaDelta", "kAdaGrad", "kAdam", "kAdamMax", "kAdamW", "kNAdam", "kNesterov",
+            "kRAdam", "kRMSProp", "kSGD", "kSparseAdam"]
 
 # Each method with hyper-parameters away from their defaults.
 METHODS: dict[str, dict[str, Any]] = {
@@ -50,6 +50,12 @@ METHODS: dict[str, dict[str, Any]] = {
     "adamax": {"type": "kAdamMax", "beta1": 0.8, "beta2": 0.95, "delta": 1e-6},
     "adamax_singa": {"type": "kAdamMax", "beta1": 0.8, "beta2": 0.95, "delta": 1e-6,
                      "bias_correction": False},
+    "rmsprop_centered": {"type": "kRMSProp", "rho": 0.8, "delta": 1e-6, "centered": True},
+    "amsgrad": {"type": "kAdam", "beta1": 0.8, "beta2": 0.95, "delta": 1e-6, "amsgrad": True},
+    "sparseadam": {"type": "kSparseAdam", "beta1": 0.8, "beta2": 0.95, "delta": 1e-6},
+    "nadam": {"type": "kNAdam", "beta1": 0.8, "beta2": 0.95, "delta": 1e-6,
+              "momentum_decay": 0.05, "decoupled_weight_decay": True},
+    "radam": {"type": "kRAdam", "beta1": 0.8, "beta2": 0.95, "delta": 1e-6},
 }
 
 # The learning rate halves every 2 steps, so that the rate given to each step is checked too.
@@ -83,7 +89,8 @@ def reference(conf: dict[str, Any], w: np.ndarray, g: np.ndarray, state: dict[st
     if hi > lo:
         g = np.clip(g, lo, hi)
     g = g * grad_scale
-    if wd > 0 and kind != "kAdamW":
+    decoupled = kind == "kAdamW" or conf.get("decoupled_weight_decay", False)
+    if wd > 0 and not decoupled:
         g = g + wd * w
     zero = np.zeros_like(w)
     mom, delta, rho = conf.get("momentum", 0.0), conf.get("delta", 1e-8), conf.get("rho", 0.0)
@@ -101,6 +108,9 @@ def reference(conf: dict[str, Any], w: np.ndarray, g: np.ndarray, state: dict[st
         return w - lr * g / np.sqrt(h + delta)
     if kind == "kRMSProp":
         h = state["h"] = rho * state.get("h", zero) + (1 - rho) * g * g
+        if conf.get("centered"):  # the variance about the running mean of g
+            a = state["a"] = rho * state.get("a", zero) + (1 - rho) * g
+            return w - lr * g / np.sqrt(h - a * a + delta)
         return w - lr * g / np.sqrt(h + delta)
     if kind == "kAdaDelta":
         h = state["h"] = rho * state.get("h", zero) + (1 - rho) * g * g
@@ -121,8 +131,25 @@ def reference(conf: dict[str, Any], w: np.ndarray, g: np.ndarray, state: dict[st
     # SINGA v0.3's Adam (bias_correction false): no correction, delta under the square root.
     m = state["m"] = b1 * state.get("m", zero) + (1 - b1) * g
     v = state["v"] = b2 * state.get("v", zero) + (1 - b2) * g * g
-    if kind == "kAdamW":
+    if decoupled:
         w = w * (1 - lr * wd)
+    if kind == "kNAdam":  # Dozat's momentum schedule mu_t and its running product
+        psi = conf["momentum_decay"]
+        mu, mu_next = (b1 * (1 - 0.5 * 0.96 ** (i * psi)) for i in (t, t + 1))
+        prod = state["prod"] = state.get("prod", 1.0) * mu
+        d = np.sqrt(v / (1 - b2**t)) + delta
+        return w - lr * (1 - mu) / (1 - prod) * g / d - lr * mu_next / (1 - prod * mu_next) * m / d
+    if kind == "kRAdam":  # Adam once the variance of the rate is tractable, else momentum
+        rho_inf = 2 / (1 - b2) - 1
+        rho_t = rho_inf - 2 * t * b2**t / (1 - b2**t)
+        if rho_t <= 5:
+            return w - lr * m / (1 - b1**t)
+        r = np.sqrt((rho_t - 4) * (rho_t - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho_t))
+        return w - lr * r * (m / (1 - b1**t)) * np.sqrt(1 - b2**t) / (np.sqrt(v) + delta)
+    if kind == "kSparseAdam":  # delta added before the correction
+        return w - lr * np.sqrt(1 - b2**t) / (1 - b1**t) * m / (np.sqrt(v) + delta)
+    if conf.get("amsgrad"):  # the running maximum of v in the denominator
+        v = state["vmax"] = np.maximum(state.get("vmax", zero), v)
     if not corrected:
         return w - lr * m / np.sqrt(v + delta)
     return w - lr * (m / (1 - b1**t)) / (np.sqrt(v / (1 - b2**t)) + delta)
@@ -453,22 +480,30 @@ def test_create_updater_from_conf_dict_or_text(x: Any) -> None:
 
 
 @pytest.mark.parametrize(("x", "own"), [
-    ({"type": "kRMSProp", "rmsprop_conf": {"rho": 0.8}}, {"rho": 0.8}),
-    ({"type": "rmsprop", "rho": 0.8}, {"rho": 0.8}),
-    ("type: kRMSProp rmsprop_conf { rho: 0.8 }", {"rho": 0.8}),
-    ("type: kRMSProp rho: 0.8", {"rho": 0.8}),  # SPEC §5 lists rho with the shared fields
+    ({"type": "kRMSProp", "rmsprop_conf": {"rho": 0.8}}, {"rho": 0.8, "centered": False}),
+    ({"type": "rmsprop", "rho": 0.8}, {"rho": 0.8, "centered": False}),
+    ("type: kRMSProp rmsprop_conf { rho: 0.8 centered: true }",
+     {"rho": 0.8, "centered": True}),
+    # SPEC §5 lists rho with the shared fields
+    ("type: kRMSProp rho: 0.8", {"rho": 0.8, "centered": False}),
     ("updater { type: kAdaDelta adadelta_conf { rho: 0.5 } }", {"rho": 0.5}),
     ({"type": "kAdam", "adam_conf": {"beta1": 0.5}},
-     {"beta1": 0.5, "beta2": 0.999, "bias_correction": True}),
-    ({"type": "kAdamW", "adamw_conf": {"beta2": 0.9}},
-     {"beta1": 0.9, "beta2": 0.9, "bias_correction": True}),
-    ({"type": "adamw", "beta2": 0.9}, {"beta1": 0.9, "beta2": 0.9, "bias_correction": True}),
+     {"beta1": 0.5, "beta2": 0.999, "bias_correction": True, "amsgrad": False}),
+    ({"type": "kAdamW", "adamw_conf": {"beta2": 0.9, "amsgrad": True}},
+     {"beta1": 0.9, "beta2": 0.9, "bias_correction": True, "amsgrad": True}),
+    ({"type": "adamw", "beta2": 0.9},
+     {"beta1": 0.9, "beta2": 0.9, "bias_correction": True, "amsgrad": False}),
     ("type: kAdam adam_conf { bias_correction: false }",
-     {"beta1": 0.9, "beta2": 0.999, "bias_correction": False}),
+     {"beta1": 0.9, "beta2": 0.999, "bias_correction": False, "amsgrad": False}),
     ("type: kAdamMax adammax_conf { beta1: 0.5 }",
      {"beta1": 0.5, "beta2": 0.999, "bias_correction": True}),
     ("type: 7 adammax_conf { beta2: 0.5 bias_correction: f }",
      {"beta1": 0.9, "beta2": 0.5, "bias_correction": False}),
+    ("type: kNAdam nadam_conf { momentum_decay: 0.01 decoupled_weight_decay: true }",
+     {"beta1": 0.9, "beta2": 0.999, "momentum_decay": 0.01, "decoupled_weight_decay": True}),
+    ("type: kRAdam radam_conf { beta1: 0.8 }",
+     {"beta1": 0.8, "beta2": 0.999, "decoupled_weight_decay": False}),
+    ("type: kSparseAdam sparseadam_conf { beta2: 0.99 }", {"beta1": 0.9, "beta2": 0.99}),
 ])
 def test_methods_own_configuration(x: Any, own: dict[str, float]) -> None:
     assert create_updater(x).own.to_dict() == own

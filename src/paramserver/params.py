@@ -338,6 +338,10 @@ class ParamSet:
         num_shares: int64 array, for owner i the number of Params using its values (>= 1).
         updater_state: the updater state of the owners (one segment each; each owner's
             ``updater_state`` views its part), made by the updater that first updates them.
+        idle: None, or per owner whether it got no gradient in the step about to be applied
+            (its Params and sharers all took no part: torch's ``.grad is None``). Such an
+            owner is not updated (SPEC section 5); the update (or a worker's push) takes the
+            flags and sets this back to None.
         tables: the row-sparse tables (:class:`TableParam`), the last owners.
         dense_size: the values of the dense owners (a prefix of the values; all without
             tables). ``grads`` holds the dense owners' and the sharers' gradients.
@@ -397,6 +401,7 @@ class ParamSet:
         self._by_name = by_name
         self._index = {p.name: i for i, p in enumerate(self.owners)}
         self.updater_state: UpdaterState | None = None
+        self.idle: np.ndarray | None = None
         self.num_shares = np.ones(len(owners), np.int64)
         for s in sharers:
             self.num_shares[self._index[owner_of[s.name]]] += 1

@@ -55,6 +55,10 @@ class Updater:
     state_roles: ClassVar[tuple[str | Role, ...]] = ()
     #: Whether the method can keep its state in bfloat16 or 8-bit codes (``state_dtype``).
     low_precision_state: ClassVar[bool] = False
+    #: The names torch.optim gives the roles of the same state (``m`` is Adam's
+    #: ``exp_avg``); the update count is torch's ``step``. Used by paramserver.torch's
+    #: torch-style optimizers, whose ``state_dict`` is torch.optim's.
+    torch_names: ClassVar[dict[str, str]] = {}
 
     def __init__(self, conf: UpdaterConf):
         self.conf = conf
@@ -82,15 +86,19 @@ class Updater:
     def _master_role(self) -> tuple[Role, ...]:
         return (Role(MASTER, "float32"),) if self.keeps_master else ()
 
-    def adopt(self, values: np.ndarray, state: UpdaterState) -> None:
+    def adopt(self, values: np.ndarray, state: UpdaterState,
+              skip: np.ndarray | None = None) -> None:
         """With a master copy: round the values of every segment not yet updated (update
         count 0) to bfloat16 in place and take them as its master, so that what workers read
         is the master's rounding from the first pull on (a server adopts the values it is
-        put; :meth:`apply` the values it is given). Idempotent. Without a master: nothing."""
+        put; :meth:`apply` the values it is given, but those of the segments it ``skip`` s).
+        Idempotent. Without a master: nothing."""
         if not self.keeps_master:
             return
         master = state[MASTER]
         fresh = state.counts == 0
+        if skip is not None:
+            fresh &= ~skip
         if not fresh.any():
             return
         if fresh.all():
@@ -101,6 +109,18 @@ class Updater:
         for lo, hi in parts:
             values[lo:hi] = quant.bf16_decode(quant.bf16_encode(values[lo:hi]))
             np.copyto(master[lo:hi], values[lo:hi])
+
+    def initial_state(self) -> dict[str, float]:
+        """The roles whose segments start from another value than 0, and that value: a
+        segment's arrays of those roles are set to it just before its first update (its
+        update count 0 before it; AdaGrad's ``initial_accumulator_value``)."""
+        return {}
+
+    def _start(self, state: UpdaterState, first: np.ndarray) -> None:
+        """Set the :meth:`initial_state` of the segments ``first`` (their first update)."""
+        for role, value in self.initial_state().items():
+            for i in np.flatnonzero(first):
+                fill_segment(state, role, int(i), value)
 
     def init_state(self, offsets: np.ndarray | list[int], dtype: Any) -> UpdaterState:
         """Zeroed state for a range of values cut into segments at ``offsets``.
@@ -176,11 +196,16 @@ class Updater:
     def apply(self, step: int, values: np.ndarray, grads: np.ndarray, state: UpdaterState,
               lr_scale: np.ndarray | float = 1.0, wd_scale: np.ndarray | float = 1.0,
               grad_scale: np.ndarray | float = 1.0, *, refuse_nonfinite: bool = False,
-              grad_norm: float | None = None) -> int:
+              grad_norm: float | None = None, skip: np.ndarray | None = None) -> int:
         """One update of a range of flat buffers, in place.
 
         Returns the number of gradient elements that were NaN or Inf, counted in the same
         pass (the update is applied regardless, unless ``refuse_nonfinite``).
+
+        A segment that ``skip`` marks (a Param that got no gradient in this step: torch's
+        ``.grad is None``, a key left out of a push) is not updated at all: its values, its
+        state and its update count stay as they are (SPEC section 5). A gradient of zeros is
+        a gradient, and is applied.
 
         Args:
             step: the training step; the learning rate is ``learning_rate(step)``.
@@ -193,6 +218,7 @@ class Updater:
                 call); if it holds NaN or Inf, write nothing at all (values, state, counts).
             grad_norm: with ``clip_norm``, the global L2 norm of every gradient of the job
                 (:meth:`grad_sum_squares` of each range, added, square-rooted); required then.
+            skip: per segment, whether it got no gradient (bool); None: none did.
         """
         n = state.num_segments
         if values.shape != (state.size,):
@@ -211,15 +237,24 @@ class Updater:
         lr = self.lr(step) * _per_segment(lr_scale, n)
         wd = self.conf.weight_decay * _per_segment(wd_scale, n)
         counts = state.counts
+        if skip is not None:
+            skip = np.asarray(skip, bool)
+            if skip.shape != (n,):
+                raise ParamError(f"skip has {skip.size} entries for {n} segments")
+            if skip.all():
+                return 0
+            if not skip.any():
+                skip = None
+        ran = 1 if skip is None else (~skip).astype(counts.dtype)
         w, out = values, None
         if self.keeps_master:  # the update runs on the master; the values get its rounding
-            self.adopt(values, state)
+            self.adopt(values, state, skip)
             w, out = state[MASTER], values
-        np.add(counts, 1, out=counts)  # this update's number, as the rule sees it
-        nonfinite = (self._run(w, grads, state, lr, wd, gscale, refuse_nonfinite) if out is None
-                     else self._run(w, grads, state, lr, wd, gscale, refuse_nonfinite, out))
+        np.add(counts, ran, out=counts)  # this update's number, as the rule sees it
+        self._start(state, (counts == 1) if skip is None else (counts == 1) & ~skip)
+        nonfinite = self._run(w, grads, state, lr, wd, gscale, refuse_nonfinite, out, skip)
         if nonfinite and refuse_nonfinite:
-            np.subtract(counts, 1, out=counts)  # refused: nothing else was written
+            np.subtract(counts, ran, out=counts)  # refused: nothing else was written
         return nonfinite
 
     def apply_rows(self, step: int, values: np.ndarray, ids: np.ndarray, rows: np.ndarray,
@@ -249,8 +284,8 @@ class Updater:
         if self.keeps_master:
             raise ParamError("row-sparse updates do not keep a float32 master copy yet: "
                              "use value_dtype float32 for a table")
-        odd = [r.name for r in state.roles[1:] if r.per != "element"
-               or r.type_for(state.dtype) != state.dtype]
+        odd = [r.name for r in state.roles[1:] if r.per == "block"
+               or (r.per == "element" and r.type_for(state.dtype) != state.dtype)]
         if odd:
             raise ParamError(f"row-sparse updates keep state of the values' type, one entry per "
                              f"value; {type(self).__name__}'s roles {odd} are not (low-precision "
@@ -259,6 +294,7 @@ class Updater:
         wd = self.conf.weight_decay * float(wd_scale)
         counts = state.counts
         np.add(counts, 1, out=counts)
+        self._start(state, counts == 1)
         nonfinite = self._run_rows(values, rows, ids, int(dim), state, lr, wd,
                                    float(grad_scale), refuse_nonfinite)
         if nonfinite and refuse_nonfinite:
@@ -300,17 +336,20 @@ class Updater:
 
     def _run(self, w: np.ndarray, g: np.ndarray, state: UpdaterState, lr: np.ndarray,
              wd: np.ndarray, gscale: np.ndarray, check: bool = False,
-             bf16_values: np.ndarray | None = None) -> int:
+             bf16_values: np.ndarray | None = None, skip: np.ndarray | None = None) -> int:
         """The update over segments; by default :meth:`rule` on each segment, in NumPy.
         Returns the number of non-finite gradient elements; with ``check``, writes nothing
         when there are any. With ``bf16_values``, ``w`` is the master copy and
-        ``bf16_values`` gets its new values rounded to bfloat16."""
+        ``bf16_values`` gets its new values rounded to bfloat16. Segments that ``skip``
+        marks are not touched."""
         c = self.conf
         offsets = state.offsets
         nonfinite = int(g.size - np.count_nonzero(np.isfinite(g)))
         if check and nonfinite:
             return nonfinite
         for i in range(state.num_segments):
+            if skip is not None and skip[i]:
+                continue
             lo, hi = int(offsets[i]), int(offsets[i + 1])
             gi = g[lo:hi].astype(w.dtype, copy=True)
             if c.clip_high > c.clip_low:
@@ -319,8 +358,8 @@ class Updater:
             if wd[i] > 0:
                 gi += w.dtype.type(wd[i]) * w[lo:hi]
             self.rule(w[lo:hi], gi, state.segment(i), float(lr[i]))
-        if bf16_values is not None:
-            bf16_values[...] = quant.bf16_decode(quant.bf16_encode(w))
+            if bf16_values is not None:
+                bf16_values[lo:hi] = quant.bf16_decode(quant.bf16_encode(w[lo:hi]))
         return nonfinite
 
     def rule(self, w: np.ndarray, g: np.ndarray, state: dict[str, np.ndarray],
@@ -356,15 +395,19 @@ class Updater:
         ``grad_scale`` defaults to ``1 / num_shares`` per owner: the mean of the gradients
         of the Params sharing it, once :meth:`ParamSet.sum_shared_grads` has summed them.
         With ``clip_norm``, the gradients are clipped by the L2 norm of all of them (scaled).
+        Owners that :attr:`ParamSet.idle` marks (no gradient this step) are not updated, nor
+        their versions raised; the flags are taken (set back to None).
         """
         state = self.state_of(params)
+        idle, params.idle = params.idle, None
         scale = 1.0 / params.num_shares if grad_scale is None else grad_scale
         grads = params.owner_grads()
         if not params.tables:
             norm = (math.sqrt(self.grad_sum_squares(grads, params.offsets, scale))
                     if self.conf.clip_norm > 0 else None)
             nonfinite = self.apply(step, params.values, grads, state,
-                                   params.lr_scales, params.wd_scales, scale, grad_norm=norm)
+                                   params.lr_scales, params.wd_scales, scale, grad_norm=norm,
+                                   skip=idle)
         else:  # the dense owners in one call, each table on the rows of its gradient
             n = len(params.owners)
             nd = n - len(params.tables)
@@ -385,18 +428,37 @@ class Updater:
                 factor = clip_factor(norm, self.conf.clip_norm)
             nonfinite = self.apply(step, params.values[:params.dense_size], grads,
                                    state.segments(0, nd), lr[:nd], wd[:nd], scale[:nd],
-                                   grad_norm=norm)
+                                   grad_norm=norm, skip=None if idle is None else idle[:nd])
             for i, (table, (ids, rows)) in enumerate(zip(params.tables, taken, strict=True),
                                                      start=nd):
                 nonfinite += self.apply_rows(step, params.values[off[i]:off[i + 1]], ids, rows,
                                              table.dim, state.segments(i, i + 1), lr[i],
                                              wd[i], scale[i] * factor)
-        for p in params.owners:
-            p.version += 1
+        for i, p in enumerate(params.owners):
+            if idle is None or not idle[i] or p.row_sparse:
+                p.version += 1
         return nonfinite
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.conf!r})"
+
+
+def fill_segment(state: UpdaterState, role: str, i: int, value: float | np.ndarray) -> None:
+    """Set segment ``i`` of ``role`` to ``value`` (a number, or the segment's values), as the
+    role is kept: its type, bfloat16 patterns, or 8-bit codes with their block scales
+    (``<role>_scale``)."""
+    piece = state.segment(i)[role]
+    x = np.broadcast_to(np.asarray(value, np.float64), piece.shape)
+    element = state.role(role).per == "element"
+    if element and piece.dtype == np.uint16:
+        piece[...] = quant.bf16_encode(x.astype(np.float32))
+    elif element and piece.dtype.itemsize == 1:
+        codes, scales = quant.block_encode(x.astype(np.float32), np.array([0, piece.size]),
+                                           quant.code_of(piece.dtype))
+        piece[...] = codes
+        state.segment(i)[role + quant.SCALE][...] = scales
+    else:
+        piece[...] = x
 
 
 def _per_segment(x: np.ndarray | float, n: int) -> np.ndarray:
@@ -438,6 +500,9 @@ class _Fused(Updater):
 
     #: Whether the kernel takes the update counts (as ``step``).
     counted: ClassVar[bool] = False
+    #: State besides the per-element arrays of ``state_roles`` (NAdam's per-segment
+    #: ``mu_product``), kept as it is declared.
+    extra_roles: ClassVar[tuple[Role, ...]] = ()
 
     @property
     def roles(self) -> tuple[Role, ...]:
@@ -446,7 +511,7 @@ class _Fused(Updater):
         names = [str(r) for r in self.state_roles]
         return roles_of((*quant.roles(names, self.conf.state_dtype,
                                       quant.SIGNED_STATE[self.kernel_rule][:len(names)]),
-                         *self._master_role()))
+                         *self.extra_roles, *self._master_role()))
 
     def state_arrays(self, state: UpdaterState) -> list[Any]:
         """The state as the kernel takes it: arrays, or (codes, scales) of 8-bit state."""
@@ -459,7 +524,7 @@ class _Fused(Updater):
 
     def _run(self, w: np.ndarray, g: np.ndarray, state: UpdaterState, lr: np.ndarray,
              wd: np.ndarray, gscale: np.ndarray, check: bool = False,
-             bf16_values: np.ndarray | None = None) -> int:
+             bf16_values: np.ndarray | None = None, skip: np.ndarray | None = None) -> int:
         from .numerics import kernels
 
         kw = self.extra_for(state)
@@ -470,14 +535,23 @@ class _Fused(Updater):
         nonfinite: int = getattr(kernels, self.kernel)(
             w, g, *self.state_arrays(state), state.offsets, lr, wd, gscale,
             clip_low=self.conf.clip_low, clip_high=self.conf.clip_high, check=check,
-            stochastic=self.conf.stochastic_rounding, **kw)
+            stochastic=self.conf.stochastic_rounding, skip=skip, **kw)
         return nonfinite
+
+    @property
+    def has_row_kernel(self) -> bool:
+        """Whether :mod:`paramserver.numerics.rows` has this method's kernel; without, a
+        row-sparse update gathers the rows, updates them with the dense kernel and puts them
+        back (:meth:`Updater._run_rows`: the same lazy semantics, two passes more)."""
+        return True
 
     def _run_rows(self, w: np.ndarray, g: np.ndarray, ids: np.ndarray, dim: int,
                   state: UpdaterState, lr: float, wd: float, gscale: float,
                   check: bool = False) -> int:
         from .numerics import rows as row_kernels
 
+        if not self.has_row_kernel:
+            return Updater._run_rows(self, w, g, ids, dim, state, lr, wd, gscale, check)
         arrays = [state[r.name] for r in self.roles[1:]]
         kw = self.extra()
         if self.counted:
@@ -503,6 +577,7 @@ class SGD(_Fused):
 
     Config = SGDConf
     kernel = "sgd"
+    torch_names: ClassVar[dict[str, str]] = {"history": "momentum_buffer"}
 
     @property
     def kernel_rule(self) -> str:  # type: ignore[override]
@@ -548,6 +623,7 @@ class Nesterov(_Fused):
     kernel = "nesterov"
     kernel_rule = "nesterov"
     state_roles = ("history",)
+    torch_names: ClassVar[dict[str, str]] = {"history": "momentum_buffer"}
 
     def extra(self) -> dict[str, Any]:
         return {"momentum": self.conf.momentum, "torch_form": self.torch_form}
@@ -571,6 +647,7 @@ class AdaGrad(_Fused):
     kernel = "adagrad"
     kernel_rule = "adagrad"
     state_roles = ("history",)
+    torch_names: ClassVar[dict[str, str]] = {"history": "sum"}
 
     @property
     def uses_momentum(self) -> bool:
@@ -579,68 +656,86 @@ class AdaGrad(_Fused):
     def extra(self) -> dict[str, Any]:
         return {"delta": self.conf.delta, "torch_form": self.torch_form}
 
+    def initial_state(self) -> dict[str, float]:
+        # torch's sum starts at this value (a table's first update sets every row's)
+        own = self.own
+        value = own.initial_accumulator_value if own is not None else 0.0
+        return {"history": value} if value > 0 else {}
+
     def _run(self, w: np.ndarray, g: np.ndarray, state: UpdaterState, lr: np.ndarray,
              wd: np.ndarray, gscale: np.ndarray, check: bool = False,
-             bf16_values: np.ndarray | None = None) -> int:
+             bf16_values: np.ndarray | None = None, skip: np.ndarray | None = None) -> int:
         own = self.own
-        if own is not None:
-            first = np.flatnonzero(state.counts == 1)
-            if own.initial_accumulator_value > 0 and first.size:
-                h = state["history"]
-                for i in first:
-                    h[int(state.offsets[i]):int(state.offsets[i + 1])] = \
-                        own.initial_accumulator_value
-            if own.lr_decay > 0:
-                lr = lr / (1.0 + (state.counts - 1) * own.lr_decay)
-        return super()._run(w, g, state, lr, wd, gscale, check, bf16_values)
+        if own is not None and own.lr_decay > 0:
+            lr = lr / (1.0 + np.maximum(state.counts - 1, 0) * own.lr_decay)
+        return super()._run(w, g, state, lr, wd, gscale, check, bf16_values, skip)
 
     def _run_rows(self, w: np.ndarray, g: np.ndarray, ids: np.ndarray, dim: int,
                   state: UpdaterState, lr: float, wd: float, gscale: float,
                   check: bool = False) -> int:
-        own = self.own  # the table's first update sets every row's sum, as the dense one
-        if own is not None:
-            if own.initial_accumulator_value > 0 and int(state.counts[0]) == 1:
-                state["history"][...] = own.initial_accumulator_value
-            if own.lr_decay > 0:
-                lr = lr / (1.0 + (float(state.counts[0]) - 1) * own.lr_decay)
+        own = self.own
+        if own is not None and own.lr_decay > 0:
+            lr = lr / (1.0 + (float(state.counts[0]) - 1) * own.lr_decay)
         return super()._run_rows(w, g, ids, dim, state, lr, wd, gscale, check)
 
 
 class RMSPropConf(Parameter):
     rho: float = field(0.9, lower=0.0, upper=1.0, doc="Decay of the running mean of g².")
+    centered: bool = field(False, doc="Keep the running mean a of g too, and divide by the "
+                                      "square root of the variance h - a² instead of h "
+                                      "(torch.optim.RMSprop's centered=True; beyond SINGA).")
 
 
 @register_updater("kRMSProp", aliases=("rmsprop",))
 class RMSProp(_Fused):
     """``h = rho·h + (1 − rho)·g²; w = w − lr·g / sqrt(h + delta)``; with ``form: torch``,
     torch.optim.RMSprop's ``avg = sqrt(h) + delta``, and its momentum when ``momentum > 0``
-    (``buf = momentum·buf + g / avg; w = w − lr·buf``; SINGA's form does not use momentum)."""
+    (``buf = momentum·buf + g / avg; w = w − lr·buf``; SINGA's form does not use momentum).
+    With ``centered``, the running mean ``a = rho·a + (1 − rho)·g`` is kept (role
+    ``grad_avg``) and ``h − a²`` takes the place of ``h``."""
 
     Config = RMSPropConf
     kernel = "rmsprop"
+    torch_names: ClassVar[dict[str, str]] = {"history": "square_avg",
+                                             "momentum_buffer": "momentum_buffer",
+                                             "grad_avg": "grad_avg"}
 
     @property
     def uses_momentum(self) -> bool:
         return self.torch_form and self.conf.momentum > 0
 
     @property
+    def centered(self) -> bool:
+        return bool(self.own.centered)
+
+    @property
+    def has_row_kernel(self) -> bool:
+        return not self.centered
+
+    @property
     def state_roles(self) -> tuple[str, ...]:  # type: ignore[override]
-        return ("history", "momentum_buffer") if self.uses_momentum else ("history",)
+        return ("history", *(("momentum_buffer",) if self.uses_momentum else ()),
+                *(("grad_avg",) if self.centered else ()))
 
     @property
     def kernel_rule(self) -> str:  # type: ignore[override]
-        return "rmsprop_momentum" if self.uses_momentum else "rmsprop"
+        rule = "rmsprop_centered" if self.centered else "rmsprop"
+        return rule + "_momentum" if self.uses_momentum else rule
 
     def state_arrays(self, state: UpdaterState) -> list[Any]:
-        return super().state_arrays(state)[:1]  # the momentum buffer goes as u (extra_for)
+        # the momentum buffer goes as u, the gradient's mean as a (extra_for)
+        return super().state_arrays(state)[:1]
 
     def extra_for(self, state: UpdaterState) -> dict[str, Any]:
         c = self.conf
         momentum = c.momentum if self.uses_momentum else 0.0
         kw = {"rho": self.own.rho, "delta": c.delta, "torch_form": self.torch_form,
-              "momentum": momentum}
+              "momentum": momentum, "centered": self.centered}
+        arrays = super().state_arrays(state)
         if momentum > 0:
-            kw["u"] = super().state_arrays(state)[1]
+            kw["u"] = arrays[1]
+        if self.centered:
+            kw["a"] = arrays[-1]
         return kw
 
     def _run_rows(self, w: np.ndarray, g: np.ndarray, ids: np.ndarray, dim: int,
@@ -648,6 +743,8 @@ class RMSProp(_Fused):
                   check: bool = False) -> int:
         from .numerics import rows as row_kernels
 
+        if not self.has_row_kernel:
+            return Updater._run_rows(self, w, g, ids, dim, state, lr, wd, gscale, check)
         c = self.conf
         momentum = c.momentum if self.uses_momentum else 0.0
         return row_kernels.rmsprop(w, g, ids, dim, state["history"], lr, wd, gscale,
@@ -671,6 +768,7 @@ class AdaDelta(_Fused):
     kernel = "adadelta"
     kernel_rule = "adadelta"
     state_roles = ("history", "update")
+    torch_names: ClassVar[dict[str, str]] = {"history": "square_avg", "update": "acc_delta"}
 
     @property
     def uses_momentum(self) -> bool:
@@ -687,34 +785,71 @@ class AdamConf(Parameter):
                                             "expect today; false: SINGA v0.3's kAdam "
                                             "exactly (no correction, delta under the square "
                                             "root: w -= lr*m/sqrt(v + delta)).")
+    amsgrad: bool = field(False, doc="AMSGrad (Reddi et al. 2018, torch.optim.Adam's "
+                                     "amsgrad=True): keep the running maximum of v (role "
+                                     "vmax) and divide by its square root; beyond SINGA.")
 
     def check(self) -> list[str]:
         # At 1 the bias correction 1 - beta^t is 0: every value would become Inf or NaN.
         if not self.bias_correction:
-            return []
-        return [f"value 1 for Parameter {name} should be less than 1 (the bias correction "
-                f"divides by 1 - {name}^t)" for name in ("beta1", "beta2")
-                if getattr(self, name) == 1.0]
+            return (["amsgrad: true is Adam's with bias correction (bias_correction: true)"]
+                    if self.amsgrad else [])
+        return _betas_below_one(self, ("beta1", "beta2"))
+
+
+def _betas_below_one(conf: Parameter, names: tuple[str, ...], why: str = "the bias "
+                     "correction divides by 1 - {name}^t") -> list[str]:
+    return [f"value 1 for Parameter {name} should be less than 1 ({why.format(name=name)})"
+            for name in names if getattr(conf, name) == 1.0]
+
+
+_ADAM_NAMES = {"m": "exp_avg", "v": "exp_avg_sq"}
 
 
 @register_updater("kAdam", aliases=("adam",))
 class Adam(_Fused):
-    """Adam with bias correction; weight decay added to the gradient (L2)."""
+    """Adam with bias correction; weight decay added to the gradient (L2). With
+    ``amsgrad``, AMSGrad: the running maximum of ``v`` (role ``vmax``) in the
+    denominator."""
 
-    Config = AdamConf
+    Config: ClassVar[type[Parameter] | None] = AdamConf
     kernel = "adam"
-    kernel_rule = "adam"
-    state_roles = ("m", "v")
     counted = True
     decoupled = False
+    torch_names: ClassVar[dict[str, str]] = {**_ADAM_NAMES, "vmax": "max_exp_avg_sq"}
+
+    @property
+    def amsgrad(self) -> bool:
+        return bool(getattr(self.own, "amsgrad", False))
+
+    @property
+    def state_roles(self) -> tuple[str, ...]:  # type: ignore[override]
+        return ("m", "v", "vmax") if self.amsgrad else ("m", "v")
+
+    @property
+    def kernel_rule(self) -> str:  # type: ignore[override]
+        return "amsgrad" if self.amsgrad else "adam"
+
+    @property
+    def has_row_kernel(self) -> bool:
+        return not self.amsgrad
 
     @property
     def uses_momentum(self) -> bool:
         return False
 
+    def state_arrays(self, state: UpdaterState) -> list[Any]:
+        return super().state_arrays(state)[:2]  # vmax goes by name (extra_for)
+
     def extra(self) -> dict[str, Any]:
         return {"beta1": self.own.beta1, "beta2": self.own.beta2, "delta": self.conf.delta,
                 "decoupled": self.decoupled, "bias_correction": self.own.bias_correction}
+
+    def extra_for(self, state: UpdaterState) -> dict[str, Any]:
+        kw = self.extra()
+        if self.amsgrad:
+            kw["vmax"] = super().state_arrays(state)[2]
+        return kw
 
 
 @register_updater("kAdamW", aliases=("adamw",))
@@ -723,6 +858,107 @@ class AdamW(Adam):
 
     conf_name = "adamw_conf"
     decoupled = True
+
+
+class SparseAdamConf(Parameter):
+    beta1: float = field(0.9, lower=0.0, upper=1.0, doc="Decay of the first moment.")
+    beta2: float = field(0.999, lower=0.0, upper=1.0, doc="Decay of the second moment.")
+
+    def check(self) -> list[str]:
+        return _betas_below_one(self, ("beta1", "beta2"))
+
+
+@register_updater("kSparseAdam", aliases=("sparseadam",))
+class SparseAdam(Adam):
+    """torch.optim.SparseAdam's Adam: delta added to ``sqrt(v)`` before the bias correction
+    (``w −= lr·sqrt(1 − beta2^t)/(1 − beta1^t) · m/(sqrt(v) + delta)``), and lazy on a
+    row-sparse gradient (only its rows, and their state, are updated; SPEC section 10)."""
+
+    Config = SparseAdamConf
+
+    def extra(self) -> dict[str, Any]:
+        return {"beta1": self.own.beta1, "beta2": self.own.beta2, "delta": self.conf.delta,
+                "delta_before_correction": True}
+
+
+class NAdamConf(Parameter):
+    beta1: float = field(0.9, lower=0.0, upper=1.0, doc="Decay of the first moment.")
+    beta2: float = field(0.999, lower=0.0, upper=1.0, doc="Decay of the second moment.")
+    momentum_decay: float = field(4e-3, lower=0.0, finite=True,
+                                  doc="The decay of the momentum schedule: mu_t = beta1 * "
+                                      "(1 - 0.5 * 0.96^(t * momentum_decay)).")
+    decoupled_weight_decay: bool = field(False, doc="Decay the values, w *= 1 - lr*wd, "
+                                                    "instead of adding wd*w to the gradient "
+                                                    "(torch.optim.NAdam's).")
+
+    def check(self) -> list[str]:
+        return _betas_below_one(self, ("beta2",)) + _betas_below_one(
+            self, ("beta1",), "the momentum schedule divides by 1 - {name}^t")
+
+
+class _AdamLike(_Fused):
+    """Adam's two moments, without a row kernel of their own (NAdam, RAdam)."""
+
+    state_roles = ("m", "v")
+    counted = True
+    torch_names: ClassVar[dict[str, str]] = _ADAM_NAMES
+
+    @property
+    def uses_momentum(self) -> bool:
+        return False
+
+    @property
+    def has_row_kernel(self) -> bool:
+        return False
+
+
+@register_updater("kNAdam", aliases=("nadam",))
+class NAdam(_AdamLike):
+    """NAdam, Adam with Nesterov momentum (Dozat 2016), as torch.optim.NAdam: the product of
+    the momentum schedule is kept per Param (role ``mu_product``, float64); see
+    :func:`paramserver.numerics.kernels.nadam`."""
+
+    Config = NAdamConf
+    kernel = "nadam"
+    kernel_rule = "nadam"
+    extra_roles = (Role("mu_product", "float64", "segment"),)
+    torch_names: ClassVar[dict[str, str]] = {**_ADAM_NAMES, "mu_product": "mu_product"}
+
+    def initial_state(self) -> dict[str, float]:
+        return {"mu_product": 1.0}
+
+    def extra_for(self, state: UpdaterState) -> dict[str, Any]:
+        own = self.own
+        return {"beta1": own.beta1, "beta2": own.beta2, "delta": self.conf.delta,
+                "momentum_decay": own.momentum_decay,
+                "decoupled": own.decoupled_weight_decay, "mu_product": state["mu_product"]}
+
+
+class RAdamConf(Parameter):
+    beta1: float = field(0.9, lower=0.0, upper=1.0, doc="Decay of the first moment.")
+    beta2: float = field(0.999, lower=0.0, upper=1.0, doc="Decay of the second moment.")
+    decoupled_weight_decay: bool = field(False, doc="Decay the values, w *= 1 - lr*wd, "
+                                                    "instead of adding wd*w to the gradient "
+                                                    "(torch.optim.RAdam's).")
+
+    def check(self) -> list[str]:
+        return _betas_below_one(self, ("beta1", "beta2"))
+
+
+@register_updater("kRAdam", aliases=("radam",))
+class RAdam(_AdamLike):
+    """RAdam, Adam with the variance of its rate rectified (Liu et al. 2020), as
+    torch.optim.RAdam: momentum SGD while the variance is intractable (``rho_t <= 5``),
+    then rectified Adam; see :func:`paramserver.numerics.kernels.radam`."""
+
+    Config = RAdamConf
+    kernel = "radam"
+    kernel_rule = "radam"
+
+    def extra(self) -> dict[str, Any]:
+        own = self.own
+        return {"beta1": own.beta1, "beta2": own.beta2, "delta": self.conf.delta,
+                "decoupled": own.decoupled_weight_decay}
 
 
 class AdamMaxConf(Parameter):
@@ -751,6 +987,7 @@ class AdamMax(_Fused):
     kernel_rule = "adamax"
     state_roles = ("m", "u")
     counted = True
+    torch_names: ClassVar[dict[str, str]] = {"m": "exp_avg", "u": "exp_inf"}
 
     @property
     def uses_momentum(self) -> bool:
@@ -761,4 +998,4 @@ class AdamMax(_Fused):
                 "bias_correction": self.own.bias_correction}
 
 
-__all__ = ["COUNT", "Updater", "create_updater", "register_updater"]
+__all__ = ["COUNT", "Updater", "create_updater", "fill_segment", "register_updater"]

@@ -157,15 +157,20 @@ class Replace(Updater):
 
     def _run(self, w: np.ndarray, g: np.ndarray, state: UpdaterState, lr: np.ndarray,
              wd: np.ndarray, gscale: np.ndarray, check: bool = False,
-             bf16_values: np.ndarray | None = None) -> int:
+             bf16_values: np.ndarray | None = None, skip: np.ndarray | None = None) -> int:
         # bf16_values: never given (its configuration keeps float32 values, no master copy)
         nonfinite = int(g.size - np.count_nonzero(np.isfinite(g)))
         if check and nonfinite:
             return nonfinite
         off = state.offsets
         for i in range(state.num_segments):
-            np.multiply(g[off[i]:off[i + 1]], w.dtype.type(gscale[i]), out=w[off[i]:off[i + 1]])
+            if skip is None or not skip[i]:
+                self._segment(w[off[i]:off[i + 1]], g[off[i]:off[i + 1]], float(gscale[i]))
         return nonfinite
+
+    def _segment(self, w: np.ndarray, g: np.ndarray, gscale: float) -> None:
+        """One segment's update: the values become the scaled gradient."""
+        np.multiply(g, w.dtype.type(gscale), out=w)
 
     def _run_rows(self, w: np.ndarray, g: np.ndarray, ids: np.ndarray, dim: int,
                   state: UpdaterState, lr: float, wd: float, gscale: float,
@@ -175,6 +180,41 @@ class Replace(Updater):
             return nonfinite
         w.reshape(-1, dim)[ids] = g.reshape(-1, dim) * w.dtype.type(gscale)
         return nonfinite
+
+
+#: How the updater text of a Python function (``set_updater(fn)``) begins: not a
+#: declaration, so never sent, saved or parsed.
+FUNCTION = "<python function"
+
+
+def updater_text_of(fn: Callable[..., Any]) -> str:
+    """The updater text that names a Python function (see :data:`FUNCTION`)."""
+    return f"{FUNCTION} {getattr(fn, '__qualname__', type(fn).__name__)}>"
+
+
+class FunctionUpdater(Replace):
+    """A Python function as the update method of one key, MXNet's ``set_updater(fn)``:
+    ``fn(key, input, stored)`` changes ``stored`` (the piece's values, in place) from
+    ``input`` (the sum of the step's pushes). In-process only (the function is not data:
+    it never travels); no state of its own."""
+
+    def __init__(self, fn: Callable[[Any, np.ndarray, np.ndarray], None], key: Any,
+                 shape: tuple[int, ...] | None):
+        super().__init__()
+        self.fn, self.key, self.shape = fn, key, shape
+
+    def _segment(self, w: np.ndarray, g: np.ndarray, gscale: float) -> None:
+        given = g.copy() if gscale == 1 else g * w.dtype.type(gscale)
+        stored = w
+        if self.shape is not None and stored.size == int(np.prod(self.shape)):
+            given, stored = given.reshape(self.shape), stored.reshape(self.shape)
+        self.fn(self.key, given, stored)
+
+    def _run_rows(self, w: np.ndarray, g: np.ndarray, ids: np.ndarray, dim: int,
+                  state: UpdaterState, lr: float, wd: float, gscale: float,
+                  check: bool = False) -> int:
+        # the rows gathered, given to the function, put back (Updater's own)
+        return Updater._run_rows(self, w, g, ids, dim, state, lr, wd, gscale, check)
 
 
 def updater_text(updater: Updater | None) -> str:
@@ -214,8 +254,10 @@ class KeyServer:
         self.layout = empty_layout(index)
         self._updater_text = updater
         self._updater = make_updater(updater)
+        self._function: Callable[[Any, np.ndarray, np.ndarray], None] | None = None
         self._keys: dict[str, Server] = {}
         self._meta: dict[str, KeyInfo] = {}
+        self._held: dict[str, KeyInfo] = {}  # the keys of the pieces held here
         self._waiting: dict[str, list[tuple[Request, ReplyFn]]] = {}
         self._gone: dict[tuple[int, int], int] = {}
         self._barriers: dict[int, tuple[set[tuple[int, int]], list[ReplyFn]]] = {}
@@ -276,6 +318,7 @@ class KeyServer:
                 for server in self._keys.values():
                     server.set_updater(updater)
                 self._updater, self._updater_text = updater, request.updater
+                self._function = None
             return [(reply, Ack())]
         if isinstance(request, Barrier):
             return self._barrier(request, reply)
@@ -319,7 +362,9 @@ class KeyServer:
             lo, hi = (int(x) for x in msg.piece)
             layout = piece_layout(self.index, msg.key, shape, msg.dtype, msg.row_sparse, lo, hi)
             values = self._values(msg, layout, lo)
-            server = Server(layout, self._updater, self.conf, 0, None, average=False)
+            self._held[msg.key] = info
+            server = Server(layout, self._updater_of(msg.key), self.conf, 0, None,
+                            average=False)
             server.handle(Put(values, np.ones(1, np.int64), 0), _ignore)
             for (g, w), step in sorted(self._gone.items()):
                 server.handle(Leave(g, w, step), _ignore)
@@ -339,6 +384,25 @@ class KeyServer:
         if still:
             self._waiting[msg.key] = still
         return out
+
+    def _updater_of(self, key: str) -> Updater:
+        """The update method of a key's piece: the store's, or its Python function's."""
+        if self._function is None:
+            return self._updater
+        info = self._held[key]
+        return FunctionUpdater(self._function, int(key) if info.int_key else key,
+                               tuple(info.shape))
+
+    def set_function(self, fn: Callable[[Any, np.ndarray, np.ndarray], None]) -> None:
+        """Update every key (and every key made later) with a Python function (an
+        in-process store's ``set_updater(fn)``); a later :class:`~.messages.SetUpdater`
+        replaces it."""
+        with self._lock:
+            self._function = fn
+            self._updater, self._updater_text = Replace(), updater_text_of(fn)
+            servers = dict(self._keys)
+        for key, server in servers.items():
+            server.set_updater(self._updater_of(key))
 
     def _values(self, msg: KeyInit, layout: ServerLayout, lo: int) -> np.ndarray:
         size, dtype = layout.size, layout.dtype
@@ -420,5 +484,6 @@ def _ignore(reply: Reply) -> None:
     """For requests the key server makes itself (their outcome is known)."""
 
 
-__all__ = ["BOUND", "KeyServer", "Replace", "empty_layout", "fill_piece", "home_of",
-           "key_name", "make_updater", "piece_layout", "plan_key", "row_dim", "updater_text"]
+__all__ = ["BOUND", "FUNCTION", "FunctionUpdater", "KeyServer", "Replace", "empty_layout",
+           "fill_piece", "home_of", "key_name", "make_updater", "piece_layout", "plan_key",
+           "row_dim", "updater_text", "updater_text_of"]

@@ -89,6 +89,9 @@ class Update:
             and ``ids`` are then varints.
         threshold: the 2-bit codes' value.
         count: the number of ids (needed to decode compressed ones).
+        idle: None, or per dense segment of the server's range whether this worker's Param
+            there got no gradient (torch's ``.grad is None``): a segment idle in every
+            push of the step is not updated (SPEC section 5).
     """
 
     group: int
@@ -101,6 +104,7 @@ class Update:
     codec: str = ""
     threshold: float = 0.0
     count: int = 0
+    idle: np.ndarray | None = None
 
 
 @dataclass(frozen=True, eq=False)

@@ -68,7 +68,9 @@ def workers_check(conf: ClusterConf) -> bool:
 
 
 def all_finite(x: np.ndarray) -> bool:
-    """Whether a 1-D float32/float64 array holds no NaN and no Inf."""
+    """Whether a 1-D float32/float64 array holds no NaN and no Inf (integers always)."""
+    if x.dtype.kind in "iu":
+        return True
     if x.size < _SMALL:
         return bool(np.isfinite(x).all())
     from ..numerics.kernels import count_nonfinite

@@ -129,6 +129,8 @@ class _Round:
     step: int
     grads: dict[int, np.ndarray | None] = field(default_factory=dict)
     rows: dict[int, TableRows | None] = field(default_factory=dict)
+    #: per worker, its dense segments that got no gradient (None: none)
+    idle: dict[int, np.ndarray | None] = field(default_factory=dict)
     replies: list[ReplyFn] = field(default_factory=list)
     #: With ``clip_norm``, once every update came: the summed gradient (None: every push
     #: was dropped) and the workers' clips (their global norms), until every live one came.
@@ -322,8 +324,30 @@ class Server:
         rnd = self._rounds.setdefault(msg.group, _Round(step))
         rnd.grads[msg.worker] = grads
         rnd.rows[msg.worker] = rows
+        rnd.idle[msg.worker] = self._idle(msg)
         rnd.replies.append(reply)
         return self._complete(msg.group) if rnd.grads.keys() >= self._live[msg.group] else []
+
+    def _idle(self, msg: Update) -> np.ndarray | None:
+        """An update's idle flags, checked: one bool per dense segment."""
+        if msg.idle is None:
+            return None
+        idle = np.asarray(msg.idle)
+        nd = self.layout.num_dense
+        if idle.dtype != np.bool_ or idle.shape != (nd,):
+            raise ClusterError(f"idle flags {idle.dtype} of shape {idle.shape}, expected "
+                               f"({nd},) bool: one per dense segment")
+        return idle
+
+    def _skip(self, rnd: _Round) -> np.ndarray | None:
+        """The dense segments no pushed gradient of the step covers (they are not updated:
+        no gradient, no update)."""
+        given = [w for w in rnd.senders() if rnd.grads[w] is not None]
+        flags = [f for w in given if (f := rnd.idle.get(w)) is not None]
+        if not flags or len(flags) < len(given):
+            return None
+        skip = np.logical_and.reduce(flags)
+        return skip if skip.any() else None
 
     def _gradients(self, msg: Update) -> tuple[np.ndarray | None, TableRows | None]:
         """An update's dense gradients and rows per table, decoded and checked."""
@@ -512,7 +536,7 @@ class Server:
                 nonfinite = self.updater.apply(rnd.step, self.values[:L.dense_size], total,
                                                state, L.lr_scale[:nd], L.wd_scale[:nd],
                                                scale[:nd], refuse_nonfinite=refuse,
-                                               grad_norm=norm)
+                                               grad_norm=norm, skip=self._skip(rnd))
             if nonfinite and refuse:
                 raise ClusterError(self._nonfinite_message(rnd, total, tables, group))
         for s, (ids, rows) in zip(L.tables, tables, strict=True):

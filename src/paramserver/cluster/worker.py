@@ -48,6 +48,15 @@ def _data(a: np.ndarray) -> tuple[int, tuple[int, ...]]:
     return a.__array_interface__["data"][0], a.shape
 
 
+def _idle_of(idle: np.ndarray | None, layout: ServerLayout) -> np.ndarray | None:
+    """A server's part of the owners' idle flags: one per dense segment of its range (None
+    when none is idle)."""
+    if idle is None:
+        return None
+    part = np.ascontiguousarray(idle[layout.owners[:layout.num_dense]], bool)
+    return part if part.any() else None
+
+
 class Worker:
     """One worker of one group; what a gradient function gets to fill its gradients.
 
@@ -137,6 +146,7 @@ class Worker:
     def push(self, step: int) -> list[Pending]:
         """Send this step's gradients to every server; returns what :meth:`collect` waits on."""
         self.step = step
+        idle, self.params.idle = self.params.idle, None  # the grad function's, this step's
         if self._has_sharers:
             self.params.sum_shared_grads()
         grads: list[np.ndarray | None] = list(self._grads)
@@ -158,11 +168,14 @@ class Worker:
             self.skipped += 1
             grads = [None] * len(grads)
             rows = [None] * len(rows)
-        return [self._transport.send(
-            self._address(L), Update(self.group, self.index, step, g,
-                                     *(r if r is not None else (None, None, None))),
-            f"{self._server_name(L)}'s reply to its update")
-            for L, g, r in zip(self._layouts, grads, rows, strict=True)]
+        out = []
+        for L, g, r in zip(self._layouts, grads, rows, strict=True):
+            ids, part, splits = r if r is not None else (None, None, None)
+            out.append(self._transport.send(
+                self._address(L), Update(self.group, self.index, step, g, ids, part, splits,
+                                         idle=_idle_of(idle, L)),
+                f"{self._server_name(L)}'s reply to its update"))
+        return out
 
     def _rows_by_server(self, tables: dict[str, tuple[np.ndarray, np.ndarray]]
                         ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray] | None]:

@@ -49,7 +49,7 @@ from ..checkpoint import load_checkpoint, save_checkpoint
 from ..cluster.compression import Compression, encode, encode_ids
 from ..cluster.driver import Driver
 from ..cluster.errors import ClusterError
-from ..cluster.keys import BOUND, home_of, key_name, plan_key, row_dim
+from ..cluster.keys import BOUND, FUNCTION, home_of, key_name, plan_key, row_dim, updater_text_of
 from ..cluster.layout import plan_servers
 from ..cluster.messages import (
     Barrier,
@@ -290,6 +290,9 @@ class KVStore:
             shape, dtype = tuple(array.shape), value_dtype(array.dtype, where)
         if row_sparse and len(shape) < 1:
             raise ParamError(f"{where}: a row-sparse key is a table (rows first), not a scalar")
+        if dtype.kind != "f" and (row_sparse or isinstance(value, Fill)):
+            raise ParamError(f"{where}: {dtype} values (counts) are given as an array of a "
+                             "dense key; row-sparse tables and fills hold floats")
         info = KeyInfo(name, shape, dtype.name, row_sparse, int_key)
         if self.rank != 0:  # rank 0's value is used: wait for it, and check ours agrees
             k = self._key(key)
@@ -314,7 +317,9 @@ class KVStore:
                 flat = _fill_whole(generator, name, shape, dtype, int(value.seed))
         else:
             assert array is not None
-            flat = np.ascontiguousarray(array, dtype).reshape(-1)
+            # a copy: in one process the servers keep what they are given, and the caller's
+            # array (one array given to several keys, say) must not become the keys' values
+            flat = np.array(array, dtype, order="C", copy=True).reshape(-1)
         home = home_of(name, int_key, self.num_servers)
 
         def message(server: int, lo: int, hi: int, is_home: bool) -> KeyInit:
@@ -334,12 +339,25 @@ class KVStore:
 
     # -- the updater ------------------------------------------------------------------------
 
-    def set_updater(self, updater: UpdaterConf | Mapping[str, Any] | str | Updater | None
-                    ) -> None:
+    def set_updater(self, updater: UpdaterConf | Mapping[str, Any] | str | Updater
+                    | Callable[[Any, np.ndarray, np.ndarray], None] | None) -> None:
         """The update method of every key, as a declaration: an ``updater { }`` block's text,
         a dict or an ``UpdaterConf`` (SPEC §5), never a pickled object; None: none (a push
         then replaces the values by the sum of the step's gradients). Changing the method
-        starts every key's updater state from zero; setting the same one changes nothing."""
+        starts every key's updater state from zero; setting the same one changes nothing.
+
+        Or, as MXNet's ``set_updater``, a Python function ``updater(key, input, stored)``
+        that updates ``stored`` (the key's values, an array to change in place) from
+        ``input`` (the sum of the step's pushes); the key is given as it was made (int or
+        str). The function runs where the servers are, so only on a store whose servers are
+        in this process (the embedded backend), set on the store :func:`create` returned;
+        on Ray it is refused (it would have to be pickled to reach them). A key cut into
+        pieces on several servers (``bound`` values or more) is given piece by piece, each
+        flat; a table's push, the rows pushed (``len(ids) × row``)."""
+        if callable(updater) and not isinstance(updater, (str, Mapping, UpdaterConf,
+                                                          Updater)):
+            self._set_function(updater)
+            return
         text = _updater_text(updater)
         self._wait([self._send(s, SetUpdater(text), "reply to set_updater")
                     for s in range(self.num_servers)])
@@ -347,6 +365,35 @@ class KVStore:
 
     #: MXNet's name (it takes the same declarations).
     set_optimizer = set_updater
+    #: MXNet's private name of the in-process form (``kv._set_updater(fn)``).
+    _set_updater = set_updater
+
+    def _set_function(self, fn: Callable[[Any, np.ndarray, np.ndarray], None]) -> None:
+        backend = getattr(self._driver, "backend", None)
+        servers = getattr(backend, "servers", None)
+        if backend is None or not getattr(backend, "one_process", False) or servers is None:
+            where = ("its servers are Ray actors in other processes" if backend is not None
+                     else "this store is a worker's (set it on the store create() returned, "
+                          "before run())")
+            raise ParamError(f"set_updater: a Python function runs in-process only, and {where}"
+                             "; give the update method as a declaration (an updater { } "
+                             "block's text, a dict or an UpdaterConf), which every server "
+                             "reads as it is")
+        self.wait()
+        for server in servers.values():
+            server.set_function(fn)
+        self._updater = updater_text_of(fn)
+
+    #: What :meth:`is_capable` answers to (MXNet's ``KVStoreBase.OPTIMIZER``).
+    OPTIMIZER = "optimizer"
+
+    def is_capable(self, capability: str) -> bool:
+        """MXNet's query of what the store can do: ``"optimizer"`` -- whether the servers
+        run the update method (here always: every mode, every backend). Anything else is a
+        ValueError (a :class:`~paramserver.ParamError`), as MXNet's."""
+        if str(capability).lower() == self.OPTIMIZER:
+            return True
+        raise ParamError(f"Unknown capability: {capability} (known: '{self.OPTIMIZER}')")
 
     def set_gradient_compression(self, compression: Mapping[str, Any] | str | None) -> None:
         """Compress this store's pushes: ``{"type": "2bit", "threshold": 0.5}`` (MXNet's),
@@ -354,6 +401,16 @@ class KVStore:
         self._compression = Compression.parse(compression)
         for k in self._keys.values():
             k.residuals = [None] * len(k.pieces)
+
+    # -- broadcast ----------------------------------------------------------------------------
+
+    def broadcast(self, key: Any, value: Any, out: Any, priority: int = 0) -> None:
+        """MXNet's: initialise keys with rank 0's ``value`` and pull them into ``out`` on
+        every worker (:meth:`init`, then :meth:`pull`; lists as theirs). As with MXNet's
+        store, a key is broadcast once: it is initialised then. ``priority`` is accepted
+        and not used."""
+        self.init(key, value)
+        self.pull(key, out=out)
 
     # -- push -------------------------------------------------------------------------------
 
@@ -377,6 +434,13 @@ class KVStore:
         where = f"push of key {key!r}"
         self._finish(k)
         c = self._compression
+        if k.dtype.kind != "f":
+            if self._updater and not self._updater.startswith(FUNCTION):
+                raise ParamError(f"{where}: the key holds {k.dtype} values (counts), which the "
+                                 f"update method {json.loads(self._updater)['type']} does not "
+                                 "update: push to integer keys with no update method (the "
+                                 "sum replaces the value) or with set_updater(function)")
+            c = Compression.parse(None)  # counts travel exactly
         if k.row_sparse:
             ids, rows = self._sum_rows(k, values, where)
             if self._drops(key, rows):
@@ -455,8 +519,10 @@ class KVStore:
                 if arr.shape != k.shape:
                     raise ParamError(f"{where}: a value of shape {arr.shape}, the key's is "
                                      f"{k.shape}")
-                if arr.dtype.kind != "f":
-                    raise ParamError(f"{where}: gradients are floats, not {arr.dtype}")
+                floats = k.dtype.kind == "f"
+                if (arr.dtype.kind == "f") != floats or arr.dtype.kind not in "fiu":
+                    want = "floats" if floats else f"integers (it holds {k.dtype})"
+                    raise ParamError(f"{where}: the key's pushes are {want}, not {arr.dtype}")
                 arr = arr.reshape(-1)
             total = arr.astype(k.dtype) if total is None else total + arr
         assert total is not None
@@ -652,11 +718,18 @@ class KVStore:
         assert isinstance(reply, State)
         return bytes(reply.arrays.get("updater", np.zeros(0, np.uint8))).decode()
 
-    def save(self, path: str) -> None:
+    def save(self, path: str, dump_optimizer: bool = True) -> None:
         """Write the servers' state — every key's values, its updater state (MXNet cannot
-        save those) and versions, and the updater — to ``path`` (safetensors, atomically).
-        Waits for this store's pushes first."""
+        save those) and versions, and (``dump_optimizer``) the update method's declaration
+        — to ``path`` (safetensors, atomically). Waits for this store's pushes first. A
+        Python function (``set_updater(fn)``) is not data: save it with
+        ``dump_optimizer=False`` and set it again after loading."""
         self.wait()
+        held = self._updater_held()
+        if dump_optimizer and held.startswith(FUNCTION):
+            raise ParamError(f"save: the update method is a Python function ({held[1:-1]}), "
+                             "which is not saved (no pickle): save with dump_optimizer=False "
+                             "and set_updater() it again after loading")
         arrays: dict[str, np.ndarray] = {}
         keys = {}
         for k in self._all_keys():
@@ -676,26 +749,31 @@ class KVStore:
                     pieces[0] if role == "count" else np.concatenate(pieces))
             keys[k.name] = {"shape": list(k.shape), "dtype": k.dtype.name,
                             "row_sparse": k.row_sparse, "int_key": k.int_key}
-        meta = {"format": FORMAT, "updater": self._updater_held(), "keys": keys}
+        meta = {"format": FORMAT, "updater": held if dump_optimizer else "", "keys": keys}
         save_checkpoint(path, arrays, meta)
 
-    #: MXNet's name (here the values are saved too).
-    save_optimizer_states = save
+    def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
+        """MXNet's name: :meth:`save` (here the values are saved too), the update method's
+        declaration with it when ``dump_optimizer`` (MXNet's default: not)."""
+        self.save(fname, dump_optimizer=dump_optimizer)
 
-    def load(self, path: str) -> None:
+    def load(self, path: str, *, take_updater: bool = False) -> None:
         """Restore :meth:`save`'s file: keys that exist take its values and updater state
         (checked whole, by every server, before anything changes); keys that do not are
-        initialised from it. The updater must be the file's (or none, then the file's is
-        set)."""
+        initialised from it. A file with the update method (``dump_optimizer``) sets it when
+        the store has none; when the store has another, it is refused -- unless
+        ``take_updater`` (then the file's replaces it, as MXNet's
+        ``load_optimizer_states`` of a dumped optimizer does). A file without one needs the
+        store's to keep the state of the same roles."""
         arrays, meta = load_checkpoint(path)
         if meta.get("format") != FORMAT:
             raise ParamError(f"{path}: not a key-value store's state (format "
                              f"{meta.get('format')!r}, expected {FORMAT!r})")
         saved, held = str(meta.get("updater", "")), self._updater_held()
-        if held and saved and held != saved:
+        if held and saved and held != saved and not take_updater:
             raise ParamError(f"{path} was saved with the updater {saved}, and the store has "
                              f"{held}: set_updater() the file's first")
-        if saved and not held:
+        if saved and held != saved:
             self.set_updater(json.loads(saved))
         self.wait()
         existing = {k.name: k for k in self._all_keys()}
@@ -732,8 +810,9 @@ class KVStore:
         self._wait([self._send(s, Keyed(k.name, SetState(part)), "load of a state")
                     for k, s, part in pieces])
 
-    #: MXNet's name.
-    load_optimizer_states = load
+    def load_optimizer_states(self, fname: str) -> None:
+        """MXNet's name: :meth:`load`, a dumped update method replacing the store's."""
+        self.load(fname, take_updater=True)
 
     @staticmethod
     def _piece_state(k: _Key, arrays: Mapping[str, np.ndarray], lo: int, hi: int

@@ -21,6 +21,8 @@ from ..config.job import ParamGenConf, conf_from
 from ..params import coalesce_rows
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+#: Integer values, for keys that hold counts (MXNet's int32 and int64 NDArrays).
+_INTEGERS = (np.dtype(np.int32), np.dtype(np.int64))
 
 
 @dataclass(frozen=True)
@@ -88,10 +90,14 @@ class Fill:
 
 
 def value_dtype(dtype: Any, where: str) -> np.dtype[Any]:
-    """A key's dtype: float32 or float64."""
-    dt = np.dtype(dtype)
-    if dt not in _FLOATS:
-        raise ParamError(f"{where}: values must be float32 or float64, not {dt}")
+    """A key's dtype: float32 or float64, or int32 or int64 (a key that holds counts)."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        dt = None
+    if dt not in _FLOATS and dt not in _INTEGERS:
+        raise ParamError(f"{where}: values must be float32 or float64 (or int32 or int64, "
+                         f"for counts), not {dtype if dt is None else dt}")
     return dt
 
 

@@ -1,10 +1,12 @@
 """Fused numeric update kernels over flat parameter buffers (numba).
 
 All Params of a server slice live in one contiguous 1-D array per role: values ``w``, gradient
-``g`` and the updater state (``h``, ``u``; ``m``, ``v`` for Adam; ``m``, ``u`` for AdaMax).
+``g`` and the updater state (``h``, ``u``; ``m``, ``v`` for Adam; ``m``, ``u`` for AdaMax;
+a third array for AMSGrad's running maximum and the centred RMSProp's mean with momentum).
 One call updates many Params ("segments") at once: segment ``k`` is ``[offsets[k],
 offsets[k+1])`` of the arrays passed, and the per-segment arguments (``lr``, ``wd``,
-``gscale``, ``step``) are scalars or arrays with one entry per segment.
+``gscale``, ``step``) are scalars or arrays with one entry per segment. ``skip`` marks
+segments to pass over (a Param that got no gradient: nothing of it is read or written).
 
 For every element, in the order of SPEC §5:
 
@@ -41,7 +43,8 @@ from . import quant
 from .cache import njit
 
 __all__ = ["BLOCK", "CHUNK", "State", "adadelta", "adagrad", "adam", "adamax", "kernel_for",
-           "nesterov", "rmsprop", "sgd", "signed_state", "state_like", "threads_for", "warmup"]
+           "nadam", "nesterov", "radam", "rmsprop", "sgd", "signed_state", "state_like",
+           "threads_for", "warmup"]
 
 BLOCK = quant.BLOCK
 """Values per block of 8-bit state (one float32 scale each)."""
@@ -51,7 +54,8 @@ CHUNK = 1 << 15
 boundaries, so one 16M-element Param and 200 small ones are balanced alike."""
 
 _NUM_PARAMS = 5  # call-wide hyper-parameters a rule may use: p = (p0, ..., p4)
-_NUM_COEFS = 3  # per-segment coefficients a rule may use: k = (k0, k1, k2)
+_NUM_COEFS = 4  # per-segment coefficients a rule may use: k = (k0, k1, k2, k3)
+_SKIP = 2 + _NUM_COEFS  # the row of the per-segment table that marks a skipped segment
 
 PerSegment = npt.ArrayLike
 """A float (the same for every segment) or a 1-D array with one entry per segment."""
@@ -59,100 +63,164 @@ PerSegment = npt.ArrayLike
 
 # ---------------------------------------------------------------------------------------------
 # Per-element rules. Each gets the element's value ``w``, its prepared gradient ``g`` (clipped,
-# scaled, weight-decayed), its state elements ``h`` and ``u``, the per-segment coefficients
-# ``k`` and the call-wide hyper-parameters ``p``, and returns the new ``(w, h, u)``. The driver
-# reads and writes only the first ``nstate`` state arrays; a rule returns the others unchanged.
-# All numbers are of the data type, so the arithmetic stays in it.
+# scaled, weight-decayed), its state elements ``h``, ``u`` and ``x``, the per-segment
+# coefficients ``k`` and the call-wide hyper-parameters ``p``, and returns the new
+# ``(w, h, u, x)``. The driver reads and writes only the first ``nstate`` state arrays; a rule
+# returns the others unchanged. All numbers are of the data type, so the arithmetic stays in it.
 
 
 @register_jitable(inline="always")
-def _sgd_rule(w, g, h, u, k, p):  # type: ignore[no-untyped-def]
+def _sgd_rule(w, g, h, u, x, k, p):  # type: ignore[no-untyped-def]
     # k0 = lr
-    return w - k[0] * g, h, u
+    return w - k[0] * g, h, u, x
 
 
 @register_jitable(inline="always")
-def _singa_momentum_rule(w, g, h, u, k, p):  # type: ignore[no-untyped-def]
+def _singa_momentum_rule(w, g, h, u, x, k, p):  # type: ignore[no-untyped-def]
     # SINGA's form of the momentum rule below (k1 = 1), one multiply an element fewer: the
     # result is the same bit for bit (w + 1·h is w + h), and the update kernel gets about 7 %
     # faster where it is not bound by memory (4M values on one thread: 1.18 -> 1.10 ms).
     h = p[0] * h - k[0] * g
-    return w + h, h, u
+    return w + h, h, u, x
 
 
 @register_jitable(inline="always")
-def _momentum_rule(w, g, h, u, k, p):  # type: ignore[no-untyped-def]
+def _momentum_rule(w, g, h, u, x, k, p):  # type: ignore[no-untyped-def]
     # p0 = momentum. SINGA's form: k0 = lr, k1 = 1 (h = m*h - lr*g; w = w + h). torch.optim's
     # form: k0 = -(1 - dampening), k1 = -lr (h = m*h + (1 - dampening)*g; w = w - lr*h), so
     # that h is torch's momentum buffer and a new rate applies to the whole of it.
     h = p[0] * h - k[0] * g
-    return w + k[1] * h, h, u
+    return w + k[1] * h, h, u, x
 
 
 @register_jitable(inline="always")
-def _nesterov_rule(w, g, h, u, k, p):  # type: ignore[no-untyped-def]
+def _nesterov_rule(w, g, h, u, x, k, p):  # type: ignore[no-untyped-def]
     # p0 = momentum, p1 = 1 + momentum. SINGA's form: k0 = lr, k1 = 1. torch.optim's form:
     # k0 = 1, k1 = lr (h is torch's buffer m*h + g, and (1+m)*h1 - m*h = g + m*h1 its step).
     h1 = p[0] * h + k[0] * g
-    return w - k[1] * (p[1] * h1 - p[0] * h), h1, u
+    return w - k[1] * (p[1] * h1 - p[0] * h), h1, u, x
 
 
 @register_jitable(inline="always")
-def _adagrad_rule(w, g, h, u, k, p):  # type: ignore[no-untyped-def]
+def _adagrad_rule(w, g, h, u, x, k, p):  # type: ignore[no-untyped-def]
     # k0 = lr; p0 = delta under the square root (SINGA's form), p1 = delta after it
     # (torch.optim's eps); the other is 0.
     h = h + g * g
-    return w - k[0] * g / (np.sqrt(h + p[0]) + p[1]), h, u
+    return w - k[0] * g / (np.sqrt(h + p[0]) + p[1]), h, u, x
 
 
 @register_jitable(inline="always")
-def _rmsprop_rule(w, g, h, u, k, p):  # type: ignore[no-untyped-def]
+def _rmsprop_rule(w, g, h, u, x, k, p):  # type: ignore[no-untyped-def]
     # k0 = lr; p0 = rho, p1 = 1 - rho, p2 = delta under the square root (SINGA's form),
     # p3 = delta after it (torch.optim's eps); p4 = momentum (torch.optim's, with u its
     # buffer: u = m*u + g/avg; w = w - lr*u), 0 for none.
     h = p[0] * h + p[1] * g * g
     if p[4] > 0:
         u = p[4] * u + g / (np.sqrt(h + p[2]) + p[3])
-        return w - k[0] * u, h, u
-    return w - k[0] * g / (np.sqrt(h + p[2]) + p[3]), h, u
+        return w - k[0] * u, h, u, x
+    return w - k[0] * g / (np.sqrt(h + p[2]) + p[3]), h, u, x
 
 
 @register_jitable(inline="always")
-def _adadelta_rule(w, g, h, u, k, p):  # type: ignore[no-untyped-def]
+def _centered_avg(h, a, p):  # type: ignore[no-untyped-def]
+    # The centred RMSProp's denominator: sqrt(h - a² (+ delta)) (+ delta) with the running
+    # mean a of g. h ≥ a² holds exactly (Cauchy-Schwarz over the running means' weights),
+    # but bfloat16 or 8-bit state rounds h and a apart: a negative difference is taken as 0
+    # (torch.optim, in float state, would give NaN there). NaN stays NaN (d - d: a zero of
+    # the data type, where a literal 0 would widen float32 to float64).
+    d = h - a * a
+    d = d if d >= 0 else d - d
+    return np.sqrt(d + p[2]) + p[3]
+
+
+@register_jitable(inline="always")
+def _rmsprop_centered_rule(w, g, h, a, x, k, p):  # type: ignore[no-untyped-def]
+    # torch.optim.RMSprop(centered=True) without momentum: a (the second state) is the running
+    # mean of g, a = rho*a + (1 - rho)*g; k, p as _rmsprop_rule (p4 = 0).
+    h = p[0] * h + p[1] * g * g
+    a = p[0] * a + p[1] * g
+    return w - k[0] * g / _centered_avg(h, a, p), h, a, x
+
+
+@register_jitable(inline="always")
+def _rmsprop_centered_momentum_rule(w, g, h, u, a, k, p):  # type: ignore[no-untyped-def]
+    # torch.optim.RMSprop(centered=True, momentum=p4): u the momentum buffer, a (the third
+    # state) the running mean of g; k, p as _rmsprop_rule.
+    h = p[0] * h + p[1] * g * g
+    a = p[0] * a + p[1] * g
+    u = p[4] * u + g / _centered_avg(h, a, p)
+    return w - k[0] * u, h, u, a
+
+
+@register_jitable(inline="always")
+def _adadelta_rule(w, g, h, u, x, k, p):  # type: ignore[no-untyped-def]
     # k0 = lr; p0 = rho, p1 = 1 - rho, p2 = delta.
     # sqrt(u + delta) / sqrt(h + delta) as one square root of a quotient: one sqrt fewer.
     h = p[0] * h + p[1] * g * g
     t = g * np.sqrt((u + p[2]) / (h + p[2]))
     u = p[0] * u + p[1] * t * t
-    return w - k[0] * t, h, u
+    return w - k[0] * t, h, u, x
 
 
 @register_jitable(inline="always")
-def _adam_rule(w, g, m, v, k, p):  # type: ignore[no-untyped-def]
+def _adam_rule(w, g, m, v, x, k, p):  # type: ignore[no-untyped-def]
     # k0 = lr / (1 - beta1^t), k1 = 1 / sqrt(1 - beta2^t), k2 = 1 - lr * wd (AdamW) or 1 (Adam);
-    # p0 = beta1, p1 = 1 - beta1, p2 = beta2, p3 = 1 - beta2, p4 = delta
+    # p0 = beta1, p1 = 1 - beta1, p2 = beta2, p3 = 1 - beta2, p4 = delta. (torch.optim's
+    # SparseAdam adds delta to sqrt(v) before the bias correction: k0 = lr·sqrt(1 - beta2^t) /
+    # (1 - beta1^t), k1 = 1.)
     m = p[0] * m + p[1] * g
     v = p[2] * v + p[3] * g * g
-    return w * k[2] - k[0] * m / (np.sqrt(v) * k[1] + p[4]), m, v
+    return w * k[2] - k[0] * m / (np.sqrt(v) * k[1] + p[4]), m, v, x
 
 
 @register_jitable(inline="always")
-def _adam_inner_delta_rule(w, g, m, v, k, p):  # type: ignore[no-untyped-def]
+def _amsgrad_rule(w, g, m, v, x, k, p):  # type: ignore[no-untyped-def]
+    # AMSGrad (torch.optim.Adam(amsgrad=True)): Adam with the running maximum x of v in the
+    # denominator; k, p as _adam_rule.
+    m = p[0] * m + p[1] * g
+    v = p[2] * v + p[3] * g * g
+    x = max(x, v)
+    return w * k[2] - k[0] * m / (np.sqrt(x) * k[1] + p[4]), m, v, x
+
+
+@register_jitable(inline="always")
+def _adam_inner_delta_rule(w, g, m, v, x, k, p):  # type: ignore[no-untyped-def]
     # SINGA v0.3's kAdam: no bias correction, delta under the square root.
     # k0 = lr, k2 = 1 - lr * wd (AdamW) or 1; p as in _adam_rule
     m = p[0] * m + p[1] * g
     v = p[2] * v + p[3] * g * g
-    return w * k[2] - k[0] * m / np.sqrt(v + p[4]), m, v
+    return w * k[2] - k[0] * m / np.sqrt(v + p[4]), m, v, x
 
 
 @register_jitable(inline="always")
-def _adamax_rule(w, g, m, u, k, p):  # type: ignore[no-untyped-def]
+def _adamax_rule(w, g, m, u, x, k, p):  # type: ignore[no-untyped-def]
     # AdaMax, Adam's infinity norm (Kingma & Ba, section 7.1): u = max(beta2*u, |g| + p3) + p4
     # with (p3, p4) = (delta, 0) as torch.optim.Adamax, or (0, delta) as SINGA v0.3.
     # k0 = lr / (1 - beta1^t) (or lr); p0 = beta1, p1 = 1 - beta1, p2 = beta2
     m = p[0] * m + p[1] * g
     u = max(p[2] * u, abs(g) + p[3]) + p[4]
-    return w - k[0] * m / u, m, u
+    return w - k[0] * m / u, m, u, x
+
+
+@register_jitable(inline="always")
+def _nadam_rule(w, g, m, v, x, k, p):  # type: ignore[no-untyped-def]
+    # NAdam (Dozat 2016, as torch.optim.NAdam): k0 = lr·(1 - mu_t)/(1 - mu_1···mu_t),
+    # k1 = lr·mu_{t+1}/(1 - mu_1···mu_{t+1}), k2 = 1/sqrt(1 - beta2^t), k3 = 1 - lr·wd
+    # (decoupled weight decay) or 1; p as _adam_rule.
+    m = p[0] * m + p[1] * g
+    v = p[2] * v + p[3] * g * g
+    return w * k[3] - (k[0] * g + k[1] * m) / (np.sqrt(v) * k[2] + p[4]), m, v, x
+
+
+@register_jitable(inline="always")
+def _radam_rule(w, g, m, v, x, k, p):  # type: ignore[no-untyped-def]
+    # RAdam (Liu et al. 2020, as torch.optim.RAdam): where the variance is tractable
+    # (rho_t > 5) k0 = lr·r_t·sqrt(1 - beta2^t)/(1 - beta1^t) and k1 = 0, else k0 = 0 and
+    # k1 = lr/(1 - beta1^t) (an SGD-momentum step); k2 = 1 - lr·wd (decoupled) or 1; p as
+    # _adam_rule.
+    m = p[0] * m + p[1] * g
+    v = p[2] * v + p[3] * g * g
+    return w * k[2] - m * (k[0] / (np.sqrt(v) + p[4]) + k[1]), m, v, x
 
 
 @register_jitable
@@ -452,12 +520,14 @@ def _u8_stochastic(y, offset, key, index):  # type: ignore[no-untyped-def]
 # ---------------------------------------------------------------------------------------------
 # The drivers. ``_fused_kernel(rule, nstate, name)`` makes a kernel
 #
-#     kernel(w, wv, g, h, u, hs, us, offsets, counts, seg, hyp, clip, check) -> int
+#     kernel(w, wv, g, h, u, x, hs, us, xs, offsets, counts, seg, hyp, clip, check) -> int
 #
-# with ``seg[:, s] = (gscale, wd, k0, k1, k2)`` for segment ``s`` and ``hyp = (clip_low, clip_high,
-# p0, ..., p4)``, all of the data type; ``h``, ``u`` the state as stored, ``wv`` (a kernel made with
+# with ``seg[:, s] = (gscale, wd, k0, k1, k2, k3, skip)`` for segment ``s`` and ``hyp =
+# (clip_low, clip_high, p0, ..., p4)``, all of the data type; a segment whose ``skip`` is not 0
+# (a Param that got no gradient in the step) is passed over: nothing of it is read or written.
+# ``h``, ``u``, ``x`` the state as stored, ``wv`` (a kernel made with
 # ``master``) the values to write with the bfloat16 rounding of the new ``w`` (then the float32
-# master copy; else unused), ``hs``, ``us`` the block scales of 8-bit state (else unused),
+# master copy; else unused), ``hs``, ``us``, ``xs`` the block scales of 8-bit state (else unused),
 # ``counts`` the segments' update counts (for the random bits of stochastic rounding; else unused).
 # It first checks that ``offsets`` never decrease (returning -1, before writing anything, if they
 # do: the walk below relies on it to stay inside the arrays), and for 8-bit state that the scales
@@ -500,7 +570,7 @@ def _fused_kernel(rule: Callable[..., Any], nstate: int, name: str,
     ``wv`` gets its bfloat16 rounding; see above."""
     per_element = load is _as_is  # float state: count NaN and Inf element by element
 
-    def kernel(w, wv, g, h, u, hs, us, offsets, counts, seg, hyp, clip, check):  # type: ignore[no-untyped-def]
+    def kernel(w, wv, g, h, u, x, hs, us, xs, offsets, counts, seg, hyp, clip, check):  # type: ignore[no-untyped-def]
         for s in range(offsets.shape[0] - 1):
             if offsets[s + 1] < offsets[s]:
                 return -1
@@ -524,17 +594,23 @@ def _fused_kernel(rule: Callable[..., Any], nstate: int, name: str,
             worst = _no_magnitude(g)  # bfloat16 state: the chunk's largest magnitude pattern
             while pos < stop:
                 end = min(offsets[s + 1], stop)
+                if seg[_SKIP, s] != 0:  # no gradient: the segment is not touched
+                    pos = end
+                    s += 1
+                    continue
                 gscale = seg[0, s]
                 wd = seg[1, s]
-                k = (seg[2, s], seg[3, s], seg[4, s])
+                k = (seg[2, s], seg[3, s], seg[4, s], seg[5, s])
                 key0 = _round_key(counts[s], 0) if stochastic else np.uint64(0)
                 key1 = _round_key(counts[s], 1) if stochastic else np.uint64(0)
+                key2 = _round_key(counts[s], 2) if stochastic else np.uint64(0)
                 first = pos - offsets[s]
                 ws = w[pos:end]
                 vs = wv[pos:end] if master else wv
                 gs = g[pos:end]
                 hs_ = h[pos:end] if nstate >= 1 else h
                 us_ = u[pos:end] if nstate >= 2 else u
+                xs_ = x[pos:end] if nstate >= 3 else x
                 bad = 0
                 for i in range(end - pos):
                     gi = gs[i]
@@ -552,7 +628,8 @@ def _fused_kernel(rule: Callable[..., Any], nstate: int, name: str,
                     # The stand-in for a state a rule does not keep is any value of the type.
                     hi = load(hs_[i]) if nstate >= 1 else gi
                     ui = load(us_[i]) if nstate >= 2 else gi
-                    wi, hi, ui = rule(wi, gi, hi, ui, k, p)
+                    xi = load(xs_[i]) if nstate >= 3 else gi
+                    wi, hi, ui, xi = rule(wi, gi, hi, ui, xi, k, p)
                     ws[i] = wi
                     if master:
                         vs[i] = _bf16_value(wi)
@@ -560,6 +637,8 @@ def _fused_kernel(rule: Callable[..., Any], nstate: int, name: str,
                         hs_[i] = store(hi, key0, first + i)
                     if nstate >= 2:
                         us_[i] = store(ui, key1, first + i)
+                    if nstate >= 3:
+                        xs_[i] = store(xi, key2, first + i)
                 nonfinite += bad
                 pos = end
                 s += 1
@@ -571,16 +650,17 @@ def _fused_kernel(rule: Callable[..., Any], nstate: int, name: str,
 
 
 def _blockwise_kernel(rule: Callable[..., Any], nstate: int, name: str,
-                      code0: str, code1: str, stochastic: bool = False,
+                      codes: tuple[str, ...], stochastic: bool = False,
                       parallel: bool = True, master: bool = False) -> Any:
-    """The kernel of ``rule`` over 8-bit block-wise state kept as ``code0`` and ``code1``
-    (``"int8"`` or ``"uint8"``); see above."""
-    load0, load1 = _LOADS[code0], _LOADS[code1]
-    store0, store1 = _STORES[code0, stochastic], _STORES[code1, stochastic]
-    bias0, bias1 = _BIASES[code0], _BIASES[code1]
-    abs0, abs1 = _MAGNITUDE_BITS[code0], _MAGNITUDE_BITS[code1]
+    """The kernel of ``rule`` over 8-bit block-wise state, each array kept as its entry of
+    ``codes`` (``"int8"`` or ``"uint8"``); see above."""
+    codes = (*codes, *(codes[-1:] * 3))[:3]  # the unused ones: any code
+    load0, load1, load2 = (_LOADS[c] for c in codes)
+    store0, store1, store2 = (_STORES[c, stochastic] for c in codes)
+    bias0, bias1, bias2 = (_BIASES[c] for c in codes)
+    abs0, abs1, abs2 = (_MAGNITUDE_BITS[c] for c in codes)
 
-    def kernel(w, wv, g, h, u, hs, us, offsets, counts, seg, hyp, clip, check):  # type: ignore[no-untyped-def]
+    def kernel(w, wv, g, h, u, x, hs, us, xs, offsets, counts, seg, hyp, clip, check):  # type: ignore[no-untyped-def]
         nseg = offsets.shape[0] - 1
         for s in range(nseg):
             if offsets[s + 1] < offsets[s]:
@@ -590,7 +670,9 @@ def _blockwise_kernel(rule: Callable[..., Any], nstate: int, name: str,
         for s in range(nseg):
             first_block[s + 1] = first_block[s] + (offsets[s + 1] - offsets[s] + BLOCK - 1
                                                    ) // BLOCK
-        if hs.shape[0] != first_block[nseg] or (nstate >= 2 and us.shape[0] != first_block[nseg]):
+        nblocks = first_block[nseg]
+        if hs.shape[0] != nblocks or (nstate >= 2 and us.shape[0] != nblocks) or (
+                nstate >= 3 and xs.shape[0] != nblocks):
             return -2
         n = w.shape[0]
         nchunks = (n + CHUNK - 1) // CHUNK
@@ -608,6 +690,7 @@ def _blockwise_kernel(rule: Callable[..., Any], nstate: int, name: str,
         for c in prange(nchunks):
             buf0 = np.empty(BLOCK, np.float32)
             buf1 = np.empty(BLOCK, np.float32)
+            buf2 = np.empty(BLOCK, np.float32)
             pos = _block_start(offsets, c * CHUNK, n)
             stop = _block_start(offsets, c * CHUNK + CHUNK, n)
             first = pos
@@ -616,25 +699,34 @@ def _blockwise_kernel(rule: Callable[..., Any], nstate: int, name: str,
             while pos < stop:
                 start = offsets[s]
                 end = min(offsets[s + 1], stop)
+                if seg[_SKIP, s] != 0:  # no gradient: the segment is not touched
+                    pos = end
+                    s += 1
+                    continue
                 gscale = seg[0, s]
                 wd = seg[1, s]
-                k = (seg[2, s], seg[3, s], seg[4, s])
+                k = (seg[2, s], seg[3, s], seg[4, s], seg[5, s])
                 key0 = _round_key(counts[s], 0) if stochastic else np.uint64(0)
                 key1 = _round_key(counts[s], 1) if stochastic else np.uint64(0)
+                key2 = _round_key(counts[s], 2) if stochastic else np.uint64(0)
                 while pos < end:
                     bend = min(pos + BLOCK, end)
                     b = first_block[s] + (pos - start) // BLOCK
                     e0 = _exponent_of_scale(hs[b])
                     e1 = _exponent_of_scale(us[b]) if nstate >= 2 else e0
+                    e2 = _exponent_of_scale(xs[b]) if nstate >= 3 else e0
                     ws = w[pos:bend]
                     vs = wv[pos:bend] if master else wv
                     gs = g[pos:bend]
                     hb = h[pos:bend]
                     ub = u[pos:bend] if nstate >= 2 else u
+                    xb = x[pos:bend] if nstate >= 3 else x
                     off0 = _I(bias0 + 8 * e0)
                     off1 = _I(bias1 + 8 * e1)
+                    off2 = _I(bias2 + 8 * e2)
                     amax0 = _U(0)
                     amax1 = _U(0)
+                    amax2 = _U(0)
                     for i in range(bend - pos):
                         gi = gs[i]
                         worst = max(worst, _magnitude(gi))
@@ -646,7 +738,8 @@ def _blockwise_kernel(rule: Callable[..., Any], nstate: int, name: str,
                             gi = gi + wd * wi
                         hi = load0(hb[i], off0)
                         ui = load1(ub[i], off1) if nstate >= 2 else gi
-                        wi, hi, ui = rule(wi, gi, hi, ui, k, p)
+                        xi = load2(xb[i], off2) if nstate >= 3 else gi
+                        wi, hi, ui, xi = rule(wi, gi, hi, ui, xi, k, p)
                         ws[i] = wi
                         if master:
                             vs[i] = _bf16_value(wi)
@@ -655,6 +748,9 @@ def _blockwise_kernel(rule: Callable[..., Any], nstate: int, name: str,
                         if nstate >= 2:
                             buf1[i] = ui
                             amax1 = max(amax1, abs1(ui))
+                        if nstate >= 3:
+                            buf2[i] = xi
+                            amax2 = max(amax2, abs2(xi))
                     base = pos - start
                     e0 = _exponent_above(amax0)
                     off0 = _I(bias0 + 8 * e0)
@@ -667,6 +763,12 @@ def _blockwise_kernel(rule: Callable[..., Any], nstate: int, name: str,
                         for i in range(bend - pos):
                             ub[i] = store1(buf1[i], off1, key1, base + i)
                         us[b] = _scale(e1)
+                    if nstate >= 3:
+                        e2 = _exponent_above(amax2)
+                        off2 = _I(bias2 + 8 * e2)
+                        for i in range(bend - pos):
+                            xb[i] = store2(buf2[i], off2, key2, base + i)
+                        xs[b] = _scale(e2)
                     pos = bend
                 s += 1
             if worst >= _least_nonfinite(g):
@@ -732,10 +834,15 @@ _RULES: dict[str, Callable[..., Any]] = {
     "adagrad": _adagrad_rule,
     "rmsprop": _rmsprop_rule,
     "rmsprop_momentum": _rmsprop_rule,
+    "rmsprop_centered": _rmsprop_centered_rule,
+    "rmsprop_centered_momentum": _rmsprop_centered_momentum_rule,
     "adadelta": _adadelta_rule,
     "adam": _adam_rule,
+    "amsgrad": _amsgrad_rule,
     "adam_inner_delta": _adam_inner_delta_rule,
     "adamax": _adamax_rule,
+    "nadam": _nadam_rule,
+    "radam": _radam_rule,
 }
 
 _LOADS: dict[str, Any] = {"int8": _s8_load, "uint8": _u8_load}
@@ -778,12 +885,13 @@ def _make(rule: str, codes: tuple[str, ...], stochastic: bool, parallel: bool,
     name = f"_{rule}_kernel" + ("_master" if master else "")
     if not codes or codes[0] == "float":
         return _fused_kernel(fn, nstate, name, parallel=parallel, master=master)
-    suffix = "_".join(dict.fromkeys(codes)) + ("_sr" if stochastic else "")
+    suffix = ("_".join(codes) if len(set(codes)) > 1 else codes[0]) + ("_sr" if stochastic
+                                                                        else "")
     if codes[0] == "bfloat16":
         return _fused_kernel(fn, nstate, f"{name}_{suffix}", _bf16_load,
                              _STORES["bfloat16", stochastic], stochastic, parallel, master)
-    return _blockwise_kernel(fn, nstate, f"{name}_{suffix}", codes[0], codes[-1], stochastic,
-                             parallel, master)
+    return _blockwise_kernel(fn, nstate, f"{name}_{suffix}", codes, stochastic, parallel,
+                             master)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -844,6 +952,7 @@ def _launch(
     stochastic: bool = False,
     step: PerSegment | None = None,
     bf16_values: np.ndarray | None = None,
+    skip: npt.ArrayLike | None = None,
 ) -> int:
     if not isinstance(w, np.ndarray) or w.dtype not in (np.float32, np.float64):
         raise ParamError(f"w must be a float32 or float64 numpy array, not {_describe(w)}")
@@ -885,13 +994,16 @@ def _launch(
     if offsets.ndim != 1 or offsets.shape[0] < 1 or offsets[0] != 0 or offsets[-1] != w.shape[0]:
         _bad_offsets(offsets, w)
     nseg = offsets.shape[0] - 1
-    seg = np.empty((2 + _NUM_COEFS, nseg), dtype)
+    seg = np.zeros((3 + _NUM_COEFS, nseg), dtype)
     try:
         for row, value in enumerate((gscale, wd, *k)):
             seg[row] = value
+        if skip is not None:
+            seg[_SKIP] = np.asarray(skip, bool)
     except ValueError:  # numpy's: a row of the wrong length
         raise ParamError(
-            f"per-segment arguments must be scalars or have one entry per segment ({nseg})"
+            f"per-segment arguments (and skip) must be scalars or have one entry per segment "
+            f"({nseg})"
         ) from None
     hyp = np.zeros(2 + _NUM_PARAMS, dtype)
     hyp[: 2 + len(p)] = (clip_low, clip_high, *p)
@@ -901,17 +1013,18 @@ def _launch(
         if step is None:
             raise ParamError("stochastic rounding needs step (per segment, the number of "
                              "this update): its random bits are drawn from it")
-        counts = np.ascontiguousarray(np.broadcast_to(_step(step).astype(np.int64), (nseg,)))
+        counts = np.ascontiguousarray(np.broadcast_to(_step(step, skip).astype(np.int64),
+                                                      (nseg,)))
     # A read-only view: one compiled signature for g, whether or not the caller's is writeable.
     gv = g.view()
     gv.flags.writeable = False
-    arrays = [a for _, a, _ in found] + [w[:0], w[:0]]
-    scales = [sc for _, _, sc in found if sc is not None] + [_NO_SCALES, _NO_SCALES]
+    arrays = [a for _, a, _ in found] + [w[:0]] * 3
+    scales = [sc for _, _, sc in found if sc is not None] + [_NO_SCALES] * 3
     n = w.shape[0]
     parallel = n > CHUNK
     kernel = kernel_for(rule, codes, stochastic, parallel, master)
     wv = bf16_values if bf16_values is not None else w[:0]
-    args = (w, wv, gv, arrays[0], arrays[1], scales[0], scales[1], offsets, counts, seg, hyp,
+    args = (w, wv, gv, *arrays[:3], *scales[:3], offsets, counts, seg, hyp,
             bool(clip_high > clip_low), bool(check))
     if parallel:
         with threads_for(n):
@@ -1000,6 +1113,7 @@ def sgd(
     stochastic: bool = False,
     bf16_values: np.ndarray | None = None,
     step: PerSegment | None = None,
+    skip: npt.ArrayLike | None = None,
 ) -> int:
     """SGD: ``h = momentum*h - lr*g; w = w + h``, or ``w = w - lr*g`` when momentum is 0.
 
@@ -1027,6 +1141,8 @@ def sgd(
         length), written with the new ``w`` rounded to bfloat16 (nearest, ties to even).
       step: per segment, the number ``t >= 1`` of this update (the key of the random bits
         of stochastic rounding).
+      skip: per segment, whether to pass it over (a Param that got no gradient in this
+        step): nothing of it is read or written; None: none.
     """
     if momentum > 0:
         keep = 1.0 - _f64(dampening)
@@ -1047,11 +1163,13 @@ def sgd(
             stochastic,
             step,
             bf16_values,
+            skip=skip,
         )
     else:
         return _launch(
             "sgd", w, g, {}, offsets, gscale, wd, (lr,), (), clip_low, clip_high, check,
             bf16_values=bf16_values,
+            skip=skip,
         )
 
 
@@ -1072,6 +1190,7 @@ def nesterov(
     stochastic: bool = False,
     bf16_values: np.ndarray | None = None,
     step: PerSegment | None = None,
+    skip: npt.ArrayLike | None = None,
 ) -> int:
     """Nesterov: ``h0 = h; h = momentum*h + lr*g; w = w - ((1+momentum)*h - momentum*h0)``.
 
@@ -1095,6 +1214,8 @@ def nesterov(
         length), written with the new ``w`` rounded to bfloat16 (nearest, ties to even).
       step: per segment, the number ``t >= 1`` of this update (the key of the random bits
         of stochastic rounding).
+      skip: per segment, whether to pass it over (a Param that got no gradient in this
+        step): nothing of it is read or written; None: none.
     """
     return _launch(
         "nesterov",
@@ -1112,6 +1233,7 @@ def nesterov(
         stochastic,
         step,
         bf16_values,
+        skip=skip,
     )
 
 
@@ -1132,6 +1254,7 @@ def adagrad(
     stochastic: bool = False,
     bf16_values: np.ndarray | None = None,
     step: PerSegment | None = None,
+    skip: npt.ArrayLike | None = None,
 ) -> int:
     """AdaGrad: ``h = h + g*g; w = w - lr*g/sqrt(h + delta)``; with ``torch_form``,
     torch.optim.Adagrad's ``w = w - lr*g/(sqrt(h) + delta)``.
@@ -1153,6 +1276,8 @@ def adagrad(
         length), written with the new ``w`` rounded to bfloat16 (nearest, ties to even).
       step: per segment, the number ``t >= 1`` of this update (the key of the random bits
         of stochastic rounding).
+      skip: per segment, whether to pass it over (a Param that got no gradient in this
+        step): nothing of it is read or written; None: none.
     """
     return _launch(
         "adagrad",
@@ -1170,6 +1295,7 @@ def adagrad(
         stochastic,
         step,
         bf16_values,
+        skip=skip,
     )
 
 
@@ -1187,18 +1313,24 @@ def rmsprop(
     torch_form: bool = False,
     momentum: float = 0.0,
     u: State | None = None,
+    centered: bool = False,
+    a: State | None = None,
     clip_low: float = 0.0,
     clip_high: float = 0.0,
     check: bool = False,
     stochastic: bool = False,
     bf16_values: np.ndarray | None = None,
     step: PerSegment | None = None,
+    skip: npt.ArrayLike | None = None,
 ) -> int:
     """RMSProp: ``h = rho*h + (1-rho)*g*g; w = w - lr*g/sqrt(h + delta)``.
 
     With ``torch_form``, torch.optim.RMSprop's: ``avg = sqrt(h) + delta`` (delta after the
     square root), and with ``momentum > 0`` its momentum buffer ``u``:
-    ``u = momentum*u + g/avg; w = w - lr*u`` (else ``w = w - lr*g/avg``).
+    ``u = momentum*u + g/avg; w = w - lr*u`` (else ``w = w - lr*g/avg``). With
+    ``centered`` (torch.optim.RMSprop's ``centered=True``), the running mean ``a`` of the
+    gradient is kept too, ``a = rho*a + (1-rho)*g``, and ``h - a*a`` (the variance) takes
+    the place of ``h`` in ``avg``.
 
     Args:
       w: values, updated in place (1-D, float32 or float64, C-contiguous).
@@ -1213,6 +1345,8 @@ def rmsprop(
       torch_form: torch.optim's placement of delta (above).
       momentum: torch.optim's momentum, in [0, 1] (with ``torch_form`` only).
       u: the momentum buffer, updated in place (needed when ``momentum > 0``).
+      centered: keep the running mean of the gradient, ``a`` (above).
+      a: the running mean of the gradient, updated in place (needed with ``centered``).
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
       check: read the gradient first, and write nothing if it holds NaN or Inf.
       stochastic: round bfloat16 and 8-bit state stochastically (else to nearest).
@@ -1220,15 +1354,27 @@ def rmsprop(
         length), written with the new ``w`` rounded to bfloat16 (nearest, ties to even).
       step: per segment, the number ``t >= 1`` of this update (the key of the random bits
         of stochastic rounding).
+      skip: per segment, whether to pass it over (a Param that got no gradient in this
+        step): nothing of it is read or written; None: none.
     """
     inner, outer = (0.0, delta) if torch_form else (delta, 0.0)
-    if momentum > 0:
-        if u is None or not torch_form:
-            raise ParamError("RMSProp's momentum is torch.optim's: it needs torch_form and "
-                             "the momentum buffer u")
+    if momentum > 0 and (u is None or not torch_form):
+        raise ParamError("RMSProp's momentum is torch.optim's: it needs torch_form and "
+                         "the momentum buffer u")
+    if centered:
+        if a is None:
+            raise ParamError("a centred RMSProp needs a, the running mean of the gradient")
+        states: dict[str, State] = {"h": h, "a": a}
+        if u is not None and momentum > 0:
+            states = {"h": h, "u": u, "a": a}
+        return _launch("rmsprop_centered_momentum" if momentum > 0 else "rmsprop_centered",
+                       w, g, states, offsets, gscale, wd, (lr,),
+                       (rho, 1.0 - rho, inner, outer, momentum), clip_low, clip_high, check,
+                       stochastic, step, bf16_values, skip=skip)
+    if momentum > 0 and u is not None:  # (u is there: refused above otherwise)
         return _launch("rmsprop_momentum", w, g, {"h": h, "u": u}, offsets, gscale, wd,
                        (lr,), (rho, 1.0 - rho, inner, outer, momentum), clip_low, clip_high,
-                       check, stochastic, step, bf16_values)
+                       check, stochastic, step, bf16_values, skip=skip)
     return _launch(
         "rmsprop",
         w,
@@ -1245,6 +1391,7 @@ def rmsprop(
         stochastic,
         step,
         bf16_values,
+        skip=skip,
     )
 
 
@@ -1266,6 +1413,7 @@ def adadelta(
     stochastic: bool = False,
     bf16_values: np.ndarray | None = None,
     step: PerSegment | None = None,
+    skip: npt.ArrayLike | None = None,
 ) -> int:
     """AdaDelta: ``h = rho*h + (1-rho)*g*g; t = g*sqrt(u + delta)/sqrt(h + delta);
     u = rho*u + (1-rho)*t*t; w = w - lr*t``.
@@ -1288,6 +1436,8 @@ def adadelta(
         length), written with the new ``w`` rounded to bfloat16 (nearest, ties to even).
       step: per segment, the number ``t >= 1`` of this update (the key of the random bits
         of stochastic rounding).
+      skip: per segment, whether to pass it over (a Param that got no gradient in this
+        step): nothing of it is read or written; None: none.
     """
     return _launch(
         "adadelta",
@@ -1305,6 +1455,7 @@ def adadelta(
         stochastic,
         step,
         bf16_values,
+        skip=skip,
     )
 
 
@@ -1324,11 +1475,14 @@ def adam(
     delta: float = 1e-8,
     decoupled: bool = False,
     bias_correction: bool = True,
+    vmax: State | None = None,
+    delta_before_correction: bool = False,
     clip_low: float = 0.0,
     clip_high: float = 0.0,
     check: bool = False,
     stochastic: bool = False,
     bf16_values: np.ndarray | None = None,
+    skip: npt.ArrayLike | None = None,
 ) -> int:
     """Adam (or AdamW with ``decoupled=True``) with bias correction.
 
@@ -1341,6 +1495,12 @@ def adam(
     ``b = sqrt(1-beta2^t)`` worked out in float64 (the form torch.optim uses). With
     ``decoupled=True`` the weight decay is not added to the gradient; instead
     ``w = w*(1 - lr*wd)`` before the step.
+
+    With ``vmax`` (AMSGrad, torch.optim.Adam's ``amsgrad=True``), the running maximum of
+    ``v`` is kept there, ``vmax = max(vmax, v)``, and takes the place of ``v`` in the
+    denominator. With ``delta_before_correction`` (torch.optim.SparseAdam's form), delta is
+    added to ``sqrt(v)`` before the bias correction: ``w - lr*sqrt(1-beta2^t)/(1-beta1^t) *
+    m/(sqrt(v) + delta)``.
 
     Args:
       w: values, updated in place (1-D, float32 or float64, C-contiguous).
@@ -1357,29 +1517,34 @@ def adam(
       delta: added to the denominator (Adam's epsilon); > 0.
       decoupled: AdamW's decoupled weight decay.
       bias_correction: False for SINGA v0.3's kAdam (see above).
+      vmax: AMSGrad's running maximum of ``v``, updated in place; None: plain Adam.
+      delta_before_correction: torch.optim.SparseAdam's placement of delta (above).
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
       check: read the gradient first, and write nothing if it holds NaN or Inf.
       stochastic: round bfloat16 and 8-bit state stochastically (else to nearest).
       bf16_values: with a float32 master copy as ``w``, the values read (float32, w's
         length), written with the new ``w`` rounded to bfloat16 (nearest, ties to even).
+      skip: per segment, whether to pass it over (a Param that got no gradient in this
+        step): nothing of it is read or written; None: none.
     """
     lr64 = _f64(lr)
     if bias_correction:
-        t = _step(step)
+        t = _step(step, skip)
         a = lr64 / -np.expm1(t * np.log(beta1)) if beta1 > 0 else lr64
         b = 1.0 / np.sqrt(-np.expm1(t * np.log(beta2))) if beta2 > 0 else 1.0
+        if delta_before_correction:
+            a, b = a / b, 1.0
     else:
         a, b = lr64, 1.0
-    if decoupled:
-        coupled_wd: PerSegment = 0.0
-        decay: PerSegment = 1.0 - lr64 * _f64(wd)
-    else:
-        coupled_wd, decay = wd, 1.0
+    coupled_wd, decay = _decay(lr64, wd, decoupled)
+    if vmax is not None and not bias_correction:
+        raise ParamError("AMSGrad (vmax) is Adam's with bias correction")
+    rule = "amsgrad" if vmax is not None else "adam" if bias_correction else "adam_inner_delta"
     return _launch(
-        "adam" if bias_correction else "adam_inner_delta",
+        rule,
         w,
         g,
-        {"m": m, "v": v},
+        {"m": m, "v": v, **({"vmax": vmax} if vmax is not None else {})},
         offsets,
         gscale,
         coupled_wd,
@@ -1391,6 +1556,7 @@ def adam(
         stochastic,
         step,
         bf16_values,
+        skip=skip,
     )
 
 
@@ -1414,6 +1580,7 @@ def adamax(
     check: bool = False,
     stochastic: bool = False,
     bf16_values: np.ndarray | None = None,
+    skip: npt.ArrayLike | None = None,
 ) -> int:
     """AdaMax, the infinity-norm variant of Adam (Kingma & Ba 2015, section 7.1).
 
@@ -1441,10 +1608,12 @@ def adamax(
       stochastic: round bfloat16 and 8-bit state stochastically (else to nearest).
       bf16_values: with a float32 master copy as ``w``, the values read (float32, w's
         length), written with the new ``w`` rounded to bfloat16 (nearest, ties to even).
+      skip: per segment, whether to pass it over (a Param that got no gradient in this
+        step): nothing of it is read or written; None: none.
     """
     lr64 = _f64(lr)
     if bias_correction:
-        t = _step(step)
+        t = _step(step, skip)
         a = lr64 / -np.expm1(t * np.log(beta1)) if beta1 > 0 else lr64
         inner, outer = delta, 0.0
     else:
@@ -1465,11 +1634,162 @@ def adamax(
         stochastic,
         step,
         bf16_values,
+        skip=skip,
     )
 
 
-def _step(step: PerSegment) -> np.ndarray:
+def nadam(
+    w: np.ndarray,
+    g: np.ndarray,
+    m: State,
+    v: State,
+    offsets: npt.ArrayLike,
+    lr: PerSegment,
+    wd: PerSegment = 0.0,
+    gscale: PerSegment = 1.0,
+    *,
+    step: PerSegment,
+    mu_product: np.ndarray,
+    beta1: float = 0.9,
+    beta2: float = 0.999,
+    delta: float = 1e-8,
+    momentum_decay: float = 4e-3,
+    decoupled: bool = False,
+    clip_low: float = 0.0,
+    clip_high: float = 0.0,
+    check: bool = False,
+    stochastic: bool = False,
+    bf16_values: np.ndarray | None = None,
+    skip: npt.ArrayLike | None = None,
+) -> int:
+    """NAdam, Adam with Nesterov momentum (Dozat 2016), as torch.optim.NAdam.
+
+    With the momentum schedule ``mu_t = beta1*(1 - 0.5*0.96^(t*momentum_decay))`` and
+    ``P_t = mu_1*...*mu_t`` (``mu_product``, kept per segment by the caller, in float64):
+    ``m`` and ``v`` as Adam's, then ``w = w - lr*(1-mu_t)/(1-P_t) * g/d
+    - lr*mu_{t+1}/(1-P_{t+1}) * m/d`` with ``d = sqrt(v/(1-beta2^t)) + delta``. With
+    ``decoupled=True`` the weight decay is not added to the gradient; instead
+    ``w = w*(1 - lr*wd)`` before the step.
+
+    Args:
+      w, g, m, v, offsets, lr, wd, gscale, step, beta1, beta2, delta, clip_low, clip_high,
+        check, stochastic, bf16_values, skip: as :func:`adam`'s.
+      mu_product: per segment, ``P_{t-1}`` (1 before the first update): float64, updated in
+        place to ``P_t`` (not for a skipped segment, nor when ``check`` refuses the step).
+      momentum_decay: the momentum schedule's decay, > 0.
+      decoupled: decoupled weight decay (torch.optim.NAdam's ``decoupled_weight_decay``).
+    """
+    nseg = np.asarray(offsets).shape[0] - 1
+    if not isinstance(mu_product, np.ndarray) or mu_product.dtype != np.float64 \
+            or mu_product.shape != (nseg,) or not mu_product.flags.writeable:
+        raise ParamError(f"mu_product must be a writeable float64 numpy array with one entry "
+                         f"per segment ({nseg}), not {_describe(mu_product)}"
+                         + (f" of shape {mu_product.shape}"
+                            if isinstance(mu_product, np.ndarray) else ""))
+    lr64 = _f64(lr)
+    k0, k1, k2, product = nadam_coefficients(lr64, _step(step, skip), mu_product, beta1, beta2,
+                                             momentum_decay)
+    coupled_wd, decay = _decay(lr64, wd, decoupled)
+    found = _launch("nadam", w, g, {"m": m, "v": v}, offsets, gscale, coupled_wd,
+                    (k0, k1, k2, decay), (beta1, 1.0 - beta1, beta2, 1.0 - beta2, delta),
+                    clip_low, clip_high, check, stochastic, step, bf16_values, skip=skip)
+    if not (check and found):
+        done = np.broadcast_to(product, (nseg,))
+        if skip is not None:
+            done = np.where(np.asarray(skip, bool), mu_product, done)
+        mu_product[...] = done
+    return found
+
+
+def radam(
+    w: np.ndarray,
+    g: np.ndarray,
+    m: State,
+    v: State,
+    offsets: npt.ArrayLike,
+    lr: PerSegment,
+    wd: PerSegment = 0.0,
+    gscale: PerSegment = 1.0,
+    *,
+    step: PerSegment,
+    beta1: float = 0.9,
+    beta2: float = 0.999,
+    delta: float = 1e-8,
+    decoupled: bool = False,
+    clip_low: float = 0.0,
+    clip_high: float = 0.0,
+    check: bool = False,
+    stochastic: bool = False,
+    bf16_values: np.ndarray | None = None,
+    skip: npt.ArrayLike | None = None,
+) -> int:
+    """RAdam, Adam with the variance of its adaptive rate rectified (Liu et al. 2020), as
+    torch.optim.RAdam.
+
+    ``m`` and ``v`` as Adam's; with ``rho_inf = 2/(1-beta2) - 1`` and ``rho_t = rho_inf -
+    2t*beta2^t/(1-beta2^t)``: where ``rho_t > 5``, ``w = w - lr*r_t*sqrt(1-beta2^t)/(1-beta1^t)
+    * m/(sqrt(v) + delta)`` with ``r_t = sqrt((rho_t-4)(rho_t-2)rho_inf / ((rho_inf-4)
+    (rho_inf-2)rho_t))``; before, ``w = w - lr/(1-beta1^t) * m`` (momentum SGD). With
+    ``decoupled=True``, ``w = w*(1 - lr*wd)`` first instead of adding ``wd*w`` to ``g``.
+
+    Args:
+      w, g, m, v, offsets, lr, wd, gscale, step, beta1, beta2, delta, clip_low, clip_high,
+        check, stochastic, bf16_values, skip: as :func:`adam`'s.
+      decoupled: decoupled weight decay (torch.optim.RAdam's ``decoupled_weight_decay``).
+    """
+    lr64 = _f64(lr)
+    k0, k1 = radam_coefficients(lr64, _step(step, skip), beta1, beta2)
+    coupled_wd, decay = _decay(lr64, wd, decoupled)
+    return _launch("radam", w, g, {"m": m, "v": v}, offsets, gscale, coupled_wd,
+                   (k0, k1, decay), (beta1, 1.0 - beta1, beta2, 1.0 - beta2, delta),
+                   clip_low, clip_high, check, stochastic, step, bf16_values, skip=skip)
+
+
+def nadam_coefficients(lr: np.ndarray, t: np.ndarray, mu_product: np.ndarray, beta1: float,
+                       beta2: float, momentum_decay: float) -> tuple[np.ndarray, ...]:
+    """NAdam's per-segment ``(k0, k1, k2, P_t)`` (:func:`nadam`) in float64, from the rates,
+    the update numbers ``t`` and the products ``P_{t-1}`` (one home for the numba kernel's and
+    the device rule's)."""
+    mu = beta1 * (1.0 - 0.5 * np.power(0.96, t * momentum_decay))
+    mu_next = beta1 * (1.0 - 0.5 * np.power(0.96, (t + 1.0) * momentum_decay))
+    product = mu_product * mu
+    k0 = lr * (1.0 - mu) / (1.0 - product)
+    k1 = lr * mu_next / (1.0 - product * mu_next)
+    k2 = 1.0 / np.sqrt(-np.expm1(t * np.log(beta2))) if beta2 > 0 else np.ones_like(t)
+    return k0, k1, k2, product
+
+
+def radam_coefficients(lr: np.ndarray, t: np.ndarray, beta1: float, beta2: float
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """RAdam's per-segment ``(k0, k1)`` (:func:`radam`) in float64, from the rates and the
+    update numbers ``t``, worked out as torch.optim.RAdam does (so that the test
+    ``rho_t > 5`` falls alike)."""
+    correction1 = 1.0 - np.power(beta1, t)
+    correction2 = 1.0 - np.power(beta2, t)
+    rho_inf = 2.0 / (1.0 - beta2) - 1.0
+    rho_t = rho_inf - 2.0 * t * np.power(beta2, t) / correction2
+    tractable = rho_t > 5.0
+    rect = np.sqrt(np.where(tractable, (rho_t - 4.0) * (rho_t - 2.0) * rho_inf, 0.0)
+                   / ((rho_inf - 4.0) * (rho_inf - 2.0) * np.where(tractable, rho_t, 1.0)))
+    k0 = np.where(tractable, lr * rect * np.sqrt(correction2) / correction1, 0.0)
+    k1 = np.where(tractable, 0.0, lr / correction1)
+    return k0, k1
+
+
+def _decay(lr: np.ndarray, wd: PerSegment, decoupled: bool) -> tuple[PerSegment, PerSegment]:
+    """``(weight decay added to the gradient, factor on w before the step)``: ``(wd, 1)``, or
+    for a decoupled decay ``(0, 1 - lr*wd)``."""
+    if decoupled:
+        return 0.0, 1.0 - lr * _f64(wd)
+    return wd, 1.0
+
+
+def _step(step: PerSegment, skip: npt.ArrayLike | None = None) -> np.ndarray:
+    """The update numbers ``t`` per segment (1 in place of a skipped segment's: its
+    coefficients are not used)."""
     t = _f64(step)
+    if skip is not None and t.ndim:
+        t = np.where(np.asarray(skip, bool), np.maximum(t, 1.0), t)
     if np.any(t < 1):
         raise ParamError(f"step must be >= 1 (the number of this update), got {step!r}")
     return t
@@ -1522,3 +1842,13 @@ def warmup(dtype: npt.DTypeLike = np.float32, state_dtype: str = "float32", *,
             adam(w, w.copy(), st("adam", 0), st("adam", 1), offsets, 0.0, bias_correction=bc,
                  **kw)
         adamax(w, w.copy(), st("adamax", 0), st("adamax", 1), offsets, 0.0, **kw)
+        adam(w, w.copy(), st("amsgrad", 0), st("amsgrad", 1), offsets, 0.0,
+             vmax=st("amsgrad", 2), **kw)
+        for momentum in (0.0, 0.5):
+            rule = "rmsprop_centered_momentum" if momentum else "rmsprop_centered"
+            rmsprop(w, w.copy(), st(rule, 0), offsets, 0.0, rho=0.9, torch_form=True,
+                    momentum=momentum, u=st(rule, 1) if momentum else None, centered=True,
+                    a=st(rule, 2 if momentum else 1), **kw)
+        nadam(w, w.copy(), st("nadam", 0), st("nadam", 1), offsets, 0.0,
+              mu_product=np.ones(1), **kw)
+        radam(w, w.copy(), st("radam", 0), st("radam", 1), offsets, 0.0, **kw)

@@ -76,10 +76,15 @@ SIGNED_STATE: dict[str, tuple[bool, ...]] = {
     "adagrad": (False,),
     "rmsprop": (False,),
     "rmsprop_momentum": (False, True),
+    "rmsprop_centered": (False, True),  # the square average, the gradient's mean
+    "rmsprop_centered_momentum": (False, True, True),  # ... the momentum buffer, the mean
     "adadelta": (False, False),
     "adam": (True, False),
+    "amsgrad": (True, False, False),  # m, v, the running maximum of v
     "adam_inner_delta": (True, False),
     "adamax": (True, False),
+    "nadam": (True, False),
+    "radam": (True, False),
 }
 
 

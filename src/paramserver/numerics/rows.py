@@ -52,15 +52,15 @@ __all__ = ["adadelta", "adagrad", "adam", "adamax", "check_rows", "nesterov", "r
            "sum_rows_in_order", "warmup"]
 
 _NUM_PARAMS = 5
-_NUM_COEFS = 3
+_NUM_COEFS = 4
 
 # ---------------------------------------------------------------------------------------------
 # The driver. ``_row_kernel(rule, nstate)`` makes
 #
-#     kernel(w, g, h, u, ids, dim, coef, hyp, clip, check) -> int
+#     kernel(w, g, h, u, x, ids, dim, coef, hyp, clip, check) -> int
 #
-# with ``coef = (gscale, wd, k0, k1, k2)`` and ``hyp = (clip_low, clip_high, p0, ..., p4)`` of
-# the data type. ``w`` (and ``h``, ``u``) are the table flat, ``g`` the rows flat. It first
+# with ``coef = (gscale, wd, k0, k1, k2, k3)`` and ``hyp = (clip_low, clip_high, p0, ..., p4)`` of
+# the data type. ``w`` (and ``h``, ``u``, ``x``) are the table flat, ``g`` the rows flat. It first
 # checks ``ids`` (strictly increasing, inside the table), returning -1 before anything is
 # written when they are not. Work items are runs of rows of about CHUNK values, in parallel;
 # the inner loop over one row's ``dim`` values is the dense kernel's loop body, vectorised.
@@ -69,7 +69,7 @@ _NUM_COEFS = 3
 
 
 def _row_kernel(rule: Callable[..., Any], nstate: int, name: str) -> Any:
-    def kernel(w, g, h, u, ids, dim, coef, hyp, clip, check):  # type: ignore[no-untyped-def]
+    def kernel(w, g, h, u, x, ids, dim, coef, hyp, clip, check):  # type: ignore[no-untyped-def]
         n = ids.shape[0]
         num_rows = w.shape[0] // dim if dim > 0 else 0
         last = -1
@@ -97,7 +97,7 @@ def _row_kernel(rule: Callable[..., Any], nstate: int, name: str) -> Any:
         p = (hyp[2], hyp[3], hyp[4], hyp[5], hyp[6])
         gscale = coef[0]
         wd = coef[1]
-        k = (coef[2], coef[3], coef[4])
+        k = (coef[2], coef[3], coef[4], coef[5])
         nonfinite = 0
         for c in prange(items):
             bad = 0
@@ -107,6 +107,7 @@ def _row_kernel(rule: Callable[..., Any], nstate: int, name: str) -> Any:
                 gs = g[r * dim:r * dim + dim]
                 hs = h[base:base + dim] if nstate >= 1 else h
                 us = u[base:base + dim] if nstate >= 2 else u
+                xs = x[base:base + dim] if nstate >= 3 else x
                 for j in range(dim):
                     gi = gs[j]
                     d = gi - gi
@@ -119,12 +120,15 @@ def _row_kernel(rule: Callable[..., Any], nstate: int, name: str) -> Any:
                         gi = gi + wd * wi
                     hi = hs[j] if nstate >= 1 else gi
                     ui = us[j] if nstate >= 2 else gi
-                    wi, hi, ui = rule(wi, gi, hi, ui, k, p)
+                    xi = xs[j] if nstate >= 3 else gi
+                    wi, hi, ui, xi = rule(wi, gi, hi, ui, xi, k, p)
                     ws[j] = wi
                     if nstate >= 1:
                         hs[j] = hi
                     if nstate >= 2:
                         us[j] = ui
+                    if nstate >= 3:
+                        xs[j] = xi
             nonfinite += bad
         return nonfinite
 
@@ -210,9 +214,9 @@ def _launch(kernel: Any, w: np.ndarray, g: np.ndarray, ids: npt.ArrayLike, dim: 
     coef[:2 + len(k)] = (gscale, wd, *k)
     hyp = np.zeros(2 + _NUM_PARAMS, dtype)
     hyp[:2 + len(p)] = (clip_low, clip_high, *p)
-    h, u = (*states.values(), w[:0], w[:0])[:2]
+    h, u, x = (*states.values(), w[:0], w[:0], w[:0])[:3]
     with threads_for(ids.size * dim):
-        found = int(kernel(w, gv, h, u, ids, np.int64(dim), coef, hyp,
+        found = int(kernel(w, gv, h, u, x, ids, np.int64(dim), coef, hyp,
                            bool(clip_high > clip_low), bool(check)))
     if found < 0:
         check_rows(ids, w.shape[0] // dim)  # says which
@@ -309,15 +313,19 @@ def _bias(beta: float, t: float) -> float:
 def adam(w: np.ndarray, g: np.ndarray, ids: npt.ArrayLike, dim: int, m: np.ndarray,
          v: np.ndarray, lr: float, wd: float = 0.0, gscale: float = 1.0, *, step: float,
          beta1: float = 0.9, beta2: float = 0.999, delta: float = 1e-8,
-         decoupled: bool = False, bias_correction: bool = True, clip_low: float = 0.0,
+         decoupled: bool = False, bias_correction: bool = True,
+         delta_before_correction: bool = False, clip_low: float = 0.0,
          clip_high: float = 0.0, check: bool = False) -> int:
     """Adam / AdamW on rows ``ids``: as :func:`paramserver.kernels.adam` (see :func:`sgd`);
-    ``step`` is the table's update count (this update's number, >= 1)."""
+    ``step`` is the table's update count (this update's number, >= 1). With
+    ``delta_before_correction``, torch.optim.SparseAdam's placement of delta."""
     lr64 = _f(lr)
     if bias_correction:
         t = _step(step)
         a = lr64 / _bias(beta1, t) if beta1 > 0 else lr64
         b = 1.0 / np.sqrt(_bias(beta2, t)) if beta2 > 0 else 1.0
+        if delta_before_correction:
+            a, b = a / b, 1.0
     else:
         a, b = lr64, 1.0
     coupled_wd, decay = (0.0, 1.0 - lr64 * _f(wd)) if decoupled else (_f(wd), 1.0)

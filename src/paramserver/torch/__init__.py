@@ -9,7 +9,9 @@ imports it. See ``docs/torch.md``.
 - :class:`Optimizer` is a ``torch.optim.Optimizer`` that updates them with an updater, on
   the host, on their GPU, or offloaded (an fp32 master and the state in host memory);
 - :class:`SGD`, :class:`Adam`, :class:`AdamW`, :class:`Adagrad`, :class:`RMSprop`,
-  :class:`Adadelta` take torch.optim's arguments and defaults and compute what it computes;
+  :class:`Adadelta`, :class:`Adamax`, :class:`NAdam`, :class:`RAdam`, :class:`SparseAdam`
+  take torch.optim's arguments and defaults, compute what it computes, and keep (and load)
+  its state_dict;
 - :func:`train_on_cluster` trains replicas of a module with several workers.
 """
 
@@ -25,9 +27,20 @@ from ._bind import TorchParams, bind, binding_of
 from ._cluster import LossFn, TorchCluster, TorchJob, load_job, parse_job, train_on_cluster
 from ._optim import Optimizer, Placement
 from ._rules import ParamRule, parse_rules, rules_from_text
-from ._torchstyle import SGD, Adadelta, Adagrad, Adam, AdamW, RMSprop
+from ._torchstyle import (
+    SGD,
+    Adadelta,
+    Adagrad,
+    Adam,
+    Adamax,
+    AdamW,
+    NAdam,
+    RAdam,
+    RMSprop,
+    SparseAdam,
+)
 
-__all__ = ["SGD", "Adadelta", "Adagrad", "Adam", "AdamW", "LossFn", "Optimizer", "ParamRule",
-           "Placement", "RMSprop", "TorchCluster", "TorchJob", "TorchParams", "bind",
-           "binding_of", "load_job", "parse_job", "parse_rules", "rules_from_text",
-           "train_on_cluster"]
+__all__ = ["SGD", "Adadelta", "Adagrad", "Adam", "AdamW", "Adamax", "LossFn", "NAdam",
+           "Optimizer", "ParamRule", "Placement", "RAdam", "RMSprop", "SparseAdam",
+           "TorchCluster", "TorchJob", "TorchParams", "bind", "binding_of", "load_job",
+           "parse_job", "parse_rules", "rules_from_text", "train_on_cluster"]

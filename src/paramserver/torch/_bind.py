@@ -12,6 +12,7 @@ Sharing (``share_from``) makes the sharer's tensor a view of its owner's values,
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -120,16 +121,24 @@ class BoundTensors:
                     f"moved with .to()/.cuda(), cast, or the parameter re-assigned after "
                     f"binding?); bind the module again")
 
+    #: Whether a sparse ``.grad`` (``nn.Embedding(sparse=True)``) of an unshared owner is
+    #: kept as rows for a lazy update (:meth:`take_rows`) rather than made dense.
+    lazy_rows: bool = False
+
     def attach_grads(self) -> list[bool]:
         """Make every ``.grad`` a view of :attr:`grads` again, keeping its gradient.
 
-        A ``.grad`` that torch allocated anew (after it was set to None, or with
-        ``create_graph=True``) is copied in; one that is None reads as zero.
+        A ``.grad`` that torch allocated anew (after ``zero_grad()`` set it to None, or with
+        ``create_graph=True``) is copied in. A ``.grad`` that is None stays None (its part
+        of the buffer reads as zero): that parameter got no gradient, and is not updated. A
+        sparse ``.grad`` stays as it is, its rows kept for :meth:`take_rows`, where the
+        binding updates lazily (``lazy_rows``); elsewhere it is made dense.
 
         Returns:
             For each tensor, whether its ``.grad`` was None (torch.optim skips those).
         """
         missing = [False] * len(self.tensors)
+        self._rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         with torch.no_grad():
             for i, (t, g) in enumerate(zip(self.tensors, self._grad_views, strict=True)):
                 cur = t.grad
@@ -138,16 +147,93 @@ class BoundTensors:
                 if cur is None:
                     g.zero_()
                     missing[i] = True
-                elif cur.data_ptr() != g.data_ptr() or cur.stride() != g.stride():
+                    continue
+                if cur.is_sparse:
+                    rows = self._rows_of(i, cur) if self.lazy_rows else None
+                    if rows is not None:
+                        self._rows[i] = rows
+                        g.zero_()
+                        continue
+                    cur = cur.to_dense()
+                if cur.data_ptr() != g.data_ptr() or cur.stride() != g.stride():
                     g.copy_(cur.detach())
                 t.grad = g
         return missing
 
+    def _rows_of(self, i: int, grad: torch.Tensor) -> tuple[np.ndarray, np.ndarray] | None:
+        """A sparse gradient of tensor ``i`` as ``(ids, rows)``, summed per id and sorted,
+        when it is by rows (sparse in its first dimension) of an owner nobody shares."""
+        p = self.pset[self.names[i]]
+        if p.owner is not None or self.pset.num_shares[self.pset.owner_index(p.name)] > 1 \
+                or grad.sparse_dim() != 1 or grad.dim() < 1:
+            return None
+        grad = grad.detach().coalesce()
+        ids = grad.indices()[0].cpu().numpy().astype(np.int64)
+        dim = int(np.prod(tuple(grad.shape[1:]), dtype=np.int64))
+        rows = grad.values().reshape(len(ids), dim).to(self.values.dtype).cpu().numpy()
+        return ids, np.ascontiguousarray(rows)
+
+    def watch_grads(self) -> np.ndarray:
+        """From now on, note per tensor whether autograd gives it a gradient (a hook on
+        each; the flags are cleared at every call and returned, filled as backward runs).
+        What tells a parameter that got no gradient from one whose gradient is zero while
+        ``.grad`` stays a view of the flat buffer (a cluster worker's replica)."""
+        got: np.ndarray | None = getattr(self, "_got", None)
+        if got is None:
+            got = self._got = np.zeros(len(self.tensors), bool)
+            for i, t in enumerate(self.tensors):
+                if t.requires_grad:
+                    t.register_post_accumulate_grad_hook(functools.partial(_note, got, i))
+        got[:] = False
+        return got
+
+    def idle_owners(self, got: np.ndarray, missing: Sequence[bool]) -> np.ndarray | None:
+        """Per owner, whether none of its tensors got a gradient (``got`` from
+        :meth:`watch_grads`, ``missing`` from :meth:`attach_grads`); None when all did."""
+        idle = np.ones(len(self.pset.owners), bool)
+        for i, name in enumerate(self.names):
+            if got[i] and not missing[i]:
+                idle[self.pset.owner_index(name)] = False
+        for t in self.pset.tables:  # a table's gradient travels as its rows
+            idle[self.pset.owner_index(t.name)] = False
+        return idle if idle.any() else None
+
+    def take_rows(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """The sparse gradients :meth:`attach_grads` kept, by owner index: ``(ids, rows)``."""
+        rows = getattr(self, "_rows", {})
+        self._rows = {}
+        return {self.pset.owner_index(self.names[i]): r for i, r in rows.items()}
+
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Zero every gradient in place (one pass over the flat buffer); ``set_to_none`` is
-        not followed: the gradients stay views of the flat buffer."""
-        self.attach_grads()
-        self.grads.zero_()
+        """As torch.optim's: every ``.grad`` set to None (the default), or zeroed in place
+        (``set_to_none=False``: the views of the flat buffer in one pass; a ``.grad`` that is
+        None stays None).
+
+        Keeping the views (``set_to_none=False``) lets autograd add straight into the flat
+        buffer; after None it allocates a gradient, which ``step()`` copies in. Either way a
+        parameter whose ``.grad`` is None at ``step()`` is not updated, as torch.optim skips
+        it, and one with a zero gradient is."""
+        with torch.no_grad():
+            if set_to_none:
+                for t, g in zip(self.tensors, self._grad_views, strict=True):
+                    if g is not None:
+                        t.grad = None
+                return
+            views = 0
+            for t, g in zip(self.tensors, self._grad_views, strict=True):
+                cur = t.grad
+                if g is None or cur is None:
+                    continue
+                if cur is g:
+                    views += 1
+                else:
+                    cur.detach_().zero_()
+            if views:
+                self.grads.zero_()
+
+
+def _note(got: np.ndarray, i: int, tensor: torch.Tensor) -> None:
+    got[i] = True
 
 
 class HostUpdates:
@@ -190,11 +276,22 @@ class HostUpdates:
 
     def update(self, updater: Updater, step: int, grads: np.ndarray, a: int, b: int,
                state: UpdaterState, lr_scale: np.ndarray, wd: np.ndarray,
-               grad_scale: np.ndarray, grad_norm: float | None) -> None:
-        """One fused kernel call over owners ``a:b`` (a run of one updater)."""
+               grad_scale: np.ndarray, grad_norm: float | None,
+               skip: np.ndarray | None = None) -> None:
+        """One fused kernel call over owners ``a:b`` (a run of one updater), passing over
+        those ``skip`` marks (no gradient)."""
         lo, hi = int(self.pset.offsets[a]), int(self.pset.offsets[b])
         updater.apply(step, self.pset.values[lo:hi], grads[lo:hi], state, lr_scale, wd,
-                      grad_scale, grad_norm=grad_norm)
+                      grad_scale, grad_norm=grad_norm, skip=skip)
+
+    def update_rows(self, updater: Updater, step: int, k: int, ids: np.ndarray,
+                    rows: np.ndarray, state: UpdaterState, lr_scale: float, wd: float,
+                    grad_scale: float) -> None:
+        """A lazy update of owner ``k`` on the rows of its sparse gradient (SPEC section 10:
+        only those rows, and their state, change)."""
+        lo, hi = int(self.pset.offsets[k]), int(self.pset.offsets[k + 1])
+        updater.apply_rows(step, self.pset.values[lo:hi], ids, rows, rows.shape[1], state,
+                           lr_scale, wd, grad_scale)
 
     def finish(self) -> None:
         """Nothing to publish: the tensors view the updated values."""
@@ -231,6 +328,7 @@ class TorchParams(HostUpdates, BoundTensors):
     """
 
     pset: ParamSet
+    lazy_rows = True
 
     def __init__(self, named: Sequence[tuple[str, torch.Tensor]],
                  confs: Mapping[str, ParamConf] | None = None, *,

@@ -116,7 +116,8 @@ class _GradFn:
     def __call__(self, worker: Any, step: int) -> dict[str, Any]:
         module, tp = self.replica(worker.params, worker.rank)
         tp.check()
-        tp.zero_grad()
+        tp.zero_grad(set_to_none=False)  # the views, zeroed: autograd adds into the buffer
+        got = tp.watch_grads()
         tables = list(row_embeddings(module))
         for r in tables:
             r.clear()
@@ -124,7 +125,9 @@ class _GradFn:
             out = self.loss_fn(module, step, worker.rank, self.num_workers)
             loss, metrics = (out if isinstance(out, tuple) else (out, {}))
             loss.backward()
-        tp.attach_grads()  # gradients torch allocated anew are copied into the buffer
+        missing = tp.attach_grads()  # gradients torch allocated anew are copied in
+        # a parameter backward did not reach is not updated (torch's .grad is None)
+        worker.params.idle = tp.idle_owners(got, missing)
         for r in tables:
             r.push_grads()
         return {"loss": float(loss.detach()), **dict(metrics)}

@@ -36,107 +36,152 @@ import torch
 from ..config import ParamError
 from ..config.job import ParamConf
 from ..params import ParamSet, ParamSpec
-from ..state import COUNT, UpdaterState
+from ..state import UpdaterState
 from ..updaters import (
     SGD,
     AdaDelta,
     AdaGrad,
     Adam,
     AdamMax,
+    NAdam,
     Nesterov,
+    RAdam,
     RMSProp,
     Updater,
 )
 from ._bind import _BOUND, BoundTensors, _init
 
 T = torch.Tensor
-Rule = Callable[..., tuple[T, T | None, T | None]]
+Rule = Callable[..., tuple[T, T | None, T | None, T | None]]
 
 
 # ---------------------------------------------------------------------------------------------
-# The rules: each gets the values w, the prepared gradient g, the state h and u (None where a
-# method keeps less), the per-segment coefficients k = (k0, k1, k2) and the call-wide
-# hyper-parameters p, and returns the new (w, h, u). Line by line the kernels' rules.
+# The rules: each gets the values w, the prepared gradient g, the state h, u and x (None where
+# a method keeps less), the per-segment coefficients k = (k0, k1, k2, k3) and the call-wide
+# hyper-parameters p, and returns the new (w, h, u, x). Line by line the kernels' rules.
+
+R = tuple[T, Any, Any, Any]
 
 
-def _sgd(w: T, g: T, h: Any, u: Any, k: Any, p: Any) -> tuple[T, Any, Any]:
-    return w - k[0] * g, h, u
+def _sgd(w: T, g: T, h: Any, u: Any, x: Any, k: Any, p: Any) -> R:
+    return w - k[0] * g, h, u, x
 
 
-def _momentum(w: T, g: T, h: T, u: Any, k: Any, p: Any) -> tuple[T, Any, Any]:
+def _momentum(w: T, g: T, h: T, u: Any, x: Any, k: Any, p: Any) -> R:
     h = p[0] * h - k[0] * g
-    return w + k[1] * h, h, u
+    return w + k[1] * h, h, u, x
 
 
-def _nesterov(w: T, g: T, h: T, u: Any, k: Any, p: Any) -> tuple[T, Any, Any]:
+def _nesterov(w: T, g: T, h: T, u: Any, x: Any, k: Any, p: Any) -> R:
     h1 = p[0] * h + k[0] * g
-    return w - k[1] * (p[1] * h1 - p[0] * h), h1, u
+    return w - k[1] * (p[1] * h1 - p[0] * h), h1, u, x
 
 
-def _adagrad(w: T, g: T, h: T, u: Any, k: Any, p: Any) -> tuple[T, Any, Any]:
+def _adagrad(w: T, g: T, h: T, u: Any, x: Any, k: Any, p: Any) -> R:
     h = h + g * g
-    return w - k[0] * g / (torch.sqrt(h + p[0]) + p[1]), h, u
+    return w - k[0] * g / (torch.sqrt(h + p[0]) + p[1]), h, u, x
 
 
-def _rmsprop(w: T, g: T, h: T, u: Any, k: Any, p: Any) -> tuple[T, Any, Any]:
+def _rmsprop(w: T, g: T, h: T, u: Any, x: Any, k: Any, p: Any) -> R:
     h = p[0] * h + p[1] * g * g
-    return w - k[0] * g / (torch.sqrt(h + p[2]) + p[3]), h, u
+    return w - k[0] * g / (torch.sqrt(h + p[2]) + p[3]), h, u, x
 
 
-def _rmsprop_momentum(w: T, g: T, h: T, u: T, k: Any, p: Any) -> tuple[T, Any, Any]:
+def _rmsprop_momentum(w: T, g: T, h: T, u: T, x: Any, k: Any, p: Any) -> R:
     h = p[0] * h + p[1] * g * g
     u = p[4] * u + g / (torch.sqrt(h + p[2]) + p[3])
-    return w - k[0] * u, h, u
+    return w - k[0] * u, h, u, x
 
 
-def _adadelta(w: T, g: T, h: T, u: T, k: Any, p: Any) -> tuple[T, Any, Any]:
+def _centered_avg(h: T, a: T, p: Any) -> T:
+    d = h - a * a
+    d = torch.where(d >= 0, d, d - d)
+    return torch.sqrt(d + p[2]) + p[3]
+
+
+def _rmsprop_centered(w: T, g: T, h: T, a: T, x: Any, k: Any, p: Any) -> R:
+    h = p[0] * h + p[1] * g * g
+    a = p[0] * a + p[1] * g
+    return w - k[0] * g / _centered_avg(h, a, p), h, a, x
+
+
+def _rmsprop_centered_momentum(w: T, g: T, h: T, u: T, a: T, k: Any, p: Any) -> R:
+    h = p[0] * h + p[1] * g * g
+    a = p[0] * a + p[1] * g
+    u = p[4] * u + g / _centered_avg(h, a, p)
+    return w - k[0] * u, h, u, a
+
+
+def _adadelta(w: T, g: T, h: T, u: T, x: Any, k: Any, p: Any) -> R:
     h = p[0] * h + p[1] * g * g
     t = g * torch.sqrt((u + p[2]) / (h + p[2]))
     u = p[0] * u + p[1] * t * t
-    return w - k[0] * t, h, u
+    return w - k[0] * t, h, u, x
 
 
-def _adam_rule(w: T, g: T, m: T, v: T, k: Any, p: Any) -> tuple[T, Any, Any]:
+def _adam_rule(w: T, g: T, m: T, v: T, x: Any, k: Any, p: Any) -> R:
     m = p[0] * m + p[1] * g
     v = p[2] * v + p[3] * g * g
-    return w * k[2] - k[0] * m / (torch.sqrt(v) * k[1] + p[4]), m, v
+    return w * k[2] - k[0] * m / (torch.sqrt(v) * k[1] + p[4]), m, v, x
 
 
-def _adam_inner_delta(w: T, g: T, m: T, v: T, k: Any, p: Any) -> tuple[T, Any, Any]:
+def _amsgrad(w: T, g: T, m: T, v: T, x: T, k: Any, p: Any) -> R:
     m = p[0] * m + p[1] * g
     v = p[2] * v + p[3] * g * g
-    return w * k[2] - k[0] * m / torch.sqrt(v + p[4]), m, v
+    x = torch.maximum(x, v)
+    return w * k[2] - k[0] * m / (torch.sqrt(x) * k[1] + p[4]), m, v, x
 
 
-def _adamax(w: T, g: T, m: T, u: T, k: Any, p: Any) -> tuple[T, Any, Any]:
+def _adam_inner_delta(w: T, g: T, m: T, v: T, x: Any, k: Any, p: Any) -> R:
+    m = p[0] * m + p[1] * g
+    v = p[2] * v + p[3] * g * g
+    return w * k[2] - k[0] * m / torch.sqrt(v + p[4]), m, v, x
+
+
+def _adamax(w: T, g: T, m: T, u: T, x: Any, k: Any, p: Any) -> R:
     m = p[0] * m + p[1] * g
     u = torch.maximum(p[2] * u, torch.abs(g) + p[3]) + p[4]
-    return w - k[0] * m / u, m, u
+    return w - k[0] * m / u, m, u, x
+
+
+def _nadam(w: T, g: T, m: T, v: T, x: Any, k: Any, p: Any) -> R:
+    m = p[0] * m + p[1] * g
+    v = p[2] * v + p[3] * g * g
+    return w * k[3] - (k[0] * g + k[1] * m) / (torch.sqrt(v) * k[2] + p[4]), m, v, x
+
+
+def _radam(w: T, g: T, m: T, v: T, x: Any, k: Any, p: Any) -> R:
+    m = p[0] * m + p[1] * g
+    v = p[2] * v + p[3] * g * g
+    return w * k[2] - m * (k[0] / (torch.sqrt(v) + p[4]) + k[1]), m, v, x
 
 
 _RULES: dict[str, Rule] = {
     "sgd": _sgd, "momentum": _momentum, "nesterov": _nesterov, "adagrad": _adagrad,
-    "rmsprop": _rmsprop, "rmsprop_momentum": _rmsprop_momentum, "adadelta": _adadelta,
-    "adam": _adam_rule, "adam_inner_delta": _adam_inner_delta, "adamax": _adamax,
+    "rmsprop": _rmsprop, "rmsprop_momentum": _rmsprop_momentum,
+    "rmsprop_centered": _rmsprop_centered,
+    "rmsprop_centered_momentum": _rmsprop_centered_momentum, "adadelta": _adadelta,
+    "adam": _adam_rule, "amsgrad": _amsgrad, "adam_inner_delta": _adam_inner_delta,
+    "adamax": _adamax, "nadam": _nadam, "radam": _radam,
 }
 
 
 def _step_fn(rule: Rule, clip: bool, uniform: bool) -> Callable[..., None]:
     """The step of one run: gather, clip, scale, weight decay, rule, written in place."""
 
-    def step(w: T, g: T, h: T | None, u: T | None, seg: T | None, coef: T, hyp: T) -> None:
+    def step(w: T, g: T, h: T | None, u: T | None, x: T | None, seg: T | None, coef: T,
+             hyp: T) -> None:
         c = coef if uniform else coef[:, seg]
-        gscale, wd, k = c[0], c[1], (c[2], c[3], c[4])
+        gscale, wd, k = c[0], c[1], (c[2], c[3], c[4], c[5])
         p = (hyp[2], hyp[3], hyp[4], hyp[5], hyp[6])
         gg = torch.minimum(torch.maximum(g, hyp[0]), hyp[1]) if clip else g
         gg = gg * gscale
         gg = torch.where(wd > 0, gg + wd * w, gg)
-        w1, h1, u1 = rule(w, gg, h, u, k, p)
+        w1, h1, u1, x1 = rule(w, gg, h, u, x, k, p)
         w.copy_(w1)
-        if h is not None and h1 is not None:
-            h.copy_(h1)
-        if u is not None and u1 is not None:
-            u.copy_(u1)
+        for a, a1 in ((h, h1), (u, u1), (x, x1)):
+            if a is not None and a1 is not None:
+                a.copy_(a1)
 
     return step
 
@@ -159,66 +204,83 @@ def _compiled_step(rule: str, clip: bool, uniform: bool, compile: bool) -> Calla
 # The coefficients: what paramserver.kernels' wrappers compute, per method, in float64.
 
 
-def _coefficients(u: Updater, lr: np.ndarray, wd: np.ndarray, counts: np.ndarray
+def _coefficients(u: Updater, lr: np.ndarray, wd: np.ndarray, state: UpdaterState
                   ) -> tuple[str, list[Any], tuple[float, ...], np.ndarray]:
-    """``(rule, [k0, k1, k2], p, wd)`` of one update: ``k`` per segment (arrays) or for
-    all (numbers), ``wd`` as the gradient sees it (0 for AdamW's decoupled decay)."""
+    """``(rule, [k0, k1, k2, k3], p, wd)`` of one update: ``k`` per segment (arrays) or for
+    all (numbers), ``wd`` as the gradient sees it (0 for a decoupled decay). NAdam's
+    ``mu_product`` (in ``state``, on the host) is moved on to this update's."""
     c = u.conf
+    counts = state.counts
     torch_form = u.torch_form
     one = 1.0
     p: tuple[float, ...]
     if isinstance(u, SGD):
         m = c.momentum
         if m <= 0:
-            return "sgd", [lr, one, one], (), wd
+            return "sgd", [lr, one, one, one], (), wd
         damp = u.own.dampening if u.own is not None else 0.0
         keep = 1.0 - (np.where(counts == 1, 0.0, damp) if damp > 0 else 0.0)
         k = [-keep, -lr] if torch_form else [lr * keep, one]
-        return "momentum", [*k, one], (m,), wd
+        return "momentum", [*k, one, one], (m,), wd
     if isinstance(u, Nesterov):
         m = c.momentum
-        return "nesterov", ([one, lr, one] if torch_form else [lr, one, one]), (m, 1.0 + m), wd
+        return "nesterov", ([one, lr, one, one] if torch_form else [lr, one, one, one]), (
+            m, 1.0 + m), wd
     if isinstance(u, AdaGrad):
         own = u.own
         if own is not None and own.lr_decay > 0:
             lr = lr / (1.0 + (counts - 1) * own.lr_decay)
         p = (0.0, c.delta) if torch_form else (c.delta, 0.0)
-        return "adagrad", [lr, one, one], p, wd
+        return "adagrad", [lr, one, one, one], p, wd
     if isinstance(u, RMSProp):
         inner, outer = (0.0, c.delta) if torch_form else (c.delta, 0.0)
         momentum = c.momentum if u.uses_momentum else 0.0
-        rule = "rmsprop_momentum" if momentum > 0 else "rmsprop"
-        return rule, [lr, one, one], (u.own.rho, 1.0 - u.own.rho, inner, outer, momentum), wd
+        return u.kernel_rule, [lr, one, one, one], (u.own.rho, 1.0 - u.own.rho, inner, outer,
+                                                    momentum), wd
     if isinstance(u, AdaDelta):
         rho = u.own.rho
-        return "adadelta", [lr, one, one], (rho, 1.0 - rho, c.delta), wd
+        return "adadelta", [lr, one, one, one], (rho, 1.0 - rho, c.delta), wd
+    if not isinstance(u, (Adam, NAdam, RAdam, AdamMax)):
+        raise ParamError(f"{type(u).__name__} has no update on the device (a user's updater "
+                         "is written in NumPy): give the optimizer placement='offload' or "
+                         "'host'")
+    t = counts.astype(np.float64)
+    own = u.own
+    b1, b2 = own.beta1, own.beta2
+    adam_p = (b1, 1.0 - b1, b2, 1.0 - b2, c.delta)
+    decoupled = bool(getattr(u, "decoupled", False) or getattr(own, "decoupled_weight_decay",
+                                                               False))
+    decay = 1.0 - lr * wd if decoupled else one
+    coupled = np.zeros_like(wd) if decoupled else wd
     if isinstance(u, Adam):
-        own = u.own
-        b1, b2 = own.beta1, own.beta2
-        t = counts.astype(np.float64)
-        if own.bias_correction:
+        correct = getattr(own, "bias_correction", True)
+        if correct:
             a = lr / -np.expm1(t * np.log(b1)) if b1 > 0 else lr
             b = 1.0 / np.sqrt(-np.expm1(t * np.log(b2))) if b2 > 0 else one
+            if u.extra().get("delta_before_correction"):  # SparseAdam
+                a, b = a / b, one
         else:
             a, b = lr, one
-        if u.decoupled:
-            decay, wd = 1.0 - lr * wd, np.zeros_like(wd)
-        else:
-            decay = one
-        p = (b1, 1.0 - b1, b2, 1.0 - b2, c.delta)
-        return ("adam" if own.bias_correction else "adam_inner_delta"), [a, b, decay], p, wd
-    if isinstance(u, AdamMax):
-        own = u.own
-        b1 = own.beta1
-        if own.bias_correction:
-            t = counts.astype(np.float64)
-            a = lr / -np.expm1(t * np.log(b1)) if b1 > 0 else lr
-            inner, outer = c.delta, 0.0
-        else:
-            a, inner, outer = lr, 0.0, c.delta
-        return "adamax", [a, one, one], (b1, 1.0 - b1, own.beta2, inner, outer), wd
-    raise ParamError(f"{type(u).__name__} has no update on the device (a user's updater is "
-                     "written in NumPy): give the optimizer placement='offload' or 'host'")
+        rule = u.kernel_rule if correct else "adam_inner_delta"
+        return rule, [a, b, decay, one], adam_p, coupled
+    if isinstance(u, NAdam):
+        from ..numerics.kernels import nadam_coefficients
+
+        product = np.where(counts == 1, 1.0, state["mu_product"])
+        k0, k1, k2, product = nadam_coefficients(lr, t, product, b1, b2, own.momentum_decay)
+        state["mu_product"][...] = product
+        return "nadam", [k0, k1, k2, decay], adam_p, coupled
+    if isinstance(u, RAdam):
+        from ..numerics.kernels import radam_coefficients
+
+        k0, k1 = radam_coefficients(lr, t, b1, b2)
+        return "radam", [k0, k1, decay, one], adam_p, coupled
+    if own.bias_correction:  # AdaMax
+        a = lr / -np.expm1(t * np.log(b1)) if b1 > 0 else lr
+        inner, outer = c.delta, 0.0
+    else:
+        a, inner, outer = lr, 0.0, c.delta
+    return "adamax", [a, one, one, one], (b1, 1.0 - b1, own.beta2, inner, outer), wd
 
 
 def device_update(updater: Updater, step: int, w: T, g: T, state: UpdaterState,
@@ -233,7 +295,7 @@ def device_update(updater: Updater, step: int, w: T, g: T, state: UpdaterState,
         updater: a built-in method (users' methods run on the host).
         step: the training step (the learning rate's).
         w, g: the run's values (updated) and gradients (read), 1-D, on one device.
-        state: the run's state on the host; only its counts are used (and raised).
+        state: the run's state on the host: its counts (raised) and per-segment roles.
         arrays: the per-element state arrays by role (``history``, ``m``, ...), like ``w``.
         lr_scale, wd_scale, grad_scale: per segment of ``state``, or numbers.
         grad_norm: with ``clip_norm``, the global norm of the gradients.
@@ -254,16 +316,14 @@ def device_update(updater: Updater, step: int, w: T, g: T, state: UpdaterState,
         gscale = gscale * clip_factor(grad_norm, c.clip_norm)
     counts = state.counts
     np.add(counts, 1, out=counts)
-    rule, k, p, wd = _coefficients(updater, lr, wd, counts)
-    if isinstance(updater, AdaGrad) and updater.own is not None and (
-            updater.own.initial_accumulator_value > 0):
-        history = arrays["history"]
-        for i in np.flatnonzero(counts == 1):  # torch's sum starts at this value
-            history[int(state.offsets[i]):int(state.offsets[i + 1])] = \
-                updater.own.initial_accumulator_value
+    rule, k, p, wd = _coefficients(updater, lr, wd, state)
+    for role, value in updater.initial_state().items():  # torch's sum starts at this value
+        for i in np.flatnonzero(counts == 1):
+            if role in arrays:
+                arrays[role][int(state.offsets[i]):int(state.offsets[i + 1])] = value
     if n == 0 or w.numel() == 0:
         return
-    table = np.empty((5, n), np.float64)
+    table = np.empty((6, n), np.float64)
     for row, x in enumerate((gscale, wd, *k)):
         table[row] = x
     uniform = bool(np.all(table == table[:, :1]))
@@ -274,14 +334,13 @@ def device_update(updater: Updater, step: int, w: T, g: T, state: UpdaterState,
     hyp = _to_device(hyp_np, w)
     if not uniform and seg is None:
         seg = segment_index(state.offsets, w.device)
-    roles = [r.name for r in updater.roles[1:]]
-    nstate = {"sgd": 0, "momentum": 1, "nesterov": 1, "adagrad": 1, "rmsprop": 1}.get(rule, 2)
-    h = arrays[roles[0]] if nstate >= 1 else None
-    u = arrays[roles[1]] if nstate >= 2 else None
+    # the per-element state in the rule's order (h, u, x), None where it keeps less
+    h, u, x = [*(arrays[r.name] for r in updater.roles[1:] if r.per == "element"),
+               None, None, None][:3]
     if compile is None:
         compile = w.device.type == "cuda"
     fn = _compiled_step(rule, bool(c.clip_high > c.clip_low), uniform, compile)
-    fn(w, g, h, u, None if uniform else seg, coef, hyp)
+    fn(w, g, h, u, x, None if uniform else seg, coef, hyp)
 
 
 def _to_device(x: np.ndarray, like: T) -> T:
@@ -434,9 +493,10 @@ class DeviceParams(BoundTensors):
     # -- updates ------------------------------------------------------------------------------
 
     def ensure_state(self, state: UpdaterState) -> None:
-        """Device arrays for every per-element role of ``state`` (new ones from its arrays)."""
+        """Device arrays for every per-element role of ``state`` (new ones from its arrays);
+        per-segment roles (the counts, NAdam's ``mu_product``) stay on the host."""
         for r in state.roles:
-            if r.name == COUNT or r.name in self.arrays:
+            if r.per == "segment" or r.name in self.arrays:
                 continue
             if r.per != "element" or r.dtype is not None:
                 raise ParamError(f"state role '{r.name}' ({r.per}, {r.dtype}) has no form on "
@@ -450,7 +510,23 @@ class DeviceParams(BoundTensors):
 
     def update(self, updater: Updater, step: int, grads: T, a: int, b: int,
                state: UpdaterState, lr_scale: np.ndarray, wd: np.ndarray,
-               grad_scale: np.ndarray, grad_norm: float | None) -> None:
+               grad_scale: np.ndarray, grad_norm: float | None,
+               skip: np.ndarray | None = None) -> None:
+        """One update of owners ``a:b`` (a run of one updater) but those ``skip`` marks: one
+        step call per stretch of owners that got gradients."""
+        if skip is not None and skip.any():
+            i, n = 0, b - a
+            while i < n:
+                if skip[i]:
+                    i += 1
+                    continue
+                j = i + 1
+                while j < n and not skip[j]:
+                    j += 1
+                self.update(updater, step, grads, a + i, a + j, state.segments(i, j),
+                            lr_scale[i:j], wd[i:j], grad_scale[i:j], grad_norm)
+                i = j
+            return
         lo, hi = int(self.pset.offsets[a]), int(self.pset.offsets[b])
         arrays = {name: a[lo:hi] for name, a in self.arrays.items()}
         seg = self._segs.get((lo, hi))

@@ -44,7 +44,8 @@ TORCH_HINTS = {
                  "paramserver.torch.SGD)",
     "alpha": "use rho (rmsprop_conf)",
     "maximize": "negate the loss (or use a torch-style constructor)",
-    "amsgrad": "paramserver's Adam has no AMSGrad",
+    "amsgrad": "use adam_conf { amsgrad: true } (or paramserver.torch.Adam(amsgrad=True))",
+    "centered": "use rmsprop_conf { centered: true }",
 }
 
 
@@ -65,6 +66,9 @@ class GroupKeys:
 
     #: What the keys belong to, for messages ("kAdam", "torch.optim.Adam").
     owner: str = ""
+    #: Whether the optimizer's state goes by torch.optim's names and layout, and takes
+    #: torch.optim's ``state_dict`` (:mod:`._torchstate`): the torch-style constructors.
+    torch_state: bool = False
 
     def defaults(self) -> dict[str, Any]:
         raise NotImplementedError

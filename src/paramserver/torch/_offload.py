@@ -246,10 +246,12 @@ class OffloadParams(HostUpdates, BoundTensors):
 
     def update(self, updater: Updater, step: int, grads: np.ndarray, a: int, b: int,
                state: UpdaterState, lr_scale: np.ndarray, wd: np.ndarray,
-               grad_scale: np.ndarray, grad_norm: float | None) -> None:
-        """Owners ``a:b`` updated on the host in pieces, each copied out when done. The
-        last ``chunk`` values go in pieces of an eighth of that: the GPU waits for the last
-        piece's copy after the host is done, so the last piece is kept small."""
+               grad_scale: np.ndarray, grad_norm: float | None,
+               skip: np.ndarray | None = None) -> None:
+        """Owners ``a:b`` updated on the host in pieces, each copied out when done; those
+        ``skip`` marks (no gradient) neither updated nor copied. The last ``chunk`` values
+        go in pieces of an eighth of that: the GPU waits for the last piece's copy after the
+        host is done, so the last piece is kept small."""
         offsets = self.pset.offsets
         tail = max(1, self.chunk // 8)
         i = a
@@ -259,10 +261,12 @@ class OffloadParams(HostUpdates, BoundTensors):
             while j < b and offsets[j] - offsets[i] < size:
                 j += 1
             lo, hi = int(offsets[i]), int(offsets[j])
+            part = None if skip is None else skip[i - a:j - a]
             updater.apply(step, self.pset.values[lo:hi], grads[lo:hi],
                           state.segments(i - a, j - a), lr_scale[i - a:j - a],
-                          wd[i - a:j - a], grad_scale[i - a:j - a], grad_norm=grad_norm)
-            self._publish(range(i, j))
+                          wd[i - a:j - a], grad_scale[i - a:j - a], grad_norm=grad_norm,
+                          skip=part)
+            self._publish(k for k in range(i, j) if part is None or not part[k - i])
             i = j
 
     def finish(self) -> None:

@@ -54,6 +54,7 @@ from ..updaters import Updater, create_updater
 from ._bind import TorchParams, binding_of
 from ._groupkeys import GroupKeys, SingaKeys, hashable
 from ._rules import ParamRule, RulesLike, parse_rules, resolve
+from ._torchstate import export_entry, import_entry, torch_key
 
 _CHECKPOINT_KIND = "paramserver.torch.Optimizer"
 
@@ -112,13 +113,15 @@ class Optimizer(torch.optim.Optimizer):
             memory for a model on a GPU, in any float dtype) or ``"device"`` (updates on
             the tensors' device); see the module docstring and ``docs/torch.md``.
 
+    As torch.optim: :meth:`zero_grad` sets ``.grad`` to None (or zeroes it with
+    ``set_to_none=False``), and a parameter whose ``.grad`` is None at :meth:`step` -- it
+    got no gradient -- is not touched: values, state, update count. A sparse ``.grad`` is
+    applied on its rows (lazily).
+
     Differences from torch.optim, all deliberate:
 
-    - ``.grad`` of every parameter is a view of one flat buffer, and :meth:`zero_grad`
-      zeroes it in place whatever ``set_to_none`` says: a parameter that got no gradient
-      in a step is updated with a zero gradient (as torch does with ``set_to_none=False``).
-      A ``.grad`` set to None elsewhere (``module.zero_grad()``) is honoured: that
-      parameter is skipped in the next step, as torch.optim skips it.
+    - ``.grad`` is a view of one flat buffer once a step has taken it in (autograd then adds
+      into paramserver's memory); a gradient torch allocated is copied in at ``step()``.
     - Parameters with ``requires_grad=False`` are skipped.
     - Parameters tied by ``share_from`` are updated with the *mean* of their gradients
       (SPEC §3); torch's own tying (one tensor used twice) sums them.
@@ -282,8 +285,7 @@ class Optimizer(torch.optim.Optimizer):
         self._reported = [0.0] * len(self.param_groups)
         for gi, group in enumerate(self.param_groups):
             self._set_group_lr(gi, explicit=self._explicit_lr.pop(id(group), False))
-        self._no_skip = [False] * len(pset.owners)
-        self._plan(self._no_skip)
+        self._plan()
         if old_state:
             self._import_state(old_state)
 
@@ -385,10 +387,11 @@ class Optimizer(torch.optim.Optimizer):
 
     # -- planning the apply calls -----------------------------------------------------------
 
-    def _plan(self, skip: list[bool]) -> None:
-        """Runs of consecutive owners with equal settings, leaving out skipped owners."""
+    def _plan(self) -> None:
+        """Runs of consecutive owners with equal settings (an owner without a gradient is
+        passed over inside its run's kernel call)."""
         settings = [self._settings(g) for g in self.param_groups]
-        key = (tuple(settings), tuple(skip))
+        key = tuple(settings)
         if key == self._plan_key:
             return
         pset = self.params.pset
@@ -401,13 +404,11 @@ class Optimizer(torch.optim.Optimizer):
         self.params.ensure_state(self._state)
         runs: list[_Run] = []
         offsets = pset.offsets
+        self._owner_updaters = updaters
         i, n = 0, len(pset.owners)
         while i < n:
-            if skip[i]:
-                i += 1
-                continue
             j = i + 1
-            while j < n and not skip[j] and updaters[j] is updaters[i]:
+            while j < n and updaters[j] is updaters[i]:
                 j += 1
             runs.append(_Run(updaters[i], i, j, int(offsets[i]), int(offsets[j]),
                              self._state.segments(i, j)))
@@ -427,15 +428,23 @@ class Optimizer(torch.optim.Optimizer):
         offsets = self.params.pset.offsets
         lo, hi = int(offsets[k]), int(offsets[k + 1])
         out = {}
+        updater = self._owner_updaters[k]
+        own_roles = {r.name for r in updater.roles}
         for role, arr in self._state.segment(k).items():
             a = arr.copy() if copy else arr
+            # torch-style optimizers show torch.optim's names (their own roles only)
+            key = role
+            if self._keys.torch_state:
+                if role not in own_roles:
+                    continue
+                key = torch_key(updater, role)
             if role == COUNT:
-                out[role] = torch.tensor(int(a[0])) if copy else torch.from_numpy(a)
+                out[key] = torch.tensor(int(a[0])) if copy else torch.from_numpy(a)
             elif self._state.role(role).per == "element":
-                out[role] = (torch.from_numpy(a) if copy else
-                             self.params.state_view(self._state, role, lo, hi)).view(t.shape)
+                out[key] = (torch.from_numpy(a) if copy else
+                            self.params.state_view(self._state, role, lo, hi)).view(t.shape)
             else:
-                out[role] = torch.from_numpy(a)
+                out[key] = torch.from_numpy(a)
         return out
 
     # -- the torch.optim interface ----------------------------------------------------------
@@ -449,11 +458,17 @@ class Optimizer(torch.optim.Optimizer):
         tp = self.params
         tp.check()
         missing = tp.attach_grads()
+        rows = tp.take_rows() if tp.lazy_rows else {}
+        # torch's rule: a parameter whose .grad is None is not touched (nor is a frozen one);
+        # an owner is idle when it and every sharer of it are. Sparse gradients are applied
+        # on their rows, after the dense call.
         idle = [m or not t.requires_grad for m, t in zip(missing, tp.tensors, strict=True)]
-        skip = ([all(idle[t] for t in share) for share in self._share_group] if any(idle)
-                else self._no_skip)
+        skip = None
+        if any(idle) or rows:
+            skip = np.array([all(idle[t] for t in share) for share in self._share_group])
+            skip[list(rows)] = True
         lr_scale, wd, sign = self._sync_groups()
-        self._plan(skip)
+        self._plan()
         pset = tp.pset
         grads = tp.owner_grads()
         gscale = self._grad_scale * sign
@@ -461,18 +476,31 @@ class Optimizer(torch.optim.Optimizer):
             norm = None
             if any(run.updater.conf.clip_norm > 0 for run in self._runs):
                 # clip_norm: the norm of every gradient of the optimizer, all runs together
-                norm = math.sqrt(sum(
-                    tp.sum_squares(run.updater, grads, run.a, run.b, run.state,
-                                   gscale[run.a:run.b]) for run in self._runs))
+                squares = sum(tp.sum_squares(run.updater, grads, run.a, run.b, run.state,
+                                             gscale[run.a:run.b]) for run in self._runs)
+                squares += sum(self._owner_updaters[k].grad_sum_squares(
+                    r.reshape(-1), [0, r.size], gscale[k]) for k, (_, r) in rows.items())
+                norm = math.sqrt(squares)
             for run in self._runs:
                 a, b = run.a, run.b
                 tp.update(run.updater, self.step_count, grads, a, b, run.state,
-                          lr_scale[a:b], wd[a:b], gscale[a:b], norm)
+                          lr_scale[a:b], wd[a:b], gscale[a:b], norm,
+                          None if skip is None else skip[a:b])
+            for k, (ids, r) in rows.items():
+                updater = self._owner_updaters[k]
+                factor = 1.0
+                if norm is not None and updater.conf.clip_norm > 0:
+                    from ..numerics.norm import clip_factor
+
+                    factor = clip_factor(norm, updater.conf.clip_norm)
+                tp.update_rows(updater, self.step_count, k, ids, r,
+                               self._state.segments(k, k + 1), lr_scale[k], wd[k],
+                               gscale[k] * factor)
         finally:
             tp.restore_grads()
         tp.finish()
         for k, p in enumerate(pset.owners):
-            if not skip[k]:
+            if skip is None or not skip[k] or k in rows:
                 p.version += 1
         self.step_count += 1
         for gi in range(len(self.param_groups)):
@@ -480,11 +508,13 @@ class Optimizer(torch.optim.Optimizer):
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Zero every gradient in place, in one pass; ``set_to_none`` is not followed
-        (but for ``placement="offload"``, whose gradients are the module's own).
+        """As torch.optim's: every ``.grad`` set to None (the default) or zeroed in place.
 
-        Keeping ``.grad`` as views of the flat buffer is what lets autograd write straight
-        into paramserver's memory.
+        A parameter whose ``.grad`` is still None at :meth:`step` got no gradient and is not
+        touched (values, state, update count). ``set_to_none=False`` keeps ``.grad`` as views
+        of the flat buffer, into which autograd then adds in place (no copy at ``step()``);
+        a parameter that gets no gradient then has a zero one, and is updated with it, as
+        torch.optim does.
         """
         self.params.zero_grad(set_to_none)
 
@@ -529,29 +559,41 @@ class Optimizer(torch.optim.Optimizer):
         return [p.name for p in self.params.pset.owners]
 
     def state_dict(self) -> dict[str, Any]:
-        """torch's layout, paramserver's content; copies, loadable with ``weights_only``.
+        """torch's layout; copies, loadable with ``weights_only``.
 
-        ``state`` maps each owner's torch index to its updater state (``history``,
+        ``state`` maps each owner's torch index to its updater state: for the torch-style
+        optimizers (``pst.Adam``, ...) torch.optim's own (``step``, ``exp_avg``, ...: see
+        :mod:`._torchstate`), which torch.optim's class of the same name loads; for an
+        optimizer made from an updater configuration, paramserver's roles (``history``,
         ``update``, ``m``, ``v`` as tensors shaped like the parameter, and ``count``, its
-        number of updates); ``param_groups`` are the groups with parameter indices;
-        ``paramserver`` holds the step count, the updater's configuration and the
-        parameter names.
+        number of updates). ``param_groups`` are the groups with parameter indices;
+        ``paramserver`` holds the step count, the updater's configuration and the parameter
+        names (torch.optim passes it over).
         """
         # A scheduler's (or the user's) write to group["lr"] since the last step is taken
         # in now, so that the saved lr_scale is the one the next step would use; so are
         # writes to other keys (refused when no setting reads them).
         self._check_keys()
         self._take_lr_writes(len(self.param_groups))
+        self._plan()
         self.params.to_host(self._state, values=False)
         index = {id(t): k for k, _, t in self._indexed()}
-        state = {index[id(t)]: self._tensors(k, copy=True)
-                 for k, t in enumerate(self._owner_tensors)}
+        state: dict[int, dict[str, torch.Tensor]] = {}
+        for k, t in enumerate(self._owner_tensors):
+            if self._keys.torch_state:
+                entry = export_entry(self._owner_updaters[k], self._state.segments(k, k + 1),
+                                     tuple(t.shape))
+                if entry is not None:
+                    state[index[id(t)]] = entry
+            else:
+                state[index[id(t)]] = self._tensors(k, copy=True)
         groups = []
         for group in self.param_groups:
             g = {k: v for k, v in group.items() if k != "params"}
             g["params"] = [index[id(t)] for t in group["params"]]
             groups.append(g)
         meta: dict[str, Any] = {"step": self.step_count, "updater": self.conf.to_dict(),
+                                "optimizer": self._keys.owner,
                                 "names": [n for _, n, _ in self._indexed()]}
         if self.params.lossy:
             # The parameters show the values at a lower precision than the master holds
@@ -561,11 +603,22 @@ class Optimizer(torch.optim.Optimizer):
         return {"state": state, "param_groups": groups, "paramserver": meta}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict`'s output; checked whole before anything changes."""
+        """Restore :meth:`state_dict`'s output -- or, for a torch-style optimizer, the
+        ``state_dict`` of torch.optim's class of the same name, so that a job moves across
+        and continues exactly. Checked whole before anything changes."""
         meta = state_dict.get("paramserver")
-        if not isinstance(meta, Mapping) or "state" not in state_dict:
-            raise ParamError("not a state_dict of paramserver.torch.Optimizer (no "
-                             "'paramserver' entry); a torch.optim state cannot be loaded")
+        torch_style = self._keys.torch_state
+        if "state" not in state_dict or "param_groups" not in state_dict:
+            raise ParamError("not an optimizer's state_dict: it has no 'state' and "
+                             "'param_groups'")
+        if not isinstance(meta, Mapping):
+            if not torch_style:
+                raise ParamError(
+                    "not a state_dict of paramserver.torch.Optimizer (no 'paramserver' "
+                    "entry); a torch.optim state loads into paramserver's torch-style "
+                    "optimizer of its class (paramserver.torch.Adam, ...), not into one made "
+                    "from an updater configuration")
+            meta = {}
         indexed = self._indexed()
         problems = []
         saved_groups = state_dict["param_groups"]
@@ -574,18 +627,19 @@ class Optimizer(torch.optim.Optimizer):
             problems.append(f"the saved param groups have "
                             f"{[len(g['params']) for g in saved_groups]} parameters, these "
                             f"have {[len(g['params']) for g in self.param_groups]}")
+            raise ParamError(problems)
         saved_type = (meta.get("updater") or {}).get("type")
-        if saved_type is not None and saved_type != self.conf.type:
+        saved_owner = meta.get("optimizer")
+        if torch_style and saved_owner is not None and saved_owner != self._keys.owner:
+            problems.append(f"the state is of {saved_owner}, this optimizer is "
+                            f"{self._keys.owner}")
+        elif saved_type is not None and saved_type != self.conf.type and not (
+                torch_style and saved_owner == self._keys.owner):
             problems.append(f"the state is of updater {saved_type}, this optimizer's is "
                             f"{self.conf.type}")
-        try:
-            step = _step_count(meta.get("step"), "the saved step")
-        except ParamError as e:
-            problems += [p.message for p in e.problems]
-            step = 0
         owner_of = {id(t): k for k, t in enumerate(self._owner_tensors)}
         names = self._names
-        arrays: dict[str, np.ndarray] = {}
+        entries: dict[int, Mapping[str, Any]] = {}
         for idx, entry in state_dict["state"].items():
             idx = int(idx)
             if idx >= len(indexed):
@@ -596,34 +650,57 @@ class Optimizer(torch.optim.Optimizer):
             if k is None:
                 problems.append(f"state of '{name}': it shares another's values, has none")
                 continue
-            for r, v in entry.items():
-                arr = v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v)
-                arrays[f"{names[k]}/{r}"] = arr.reshape(-1)
-        # The state this optimizer will hold once the saved groups' settings are taken.
-        roles = {r for g in saved_groups if all(k in g for k in self.setting_keys)
-                 for r in self._updater_for(self._settings(g)).roles}
-        target = self._state.with_roles(roles)
-        problems += target.problems(arrays, names)
+            entries[k] = entry
+        # The updaters this optimizer will have once the saved groups' settings are taken.
+        settings = [tuple(hashable(saved.get(key, group[key])) for key in self.setting_keys)
+                    for group, saved in zip(self.param_groups, saved_groups, strict=True)]
+        updaters = [self._updater_for(settings[g]) for g in self._owner_group]
+        target = UpdaterState((), self._state.offsets, self._state.dtype)
+        for u in dict.fromkeys(updaters):
+            target = target.with_roles(u.roles)
+        arrays: dict[str, np.ndarray] = {}
+        if torch_style:  # torch.optim's names, or ours, into a fresh state
+            for k, entry in entries.items():
+                problems += import_entry(updaters[k], entry, target.segments(k, k + 1),
+                                         f"state of '{names[k]}'")
+            counts = [int(target.counts[k]) for k in entries]
+            step = max(counts, default=0)
+        else:
+            for k, entry in entries.items():
+                for r, v in entry.items():
+                    arr = (v.detach().cpu().numpy() if isinstance(v, torch.Tensor)
+                           else np.asarray(v))
+                    arrays[f"{names[k]}/{r}"] = arr.reshape(-1)
+            problems += target.problems(arrays, names)
+        if "step" in meta or not torch_style:
+            try:
+                step = _step_count(meta.get("step"), "the saved step")
+            except ParamError as e:
+                problems += [p.message for p in e.problems]
+                step = 0
         masters = meta.get("master") if self.params.lossy else None
         if masters is not None:
             problems += _master_problems(masters, self.params.pset)
         if problems:
             raise ParamError(problems)
+        rate = self.updater.lr(step)
         for group, saved in zip(self.param_groups, saved_groups, strict=True):
             for k2, v in saved.items():
                 if k2 not in ("params", "param_names"):
                     group[k2] = v
+            if "lr_scale" not in saved:  # torch.optim's: the rate is the group's lr
+                group["lr_scale"] = self._scale_for(float(group["lr"]), rate)
         self.step_count = step
         # A group's lr and lr_scale agree in what state_dict writes; where they do not (a
         # state saved with an lr written after its last step by an older version), the lr
         # the user saw is the one to train at.
-        rate = self.updater.lr(self.step_count)
         self._reported = [rate * float(g["lr_scale"]) for g in self.param_groups]
         self._take_lr_writes(len(self.param_groups))
         self._state = target
         self._plan_key = None
-        self._plan([False] * len(self.params.pset.owners))
-        self._state.load(arrays, names)
+        self._plan()
+        if not torch_style:
+            self._state.load(arrays, names)
         if masters is not None:
             for p in self.params.pset.owners:
                 p.data[...] = masters[p.name].detach().cpu().reshape(p.shape).numpy()
@@ -706,8 +783,23 @@ class Optimizer(torch.optim.Optimizer):
             p.version = int(versions.get(p.name, 0))
         self.params.from_host(self._state, values=True)
 
-    def __repr__(self) -> str:
-        return f"paramserver.torch.Optimizer({self.updater!r}, {self.params!r})"
+    def describe(self) -> str:
+        """The full configuration, where ``repr`` (torch.optim's table of the groups and
+        their keys) is short: each group's updater configuration and the binding of the
+        parameters (their names, per-parameter scales and sharing)."""
+        self._plan()
+        lines = [f"{type(self).__name__} on {self.params!r}, step {self.step_count}, "
+                 f"placement {self.placement!r}"]
+        for gi, group in enumerate(self.param_groups):
+            updater = self._updater_for(self._settings(group))
+            lines.append(f"param group {gi} (lr {group['lr']:g}, weight_decay "
+                         f"{group['weight_decay']:g}): {updater.conf.to_json()}")
+        for p in self.params.pset.params:
+            conf = p.conf
+            extra = f", shares '{p.owner.name}'" if p.owner is not None else ""
+            lines.append(f"  {p.name} {tuple(p.shape)} lr_scale {conf.lr_scale:g} wd_scale "
+                         f"{conf.wd_scale:g}{extra}")
+        return "\n".join(lines)
 
 
 __all__ = ["Optimizer"]

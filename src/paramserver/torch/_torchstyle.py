@@ -1,5 +1,5 @@
 """torch.optim's constructors on paramserver's updaters: ``SGD``, ``Adam``, ``AdamW``,
-``Adagrad``, ``RMSprop``, ``Adadelta``.
+``Adagrad``, ``RMSprop``, ``Adadelta``, ``Adamax``, ``NAdam``, ``RAdam``, ``SparseAdam``.
 
 Each takes torch's arguments by torch's names, with torch's defaults, and makes a
 :class:`~paramserver.torch.Optimizer` whose updater computes what the torch.optim class
@@ -11,10 +11,15 @@ rate is its ``lr`` exactly, whatever a scheduler writes), and the groups' keys t
 the updater's fields. Per-parameter ``lr_scale``/``wd_scale`` rules, placement (host,
 offload, device) and paramserver checkpoints work as for the general optimizer.
 
-What torch.optim has and paramserver's updaters do not is refused with a message
-(``amsgrad=True``, ``centered=True``, ``differentiable=True``); the implementation flags
-(``foreach``, ``fused``, ``capturable``) are accepted and change nothing: every step here is
-one fused update per run of groups with equal settings.
+Their state goes by torch.optim's names and layout, and ``load_state_dict`` takes the
+``state_dict`` of torch.optim's class of the same name (:mod:`._torchstate`). Beyond
+torch.optim's arguments each takes paramserver's ``param_conf``, ``seed``, ``placement`` and
+``state_dtype`` (``"bfloat16"`` or ``"int8"``: the state kept smaller, as the updaters'
+``state_dtype``) and ``stochastic_rounding``.
+
+``differentiable=True`` is refused (paramserver's updates are not recorded by autograd); the
+implementation flags (``foreach``, ``fused``, ``capturable``) are accepted and change
+nothing: every step here is one fused update per run of groups with equal settings.
 """
 
 from __future__ import annotations
@@ -41,10 +46,13 @@ class TorchKeys(GroupKeys):
     method: ClassVar[str]
     #: torch's defaults of the keys.
     keys: ClassVar[dict[str, Any]]
+    torch_state = True
 
-    def __init__(self, **given: Any):
+    def __init__(self, fields: Mapping[str, Any] | None = None, **given: Any):
         self.owner = f"torch.optim.{self.method}"
         self._defaults = {**self.keys, **given}
+        #: the optimizer's updater fields that no group key sets (``state_dtype``, ...)
+        self.fields = dict(fields or {})
         self.check(self._defaults, "the optimizer")
 
     def defaults(self) -> dict[str, Any]:
@@ -65,7 +73,7 @@ class TorchKeys(GroupKeys):
 
     def conf_for(self, values: Mapping[str, Any]) -> UpdaterConf:
         self.check(values, "param group")
-        fields = {**self.updater(values), "form": "torch",
+        fields = {**self.updater(values), **self.fields, "form": "torch",
                   "learning_rate": {"type": "kFixed", "base_lr": 1.0}}
         try:
             return UpdaterConf.parse(fields)
@@ -75,6 +83,27 @@ class TorchKeys(GroupKeys):
 
 def _eps(values: Mapping[str, Any]) -> float:
     return float(values["eps"])
+
+
+def _betas(values: Mapping[str, Any], where: str) -> tuple[float, float]:
+    """A group's ``betas``, checked: two numbers."""
+    betas = values["betas"]
+    if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
+        raise ParamError(f"{where}: betas must be two numbers, not {betas!r}")
+    b1, b2 = (float(b) for b in betas)
+    return b1, b2
+
+
+class BetasKeys(TorchKeys):
+    """The keys of torch's optimizers with ``betas`` and ``eps``."""
+
+    def check(self, values: Mapping[str, Any], where: str) -> None:
+        super().check(values, where)
+        _betas(values, where)
+
+    def moments(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        b1, b2 = _betas(values, "param group")
+        return {"beta1": b1, "beta2": b2}
 
 
 class SGDKeys(TorchKeys):
@@ -96,27 +125,18 @@ class SGDKeys(TorchKeys):
                 "sgd_conf": {"dampening": values["dampening"]}}
 
 
-class AdamKeys(TorchKeys):
+class AdamKeys(BetasKeys):
     method = "Adam"
     keys: ClassVar[dict[str, Any]] = {
         "betas": (0.9, 0.999), "eps": 1e-8, "amsgrad": False, "maximize": False,
         "foreach": None, "capturable": False, "differentiable": False, "fused": None,
         "decoupled_weight_decay": False}
 
-    def check(self, values: Mapping[str, Any], where: str) -> None:
-        super().check(values, where)
-        if values["amsgrad"]:
-            raise ParamError(f"{where}: amsgrad=True is not supported: paramserver's Adam "
-                             "keeps two moments (AMSGrad needs a third array of state)")
-        betas = values["betas"]
-        if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
-            raise ParamError(f"{where}: betas must be two numbers, not {betas!r}")
-
     def updater(self, values: Mapping[str, Any]) -> dict[str, Any]:
         decoupled = bool(values["decoupled_weight_decay"])
-        b1, b2 = (float(b) for b in values["betas"])
         return {"type": "kAdamW" if decoupled else "kAdam", "delta": _eps(values),
-                "adamw_conf" if decoupled else "adam_conf": {"beta1": b1, "beta2": b2}}
+                "adamw_conf" if decoupled else "adam_conf": {
+                    **self.moments(values), "amsgrad": bool(values["amsgrad"])}}
 
 
 class AdamWKeys(AdamKeys):
@@ -143,15 +163,9 @@ class RMSpropKeys(TorchKeys):
         "alpha": 0.99, "eps": 1e-8, "momentum": 0.0, "centered": False, "capturable": False,
         "foreach": None, "maximize": False, "differentiable": False}
 
-    def check(self, values: Mapping[str, Any], where: str) -> None:
-        super().check(values, where)
-        if values["centered"]:
-            raise ParamError(f"{where}: centered=True is not supported: paramserver's "
-                             "RMSProp keeps no running mean of the gradient")
-
     def updater(self, values: Mapping[str, Any]) -> dict[str, Any]:
         return {"type": "kRMSProp", "delta": _eps(values), "momentum": values["momentum"],
-                "rmsprop_conf": {"rho": values["alpha"]}}
+                "rmsprop_conf": {"rho": values["alpha"], "centered": bool(values["centered"])}}
 
 
 class AdadeltaKeys(TorchKeys):
@@ -163,6 +177,50 @@ class AdadeltaKeys(TorchKeys):
     def updater(self, values: Mapping[str, Any]) -> dict[str, Any]:
         return {"type": "kAdaDelta", "delta": _eps(values),
                 "adadelta_conf": {"rho": values["rho"]}}
+
+
+class AdamaxKeys(BetasKeys):
+    method = "Adamax"
+    keys: ClassVar[dict[str, Any]] = {
+        "betas": (0.9, 0.999), "eps": 1e-8, "foreach": None, "maximize": False,
+        "differentiable": False, "capturable": False}
+
+    def updater(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        return {"type": "kAdamMax", "delta": _eps(values), "adammax_conf": self.moments(values)}
+
+
+class NAdamKeys(BetasKeys):
+    method = "NAdam"
+    keys: ClassVar[dict[str, Any]] = {
+        "betas": (0.9, 0.999), "eps": 1e-8, "momentum_decay": 4e-3,
+        "decoupled_weight_decay": False, "foreach": None, "maximize": False,
+        "capturable": False, "differentiable": False}
+
+    def updater(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        return {"type": "kNAdam", "delta": _eps(values), "nadam_conf": {
+            **self.moments(values), "momentum_decay": values["momentum_decay"],
+            "decoupled_weight_decay": bool(values["decoupled_weight_decay"])}}
+
+
+class RAdamKeys(BetasKeys):
+    method = "RAdam"
+    keys: ClassVar[dict[str, Any]] = {
+        "betas": (0.9, 0.999), "eps": 1e-8, "decoupled_weight_decay": False,
+        "foreach": None, "maximize": False, "capturable": False, "differentiable": False}
+
+    def updater(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        return {"type": "kRAdam", "delta": _eps(values), "radam_conf": {
+            **self.moments(values),
+            "decoupled_weight_decay": bool(values["decoupled_weight_decay"])}}
+
+
+class SparseAdamKeys(BetasKeys):
+    method = "SparseAdam"
+    keys: ClassVar[dict[str, Any]] = {"betas": (0.9, 0.999), "eps": 1e-8, "maximize": False}
+
+    def updater(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        return {"type": "kSparseAdam", "delta": _eps(values),
+                "sparseadam_conf": self.moments(values)}
 
 
 def _make(keys: TorchKeys, params: Iterable[Any], lr: float | torch.Tensor,
@@ -178,6 +236,11 @@ def _make(keys: TorchKeys, params: Iterable[Any], lr: float | torch.Tensor,
             "_keys": keys, "_lr": float(lr), "_weight_decay": float(weight_decay)}
 
 
+def _fields(state_dtype: str, stochastic_rounding: bool) -> dict[str, Any]:
+    """paramserver's optimizer-wide updater fields of a torch-style constructor."""
+    return {"state_dtype": state_dtype, "stochastic_rounding": bool(stochastic_rounding)}
+
+
 class SGD(Optimizer):
     """``torch.optim.SGD``'s arguments and defaults on paramserver (kSGD, or kNesterov with
     ``nesterov=True``, in torch's form: ``buf = momentum·buf + (1 − dampening)·g;
@@ -188,16 +251,17 @@ class SGD(Optimizer):
                  nesterov: bool = False, *, maximize: bool = False,
                  foreach: bool | None = None, differentiable: bool = False,
                  fused: bool | None = None, param_conf: RulesLike = None, seed: int = 0,
-                 placement: Placement = "auto"):
-        keys = SGDKeys(momentum=momentum, dampening=dampening, nesterov=nesterov,
-                       maximize=maximize, foreach=foreach, differentiable=differentiable,
-                       fused=fused)
+                 placement: Placement = "auto", state_dtype: str = "float32",
+                 stochastic_rounding: bool = False):
+        keys = SGDKeys(_fields(state_dtype, stochastic_rounding), momentum=momentum,
+                       dampening=dampening, nesterov=nesterov, maximize=maximize,
+                       foreach=foreach, differentiable=differentiable, fused=fused)
         super().__init__(**_make(keys, params, lr, weight_decay, param_conf, seed, placement))
 
 
 class Adam(Optimizer):
     """``torch.optim.Adam``'s arguments and defaults on paramserver (kAdam; kAdamW with
-    ``decoupled_weight_decay=True``). ``amsgrad=True`` is refused."""
+    ``decoupled_weight_decay=True``; AMSGrad with ``amsgrad=True``)."""
 
     def __init__(self, params: Iterable[Any], lr: float | torch.Tensor = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
@@ -205,16 +269,18 @@ class Adam(Optimizer):
                  foreach: bool | None = None, maximize: bool = False,
                  capturable: bool = False, differentiable: bool = False,
                  fused: bool | None = None, decoupled_weight_decay: bool = False,
-                 param_conf: RulesLike = None, seed: int = 0, placement: Placement = "auto"):
-        keys = AdamKeys(betas=tuple(betas), eps=eps, amsgrad=amsgrad, maximize=maximize,
-                        foreach=foreach, capturable=capturable, differentiable=differentiable,
-                        fused=fused, decoupled_weight_decay=decoupled_weight_decay)
+                 param_conf: RulesLike = None, seed: int = 0, placement: Placement = "auto",
+                 state_dtype: str = "float32", stochastic_rounding: bool = False):
+        keys = AdamKeys(_fields(state_dtype, stochastic_rounding), betas=tuple(betas), eps=eps,
+                        amsgrad=amsgrad, maximize=maximize, foreach=foreach,
+                        capturable=capturable, differentiable=differentiable, fused=fused,
+                        decoupled_weight_decay=decoupled_weight_decay)
         super().__init__(**_make(keys, params, lr, weight_decay, param_conf, seed, placement))
 
 
 class AdamW(Optimizer):
     """``torch.optim.AdamW``'s arguments and defaults on paramserver (kAdamW; weight decay
-    0.01). ``amsgrad=True`` is refused."""
+    0.01; AMSGrad with ``amsgrad=True``)."""
 
     def __init__(self, params: Iterable[Any], lr: float | torch.Tensor = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
@@ -222,10 +288,11 @@ class AdamW(Optimizer):
                  maximize: bool = False, foreach: bool | None = None,
                  capturable: bool = False, differentiable: bool = False,
                  fused: bool | None = None, param_conf: RulesLike = None, seed: int = 0,
-                 placement: Placement = "auto"):
-        keys = AdamWKeys(betas=tuple(betas), eps=eps, amsgrad=amsgrad, maximize=maximize,
-                         foreach=foreach, capturable=capturable, differentiable=differentiable,
-                         fused=fused)
+                 placement: Placement = "auto", state_dtype: str = "float32",
+                 stochastic_rounding: bool = False):
+        keys = AdamWKeys(_fields(state_dtype, stochastic_rounding), betas=tuple(betas),
+                         eps=eps, amsgrad=amsgrad, maximize=maximize, foreach=foreach,
+                         capturable=capturable, differentiable=differentiable, fused=fused)
         super().__init__(**_make(keys, params, lr, weight_decay, param_conf, seed, placement))
 
 
@@ -238,27 +305,30 @@ class Adagrad(Optimizer):
                  initial_accumulator_value: float = 0.0, eps: float = 1e-10,
                  foreach: bool | None = None, *, maximize: bool = False,
                  differentiable: bool = False, fused: bool | None = None,
-                 param_conf: RulesLike = None, seed: int = 0, placement: Placement = "auto"):
-        keys = AdagradKeys(lr_decay=lr_decay, initial_accumulator_value=initial_accumulator_value,
-                           eps=eps, maximize=maximize, foreach=foreach,
-                           differentiable=differentiable, fused=fused)
+                 param_conf: RulesLike = None, seed: int = 0, placement: Placement = "auto",
+                 state_dtype: str = "float32", stochastic_rounding: bool = False):
+        keys = AdagradKeys(_fields(state_dtype, stochastic_rounding), lr_decay=lr_decay,
+                           initial_accumulator_value=initial_accumulator_value, eps=eps,
+                           maximize=maximize, foreach=foreach, differentiable=differentiable,
+                           fused=fused)
         super().__init__(**_make(keys, params, lr, weight_decay, param_conf, seed, placement))
 
 
 class RMSprop(Optimizer):
     """``torch.optim.RMSprop``'s arguments and defaults on paramserver (kRMSProp in torch's
-    form: ``rho`` = ``alpha``, ``eps`` after the square root, torch's momentum).
-    ``centered=True`` is refused."""
+    form: ``rho`` = ``alpha``, ``eps`` after the square root, torch's momentum; the running
+    mean of the gradient with ``centered=True``)."""
 
     def __init__(self, params: Iterable[Any], lr: float | torch.Tensor = 1e-2,
                  alpha: float = 0.99, eps: float = 1e-8, weight_decay: float = 0.0,
                  momentum: float = 0.0, centered: bool = False, capturable: bool = False,
                  foreach: bool | None = None, maximize: bool = False,
                  differentiable: bool = False, *, param_conf: RulesLike = None, seed: int = 0,
-                 placement: Placement = "auto"):
-        keys = RMSpropKeys(alpha=alpha, eps=eps, momentum=momentum, centered=centered,
-                           capturable=capturable, foreach=foreach, maximize=maximize,
-                           differentiable=differentiable)
+                 placement: Placement = "auto", state_dtype: str = "float32",
+                 stochastic_rounding: bool = False):
+        keys = RMSpropKeys(_fields(state_dtype, stochastic_rounding), alpha=alpha, eps=eps,
+                           momentum=momentum, centered=centered, capturable=capturable,
+                           foreach=foreach, maximize=maximize, differentiable=differentiable)
         super().__init__(**_make(keys, params, lr, weight_decay, param_conf, seed, placement))
 
 
@@ -270,10 +340,87 @@ class Adadelta(Optimizer):
                  rho: float = 0.9, eps: float = 1e-6, weight_decay: float = 0.0,
                  foreach: bool | None = None, *, capturable: bool = False,
                  maximize: bool = False, differentiable: bool = False,
-                 param_conf: RulesLike = None, seed: int = 0, placement: Placement = "auto"):
-        keys = AdadeltaKeys(rho=rho, eps=eps, foreach=foreach, capturable=capturable,
-                            maximize=maximize, differentiable=differentiable)
+                 param_conf: RulesLike = None, seed: int = 0, placement: Placement = "auto",
+                 state_dtype: str = "float32", stochastic_rounding: bool = False):
+        keys = AdadeltaKeys(_fields(state_dtype, stochastic_rounding), rho=rho, eps=eps,
+                            foreach=foreach, capturable=capturable, maximize=maximize,
+                            differentiable=differentiable)
         super().__init__(**_make(keys, params, lr, weight_decay, param_conf, seed, placement))
 
 
-__all__ = ["SGD", "Adadelta", "Adagrad", "Adam", "AdamW", "RMSprop", "TorchKeys"]
+class Adamax(Optimizer):
+    """``torch.optim.Adamax``'s arguments and defaults on paramserver (kAdamMax, Kingma &
+    Ba's infinity norm: ``u = max(beta2·u, |g| + eps)``; ``lr`` 2e-3)."""
+
+    def __init__(self, params: Iterable[Any], lr: float | torch.Tensor = 2e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, foreach: bool | None = None, *,
+                 maximize: bool = False, differentiable: bool = False,
+                 capturable: bool = False, param_conf: RulesLike = None, seed: int = 0,
+                 placement: Placement = "auto", state_dtype: str = "float32",
+                 stochastic_rounding: bool = False):
+        keys = AdamaxKeys(_fields(state_dtype, stochastic_rounding), betas=tuple(betas),
+                          eps=eps, foreach=foreach, maximize=maximize,
+                          differentiable=differentiable, capturable=capturable)
+        super().__init__(**_make(keys, params, lr, weight_decay, param_conf, seed, placement))
+
+
+class NAdam(Optimizer):
+    """``torch.optim.NAdam``'s arguments and defaults on paramserver (kNAdam: Adam with
+    Nesterov momentum and Dozat's momentum schedule; ``lr`` 2e-3; decoupled weight decay
+    with ``decoupled_weight_decay=True``)."""
+
+    def __init__(self, params: Iterable[Any], lr: float | torch.Tensor = 2e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, momentum_decay: float = 4e-3,
+                 decoupled_weight_decay: bool = False, *, foreach: bool | None = None,
+                 maximize: bool = False, capturable: bool = False,
+                 differentiable: bool = False, param_conf: RulesLike = None, seed: int = 0,
+                 placement: Placement = "auto", state_dtype: str = "float32",
+                 stochastic_rounding: bool = False):
+        keys = NAdamKeys(_fields(state_dtype, stochastic_rounding), betas=tuple(betas),
+                         eps=eps, momentum_decay=momentum_decay,
+                         decoupled_weight_decay=decoupled_weight_decay, foreach=foreach,
+                         maximize=maximize, capturable=capturable,
+                         differentiable=differentiable)
+        super().__init__(**_make(keys, params, lr, weight_decay, param_conf, seed, placement))
+
+
+class RAdam(Optimizer):
+    """``torch.optim.RAdam``'s arguments and defaults on paramserver (kRAdam: Adam with the
+    variance of its rate rectified, momentum SGD before; decoupled weight decay with
+    ``decoupled_weight_decay=True``)."""
+
+    def __init__(self, params: Iterable[Any], lr: float | torch.Tensor = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, decoupled_weight_decay: bool = False, *,
+                 foreach: bool | None = None, maximize: bool = False,
+                 capturable: bool = False, differentiable: bool = False,
+                 param_conf: RulesLike = None, seed: int = 0, placement: Placement = "auto",
+                 state_dtype: str = "float32", stochastic_rounding: bool = False):
+        keys = RAdamKeys(_fields(state_dtype, stochastic_rounding), betas=tuple(betas),
+                         eps=eps, decoupled_weight_decay=decoupled_weight_decay,
+                         foreach=foreach, maximize=maximize, capturable=capturable,
+                         differentiable=differentiable)
+        super().__init__(**_make(keys, params, lr, weight_decay, param_conf, seed, placement))
+
+
+class SparseAdam(Optimizer):
+    """``torch.optim.SparseAdam``'s arguments and defaults on paramserver (kSparseAdam):
+    lazy Adam for ``nn.Embedding(sparse=True)``: a sparse gradient updates only its rows
+    and their moments (the others' do not decay), ``eps`` added before the bias correction,
+    as torch's. A dense gradient (which torch.optim.SparseAdam refuses) gets the same rule
+    on every element."""
+
+    def __init__(self, params: Iterable[Any], lr: float | torch.Tensor = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 maximize: bool = False, *, param_conf: RulesLike = None, seed: int = 0,
+                 placement: Placement = "auto", state_dtype: str = "float32",
+                 stochastic_rounding: bool = False):
+        keys = SparseAdamKeys(_fields(state_dtype, stochastic_rounding), betas=tuple(betas),
+                              eps=eps, maximize=maximize)
+        super().__init__(**_make(keys, params, lr, 0.0, param_conf, seed, placement))
+
+
+__all__ = ["SGD", "Adadelta", "Adagrad", "Adam", "AdamW", "Adamax", "NAdam", "RAdam",
+           "RMSprop", "SparseAdam", "TorchKeys"]
