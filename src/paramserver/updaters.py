@@ -149,17 +149,14 @@ class Updater:
             held = target.updater_state
             if held is None:
                 held = self.init_state(target.offsets, target.dtype)
-                for i, p in enumerate(target.owners):  # keep what an owner built up alone
-                    if p.updater_state is not None:
-                        piece = held.segments(i, i + 1)
-                        for r in held.roles:
-                            if r.name in p.updater_state:
-                                piece[r.name][...] = p.updater_state[r.name]
+                for i, alone in target.owner_states().items():  # what an owner built up
+                    piece = held.segments(i, i + 1)
+                    for r in held.roles:
+                        if r.name in alone:
+                            piece[r.name][...] = alone[r.name]
             held = held.with_roles(self.roles)
             if held is not target.updater_state:
-                target.updater_state = held
-                for i, p in enumerate(target.owners):
-                    p.updater_state = held.segments(i, i + 1)
+                target.updater_state = held  # every owner views its segment from now on
             return held
         if target.owner is not None:
             raise ParamError(f"Param '{target.name}' shares the values of "
@@ -391,8 +388,7 @@ class Updater:
                 nonfinite += self.apply_rows(step, params.values[off[i]:off[i + 1]], ids, rows,
                                              table.dim, state.segments(i, i + 1), lr[i],
                                              wd[i], scale[i] * factor)
-        for p in params.owners:
-            p.version += 1
+        params.set_versions(params.versions + 1)
         return nonfinite
 
     def __repr__(self) -> str:
