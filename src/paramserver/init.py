@@ -143,6 +143,8 @@ def init_params(params: ParamSet, seed: int = 0) -> None:
         method = methods.get(id(init))
         if method is None:
             method = methods[id(init)] = _method_key(init)
+        if type(method) is int and not p._own_conf:  # a user's method, a shared configuration:
+            method = ("param", i)  # an instance per Param, as each had a copy of its own
         groups.setdefault((method, p.shape, p.row_sparse), []).append(i)
     generators: dict[Any, ParamGenerator] = {}
     draws = _Draws()

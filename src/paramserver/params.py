@@ -416,14 +416,17 @@ class ParamSpec:
     ``row_sparse``: a table whose gradient is rows by id (an embedding's), made a
     :class:`TableParam` by a ParamSet with tables.
 
-    ``conf`` may be shared by many specs (those :func:`plan_params` makes from tuples given
-    the same configuration) and then names none of them: the spec's ``name`` is the name."""
+    ``conf_shared``: ``conf`` is shared by many specs (those :func:`plan_params` makes from
+    tuples given the same configuration) and names none of them (the spec's ``name`` is the
+    name); each Param made from it gets a copy of its own, named, when it first asks for its
+    :attr:`Param.conf`. Otherwise the Param's configuration is ``conf`` itself."""
 
     name: str
     shape: tuple[int, ...]
     conf: ParamConf
     place: str  # e.g. "layer 'fc1', param 0": where errors point
     row_sparse: bool = False
+    conf_shared: bool = False
 
 
 class ParamSet:
@@ -485,7 +488,7 @@ class ParamSet:
         with paused_gc():
             self._populate(
                 [(TableParam if is_table and s.name in is_table else Param, s.name, s.shape,
-                  s.conf, s.conf.name == s.name) for s in owners],
+                  s.conf, not s.conf_shared) for s in owners],
                 [(s.name, s.shape, owner_of[s.name], None, False) for s in plan.sharers],
                 [s.name for s in plan.specs], len(is_table))
 
@@ -781,7 +784,7 @@ class _SpecMaker:
             shape = self._shape(shape, name)
             if many_dims != (len(shape) >= 2):  # a shape that reads as one only once made
                 conf = self._conf(given, len(shape) >= 2)[0]
-        return ParamSpec(name, shape, conf, f"param {index}")
+        return ParamSpec(name, shape, conf, f"param {index}", conf_shared=True)
 
     def _conf(self, given: Any, many_dims: bool) -> tuple[ParamConf, str | None]:
         """The shared configuration for ``given`` (a ParamConf, a dict or None) on a Param of
