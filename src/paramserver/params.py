@@ -506,8 +506,17 @@ class ParamSet:
         self._scales: tuple[int, np.ndarray, np.ndarray] | None = None
         starts = self.offsets.tolist()
         by_name: dict[str, Param] = {}
+        new, dtype = Param.__new__, self.dtype
         for i, (cls, name, shape, conf, own) in enumerate(owners):
-            by_name[name] = cls._member(self, name, shape, conf, own, i, starts[i])
+            if cls is not Param:
+                by_name[name] = cls._member(self, name, shape, conf, own, i, starts[i])
+                continue
+            p = by_name[name] = new(Param)  # Param._member, without a call per Param
+            p.name, p.shape, p.dtype, p._conf, p._own_conf, p.owner = (name, shape, dtype,
+                                                                        conf, own, None)
+            p._set, p._idx, p._at, p._data, p._grad, p._state, p._version = (self, i,
+                                                                             starts[i], None,
+                                                                             None, None, 0)
         self.owners: list[Param] = list(by_name.values())
         self._sharers: list[Param] = []
         pos = self.dense_size
@@ -668,9 +677,10 @@ class ParamPlan:
 
     def __init__(self, specs: list[ParamSpec]):
         self.specs = specs
-        self.owner_of = _resolve_sharing(specs)
-        self.owners = [s for s in specs if s.conf.share_from is None]
         self.sharers = [s for s in specs if s.conf.share_from is not None]
+        self.owner_of = _resolve_sharing(specs, self.sharers)
+        self.owners = ([s for s in specs if s.conf.share_from is None] if self.sharers
+                       else list(specs))
         self.sizes = [math.prod(s.shape) for s in self.owners]
 
     @property
@@ -732,10 +742,8 @@ class ParamPlan:
 def plan_params(items: Iterable[ParamSpec | tuple[Any, ...]]) -> ParamPlan:
     """The :class:`ParamPlan` of Param specs (or ``(name, shape[, conf])`` tuples); every
     naming and sharing error at once, and no memory allocated."""
-    spec = _SpecMaker()
     with paused_gc():
-        return ParamPlan([s if isinstance(s, ParamSpec) else spec(s, i)
-                          for i, s in enumerate(items)])
+        return ParamPlan(_SpecMaker().specs(items))
 
 
 def physical_memory() -> int | None:
@@ -766,25 +774,40 @@ class _SpecMaker:
         self._confs: dict[Any, tuple[Any, ParamConf]] = {}
         self._shapes: dict[tuple[int, ...], tuple[int, ...]] = {}
 
-    def __call__(self, item: tuple[Any, ...], index: int) -> ParamSpec:
-        if len(item) not in (2, 3):
-            raise ParamError(f"param {index}: expected (name, shape) or (name, shape, conf)")
-        name, shape = item[0], item[1]
-        given = item[2] if len(item) == 3 else None
-        many_dims = (len(shape) if type(shape) is tuple else _ndim(shape)) >= 2
-        conf, conf_name = self._conf(given, many_dims)
-        name = name or conf_name
-        if not name:
-            raise ParamError(f"param {index}: a name is needed")
-        try:
-            known = self._shapes.get(shape) if type(shape) is tuple else None
-        except TypeError:  # not hashable: not a good shape either
-            known = None
-        if known is not shape:  # not this very tuple, checked before
-            shape = self._shape(shape, name)
-            if many_dims != (len(shape) >= 2):  # a shape that reads as one only once made
-                conf = self._conf(given, len(shape) >= 2)[0]
-        return ParamSpec(name, shape, conf, f"param {index}", conf_shared=True)
+    def specs(self, items: Iterable[ParamSpec | tuple[Any, ...]]) -> list[ParamSpec]:
+        """The specs of ``items`` (specs as they are), in order; one loop, the common case
+        (a name, a tuple of ints seen before, a configuration seen before) without a call."""
+        out: list[ParamSpec] = []
+        append = out.append
+        shapes, confs = self._shapes, self._confs
+        for index, item in enumerate(items):
+            if isinstance(item, ParamSpec):
+                append(item)
+                continue
+            if len(item) not in (2, 3):
+                raise ParamError(f"param {index}: expected (name, shape) or (name, shape, "
+                                 "conf)")
+            name, shape = item[0], item[1]
+            given = item[2] if len(item) == 3 else None
+            many_dims = (len(shape) if type(shape) is tuple else _ndim(shape)) >= 2
+            found = confs.get(many_dims) if given is None else None
+            if found is not None:
+                conf, conf_name = found[1], None
+            else:
+                conf, conf_name = self._conf(given, many_dims)
+            name = name or conf_name
+            if not name:
+                raise ParamError(f"param {index}: a name is needed")
+            try:
+                known = shapes.get(shape) if type(shape) is tuple else None
+            except TypeError:  # not hashable: not a good shape either
+                known = None
+            if known is not shape:  # not this very tuple, checked before
+                shape = self._shape(shape, name)
+                if many_dims != (len(shape) >= 2):  # a shape that reads as one only once made
+                    conf = self._conf(given, len(shape) >= 2)[0]
+            append(ParamSpec(name, shape, conf, f"param {index}", conf_shared=True))
+        return out
 
     def _conf(self, given: Any, many_dims: bool) -> tuple[ParamConf, str | None]:
         """The shared configuration for ``given`` (a ParamConf, a dict or None) on a Param of
@@ -863,8 +886,9 @@ def _did_you_mean(name: str, names: Iterable[str]) -> str:
     return f"; did you mean '{close[0]}'?" if close else ""
 
 
-def _resolve_sharing(specs: list[ParamSpec]) -> dict[str, str]:
-    """Each Param's owner name (its own for owners); every sharing error at once."""
+def _resolve_sharing(specs: list[ParamSpec], sharers: list[ParamSpec]) -> dict[str, str]:
+    """Each Param's owner name (its own for owners); every sharing error at once.
+    ``sharers``: the specs that name a ``share_from``."""
     problems: list[str] = []
     spec_of = {s.name: s for s in specs}
     if len(spec_of) != len(specs):
@@ -875,8 +899,9 @@ def _resolve_sharing(specs: list[ParamSpec]) -> dict[str, str]:
                                 f"{s.place}")
             else:
                 place[s.name] = s.place
-    owner_of = {s.name: s.name for s in specs if s.conf.share_from is None}
-    for s in [s for s in specs if s.conf.share_from is not None]:
+    owner_of = ({s.name: s.name for s in specs if s.conf.share_from is None} if sharers
+                else {name: name for name in spec_of})
+    for s in sharers:
         chain, cur = [s.name], s
         while cur.conf.share_from is not None:
             target = cur.conf.share_from
