@@ -580,12 +580,11 @@ class AdaGrad(_Fused):
              bf16_values: np.ndarray | None = None) -> int:
         own = self.own
         if own is not None:
-            first = np.flatnonzero(state.counts == 1)
-            if own.initial_accumulator_value > 0 and first.size:
-                h = state["history"]
-                for i in first:
-                    h[int(state.offsets[i]):int(state.offsets[i + 1])] = \
-                        own.initial_accumulator_value
+            first = state.counts == 1
+            if own.initial_accumulator_value > 0 and first.any():
+                # the segments at their first update, as one mask (not a loop per Param)
+                at = slice(None) if first.all() else np.repeat(first, np.diff(state.offsets))
+                state["history"][at] = own.initial_accumulator_value
             if own.lr_decay > 0:
                 lr = lr / (1.0 + (state.counts - 1) * own.lr_decay)
         return super()._run(w, g, state, lr, wd, gscale, check, bf16_values)
