@@ -118,9 +118,9 @@ def init_params(params: ParamSet, seed: int = 0) -> None:
     on the order Params are made in, nor on threads, workers or servers. Sharers see their
     owner's values; every owner's version goes back to 0.
 
-    The Params of one built-in method and one shape are filled together, in one compiled
-    call per distribution for the whole set (values exactly those of a fill each): a model
-    of a million small Params initialises in about a second, not a call per Param.
+    The Params of one built-in method and one shape take one draw, and each distribution is
+    filled for the whole set in one compiled call (values exactly those of a fill of each
+    Param): a million small Params initialise in seconds, not a call per Param.
 
     Args:
         params: the Params; each owner's ``init { }`` configuration chooses its method.
