@@ -154,3 +154,28 @@ def test_field_taking_registered_names_reports_them() -> None:
     assert UpdaterConf.doc() == (
         "type : {'kNesterov', 'kSGD'}, optional, default='kSGD'\n    Update method.\n"
         "user_type : {'kNesterov', 'kSGD'} or None, optional, default=None")
+
+
+def test_a_component_registry_looks_names_up_again_after_a_change() -> None:
+    """What a component registry derives from its names (canonical names, own blocks,
+    membership) is remembered, and forgotten whenever a name is added or removed."""
+    from paramserver.config.components import ComponentRegistry
+
+    class Own(Parameter):
+        x: int = field(1)
+
+    class Foo:
+        Config = Own
+
+    r = ComponentRegistry("thing")
+    r.add("kBar", SGD)
+    assert r.lookup("bar") == "kBar" and "foo" not in r and r.by_conf_name("foo_conf") is None
+    with pytest.raises(ParamError, match="Invalid Input: 'foo'"):
+        r.lookup("foo")
+    r.add("kFoo", Foo)
+    assert r.lookup("foo") == "kFoo" and "foo" in r and r.conf_name("foo") == "foo_conf"
+    assert r.by_conf_name("foo_conf") == "kFoo"
+    r.remove("foo")
+    assert "foo" not in r and r.by_conf_name("foo_conf") is None
+    with pytest.raises(ParamError, match="Invalid Input: 'kFoo'"):
+        r.lookup("kFoo")

@@ -16,7 +16,7 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar, cast
 
 import numpy as np
 
@@ -118,6 +118,10 @@ def init_params(params: ParamSet, seed: int = 0) -> None:
     on the order Params are made in, nor on threads, workers or servers. Sharers see their
     owner's values; every owner's version goes back to 0.
 
+    The Params of one built-in method and one shape take one draw, and each distribution is
+    filled for the whole set in one compiled call (values exactly those of a fill of each
+    Param): a million small Params initialise in seconds, not a call per Param.
+
     Args:
         params: the Params; each owner's ``init { }`` configuration chooses its method.
         seed: the job's seed, an int in ``[0, 2**64)``.
@@ -125,13 +129,98 @@ def init_params(params: ParamSet, seed: int = 0) -> None:
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not (
             0 <= seed < 1 << 64):
         raise ParamError(f"seed must be an int in [0, 2**64), not {seed!r}")
-    generators: dict[int, ParamGenerator] = {}
-    for p in params.owners:
-        key = id(p.conf.init)
-        gen = generators.get(key) or create_param_generator(p.conf.init)
-        generators[key] = gen
-        gen.fill(p, stream(seed, p.name))
-        p.version = 0
+    from .numerics.rng import param_keys
+
+    owners = params.owners
+    keys = param_keys(int(seed), [p.name for p in owners])
+    # The owners by method and shape: one draw serves each group. A job file gives every
+    # Param an init block of its own, so built-in methods are told apart by what their
+    # configurations say; a user's method keeps one instance per configuration object.
+    methods: dict[int, Any] = {}
+    groups: dict[tuple[Any, tuple[int, ...], bool], list[int]] = {}
+    for i, p in enumerate(owners):
+        init = p.init_conf
+        method = methods.get(id(init))
+        if method is None:
+            method = methods[id(init)] = _method_key(init)
+        if type(method) is int and not p._own_conf:  # a user's method, a shared configuration:
+            method = ("param", i)  # an instance per Param, as each had a copy of its own
+        groups.setdefault((method, p.shape, p.row_sparse), []).append(i)
+    generators: dict[Any, ParamGenerator] = {}
+    draws = _Draws()
+    for (method, _, table), group in groups.items():
+        first = owners[group[0]]
+        gen = generators.get(method)
+        if gen is None:
+            gen = generators[method] = create_param_generator(first.init_conf)
+        if table or not _draws(type(gen)):
+            for i in group:  # a method of its own fill (or a table, which may not be held)
+                gen.fill(owners[i], Stream(int(keys[i])))
+        else:
+            draws.add(group, cast(_Drawn, gen).draw(first))
+    draws.fill(params.values, params.offsets, keys)
+    params.set_versions(0)
+
+
+def _draws(cls: type) -> bool:
+    """Whether a method's fill is its draw (:class:`_Drawn`'s, not one of its own)."""
+    return issubclass(cls, _Drawn) and cls.fill is _Drawn.fill
+
+
+def _method_key(conf: ParamGenConf) -> Any:
+    """What tells an ``init`` configuration's method apart: its content, for a built-in
+    method whose fill is its draw; the object itself, for any other."""
+    try:
+        if _draws(param_generators.get(conf.component)):
+            key = _content(conf)
+            hash(key)
+            return key
+    except (ParamError, TypeError):
+        pass  # an unknown method (create_param_generator says so), or a value of no key
+    return id(conf)
+
+
+def _content(value: Any) -> Any:
+    """A key equal for equal configurations (floats by their bits: -0.0 is not 0.0)."""
+    if isinstance(value, Parameter):
+        return (type(value), tuple((k, _content(v)) for k, v in value.__dict__.items()))
+    if isinstance(value, float):
+        return value.hex()
+    if isinstance(value, (list, tuple)):
+        return (type(value), tuple(_content(v) for v in value))
+    return (type(value), value)
+
+
+class _Draws:
+    """The draws of many groups of Params, each group one draw of :meth:`_Drawn.draw`; filled
+    with one call per distribution."""
+
+    def __init__(self) -> None:
+        self.parts: dict[str, list[tuple[list[int], float, float, bool]]] = {}
+
+    def add(self, group: list[int], drawn: tuple[str, float, float, float] | None) -> None:
+        if drawn is not None:
+            kind, a, b, scale = drawn
+            s = abs(scale)  # as _fill_times draws: the spread for |scale|, then the sign
+            self.parts.setdefault(kind, []).append((group, a * s, b * s, scale < 0))
+
+    def fill(self, values: np.ndarray, offsets: np.ndarray, keys: np.ndarray) -> None:
+        from .numerics import rng
+
+        for kind, parts in self.parts.items():
+            counts = [len(g) for g, _, _, _ in parts]
+            at = np.fromiter((i for g, _, _, _ in parts for i in g), np.int64, sum(counts))
+            starts, sizes = offsets[at], offsets[at + 1] - offsets[at]
+            a = np.repeat([x for _, x, _, _ in parts], counts)
+            b = np.repeat([x for _, _, x, _ in parts], counts)
+            if kind == "constant":
+                rng.fill_constant_segments(values, starts, sizes, a)
+            else:
+                getattr(rng, f"fill_{kind}_segments")(values, starts, sizes, keys[at], a, b)
+            for group, _, _, negative in parts:
+                for i in group if negative else ():
+                    piece = values[offsets[i]:offsets[i + 1]]
+                    np.negative(piece, out=piece)
 
 
 @dataclass(frozen=True)
@@ -175,7 +264,7 @@ def _fans(param: Param, method: str, *, exactly_2d: bool = False) -> tuple[int, 
         need = "a 2-D Param" if exactly_2d else "a Param of 2 or more dimensions"
         raise ParamError(f"Param '{param.name}' has shape {param.shape}: {method} needs {need} "
                          "(fan_in = shape[1], fan_out = shape[0])")
-    receptive = int(np.prod(param.shape[2:], dtype=np.int64))
+    receptive = math.prod(param.shape[2:])
     return param.shape[1] * receptive, param.shape[0] * receptive
 
 
@@ -190,27 +279,53 @@ def _fill_times(data: np.ndarray, scale: float, fill: Callable[[float], None]) -
         np.negative(data, out=data)
 
 
-@register_param_generator("kConstant", aliases=("kConst",))
-class Constant(ParamGenerator):
-    """Every element = ``value``."""
+class _Drawn(ParamGenerator):
+    """A built-in fill: one distribution whose parameters follow from the configuration and
+    the Param's shape alone (:meth:`draw`). :meth:`fill` fills one Param with it;
+    :func:`init_params` fills every Param of one method and shape with one draw, and many
+    at once (a million small Params would otherwise cost a call each)."""
 
     fills_pieces = True
+
+    def draw(self, param: Param) -> tuple[str, float, float, float] | None:
+        """``(kind, a, b, scale)`` for ``param``: the fill is ``kind``'s distribution
+        (``"constant"``: every element ``a``; ``"uniform"``: U[a, b); ``"normal"``: N(a, b²);
+        ``"truncated_normal"``: N(a, b²) within two ``b`` of ``a``) with ``a`` and ``b``
+        times ``|scale|``, negated where ``scale < 0`` (so "then × value" holds element by
+        element); None: there is nothing to fill. Raises for a Param the method does not
+        take."""
+        raise NotImplementedError
+
+    def fill(self, param: Param, rng: Stream) -> None:
+        drawn = self.draw(param)
+        if drawn is None:
+            return
+        kind, a, b, scale = drawn
+        data = param.data
+        if kind == "constant":
+            data.fill(a)
+            return
+        fill = getattr(rng, kind)
+        _fill_times(data, scale, lambda s: fill(data, a * s, b * s))
+
+
+@register_param_generator("kConstant", aliases=("kConst",))
+class Constant(_Drawn):
+    """Every element = ``value``."""
 
     #: Whether the method fills every element alike (``paramserver check`` warns of it for
     #: a Param of two or more dimensions, whose units would then stay equal).
     constant: ClassVar[bool] = True
 
-    def fill(self, param: Param, rng: Stream) -> None:
-        param.data.fill(self.conf.value)
+    def draw(self, param: Param) -> tuple[str, float, float, float]:
+        return "constant", self.conf.value, 0.0, 1.0
 
 
-class _Scaled(ParamGenerator):
+class _Scaled(_Drawn):
     """A Gaussian or uniform fill multiplied by ``value × factor(fan_in, fan_out)``.
 
     ``fans``: the factor depends on the fans, and the Param must be 2-D (SPEC §4).
     """
-
-    fills_pieces = True
 
     gaussian: ClassVar[bool]
     fans: ClassVar[bool] = False
@@ -218,21 +333,17 @@ class _Scaled(ParamGenerator):
     def factor(self, fan_in: int, fan_out: int) -> float:
         return 1.0
 
-    def fill(self, param: Param, rng: Stream) -> None:
+    def draw(self, param: Param) -> tuple[str, float, float, float] | None:
         c = self.conf
         factor = 1.0
         if self.fans:
             fan_in, fan_out = _fans(param, self.conf.component, exactly_2d=True)
             if param.size == 0:
-                return  # no elements, and a zero fan would divide by zero
+                return None  # no elements, and a zero fan would divide by zero
             factor = self.factor(fan_in, fan_out)
-        data = param.data
         if self.gaussian:
-            _fill_times(data, c.value * factor,
-                        lambda s: rng.normal(data, c.mean * s, c.std * s))
-        else:
-            _fill_times(data, c.value * factor,
-                        lambda s: rng.uniform(data, c.low * s, c.high * s))
+            return "normal", c.mean, c.std, c.value * factor
+        return "uniform", c.low, c.high, c.value * factor
 
 
 @register_param_generator("kGaussian", aliases=("normal",))
@@ -294,19 +405,17 @@ def _refuse_common(conf: ParamGenConf, method: str, fields: dict[str, str]) -> N
 
 
 @register_param_generator("zeros", aliases=("zero",))
-class Zeros(ParamGenerator):
+class Zeros(_Drawn):
     """Every element = 0 (Keras' ``zeros``)."""
-
-    fills_pieces = True
 
     constant = True
     fill_value = 0.0
 
-    def fill(self, param: Param, rng: Stream) -> None:
+    def draw(self, param: Param) -> tuple[str, float, float, float]:
         name = self.conf.component
         _refuse_common(self.conf, name, {"value": f"no value: {name} fills "
                                                   f"{self.fill_value:g}; use kConstant"})
-        param.data.fill(self.fill_value)
+        return "constant", self.fill_value, 0.0, 1.0
 
 
 @register_param_generator("ones")
@@ -324,39 +433,25 @@ class NormalConf(Parameter):
 
 
 @register_param_generator("random_normal")
-class RandomNormal(ParamGenerator):
+class RandomNormal(_Drawn):
     """N(mean, stddev), then × ``value`` (Keras' ``random_normal``; stddev 0.05)."""
 
-    fills_pieces = True
-
     Config = NormalConf
+    kind = "normal"
 
-    def fill(self, param: Param, rng: Stream) -> None:
+    def draw(self, param: Param) -> tuple[str, float, float, float]:
         c = self.conf
         _refuse_common(c, c.component, {"std": "stddev", "low": "mean and stddev",
                                         "high": "mean and stddev"})
-        data = param.data
-        sd = self.own.stddev
-        _fill_times(data, c.value, lambda s: rng.normal(data, c.mean * s, sd * s))
+        return self.kind, c.mean, self.own.stddev, c.value
 
 
 @register_param_generator("truncated_normal")
-class TruncatedNormal(ParamGenerator):
+class TruncatedNormal(RandomNormal):
     """N(mean, stddev) kept within two stddev of the mean (values beyond are drawn again),
     then × ``value`` (Keras' ``truncated_normal``; stddev 0.05)."""
 
-    fills_pieces = True
-
-    Config = NormalConf
-
-    def fill(self, param: Param, rng: Stream) -> None:
-        c = self.conf
-        _refuse_common(c, c.component, {"std": "stddev", "low": "mean and stddev",
-                                        "high": "mean and stddev"})
-        data = param.data
-        sd = self.own.stddev
-        _fill_times(data, c.value,
-                    lambda s: rng.truncated_normal(data, c.mean * s, sd * s))
+    kind = "truncated_normal"
 
 
 class UniformConf(Parameter):
@@ -373,20 +468,16 @@ class UniformConf(Parameter):
 
 
 @register_param_generator("random_uniform")
-class RandomUniform(ParamGenerator):
+class RandomUniform(_Drawn):
     """U[minval, maxval), then × ``value`` (Keras' ``random_uniform``; ±0.05)."""
-
-    fills_pieces = True
 
     Config = UniformConf
 
-    def fill(self, param: Param, rng: Stream) -> None:
+    def draw(self, param: Param) -> tuple[str, float, float, float]:
         c = self.conf
         _refuse_common(c, c.component, {"low": "minval", "high": "maxval",
                                         "mean": "minval and maxval", "std": "minval and maxval"})
-        data = param.data
-        lo, hi = self.own.minval, self.own.maxval
-        _fill_times(data, c.value, lambda s: rng.uniform(data, lo * s, hi * s))
+        return "uniform", self.own.minval, self.own.maxval, c.value
 
 
 #: The standard deviation of N(0, 1) truncated to [-2, 2]; Keras divides by it so that a
@@ -410,14 +501,12 @@ class VarianceScalingConf(Parameter):
                                   "uniform.")
 
 
-class _VarianceScaling(ParamGenerator):
+class _VarianceScaling(_Drawn):
     """Zero-mean fills of variance ``scale / n`` (Keras' ``variance_scaling``), × ``value``.
 
     Subclasses fix ``scale``, ``mode`` and ``distribution`` (the Keras names built on it);
     ``variance_scaling`` reads them from its own configuration.
     """
-
-    fills_pieces = True
 
     scale: ClassVar[float] = 1.0
     mode: ClassVar[str] = "fan_in"
@@ -426,7 +515,7 @@ class _VarianceScaling(ParamGenerator):
     def settings(self) -> tuple[float, str, str]:
         return self.scale, self.mode, self.distribution
 
-    def fill(self, param: Param, rng: Stream) -> None:
+    def draw(self, param: Param) -> tuple[str, float, float, float] | None:
         c = self.conf
         _refuse_common(c, c.component, {"mean": "no mean: the fill is centred on 0",
                                         "std": "no std: the spread follows from the fans",
@@ -434,19 +523,15 @@ class _VarianceScaling(ParamGenerator):
                                         "high": "no high: the bounds follow from the fans"})
         fan_in, fan_out = _fans(param, c.component)
         if param.size == 0:
-            return
+            return None
         scale, mode, distribution = self.settings()
         n = {"fan_in": fan_in, "fan_out": fan_out, "fan_avg": (fan_in + fan_out) / 2}[mode]
-        data = param.data
         if distribution == "uniform":
             limit = math.sqrt(3.0 * scale / n)
-            _fill_times(data, c.value, lambda a: rng.uniform(data, -limit * a, limit * a))
-        elif distribution == "untruncated_normal":
-            sd = math.sqrt(scale / n)
-            _fill_times(data, c.value, lambda a: rng.normal(data, 0.0, sd * a))
-        else:
-            sd = math.sqrt(scale / n) / TRUNCATED_STD
-            _fill_times(data, c.value, lambda a: rng.truncated_normal(data, 0.0, sd * a))
+            return "uniform", -limit, limit, c.value
+        if distribution == "untruncated_normal":
+            return "normal", 0.0, math.sqrt(scale / n), c.value
+        return "truncated_normal", 0.0, math.sqrt(scale / n) / TRUNCATED_STD, c.value
 
 
 @register_param_generator("variance_scaling")

@@ -28,6 +28,8 @@ import numpy as np
 
 from .config import ParamError
 from .config.job import ParamConf, ParamGenConf
+from .config.parameter import changes
+from .config.textformat import paused_gc
 from .state import UpdaterState
 
 _DTYPES = {np.dtype(np.float32), np.dtype(np.float64)}
@@ -55,6 +57,13 @@ class Param:
     values and has its own gradient.
     """
 
+    # A ParamSet may hold a million Params, so a Param is a few slots, and what it views of
+    # its set (values, gradient, version, updater state) and its own copy of a configuration
+    # it shares with other Params are made when first asked for (``__dict__`` stays, so
+    # that users may still set attributes of their own).
+    __slots__ = ("__dict__", "__weakref__", "_at", "_conf", "_data", "_grad", "_idx",
+                 "_own_conf", "_set", "_state", "_version", "dtype", "name", "owner", "shape")
+
     #: A row-sparse table (:class:`TableParam`).
     row_sparse = False
 
@@ -64,13 +73,33 @@ class Param:
         self.name = name
         self.shape = _shape(shape, name)
         self.dtype = _dtype(dtype)
-        self.conf = conf if conf is not None else ParamConf(name=name)
+        self._conf = conf if conf is not None else ParamConf(name=name)
+        self._own_conf = True
         self.owner = owner
-        self._data = np.zeros(self.shape, self.dtype) if data is None else self._fit(data, "data")
-        self._grad = np.zeros(self.shape, self.dtype) if grad is None else self._fit(grad, "grad")
+        self._set: ParamSet | None = None
+        self._idx = self._at = 0
+        self._data: np.ndarray | None = (np.zeros(self.shape, self.dtype) if data is None
+                                         else self._fit(data, "data"))
+        self._grad: np.ndarray | None = (np.zeros(self.shape, self.dtype) if grad is None
+                                         else self._fit(grad, "grad"))
         self._version = 0
-        #: Its updater state (an owner's; made by the updater that first updates it).
-        self.updater_state: UpdaterState | None = None
+        self._state: UpdaterState | None = None
+
+    @classmethod
+    def _member(cls, pset: ParamSet, name: str, shape: tuple[int, ...], conf: ParamConf,
+                own_conf: bool, idx: int, at: int, owner: Param | None = None) -> Any:
+        """A Param of ``pset``: its ``idx``-th owner, values and gradient at ``at`` of the
+        set's buffers, or a sharer of ``owner``, its gradient at ``at``. Made without
+        checks (the set has checked every Param at once) and without views (made when
+        first asked for). ``own_conf``: ``conf`` is this Param's alone (else it is shared,
+        and :attr:`conf` makes the Param a copy of its own when first asked for)."""
+        p = cls.__new__(cls)
+        p.name, p.shape, p.dtype = name, shape, pset.dtype
+        p._conf, p._own_conf, p.owner = conf, own_conf, owner
+        p._set, p._idx, p._at = pset, idx, at
+        p._data = p._grad = p._state = None
+        p._version = 0
+        return p
 
     # ``data`` and ``grad`` are views into the flat buffers that servers, kernels and
     # checkpoints read: ``p.grad = g`` copies g into that memory (replacing the view would
@@ -79,20 +108,54 @@ class Param:
     @property
     def data(self) -> np.ndarray:
         """The values: a view of the ParamSet's flat buffer (the owner's, for a sharer)."""
-        return self._data
+        data = self._data
+        if data is None:
+            if self.owner is not None:
+                data = self.owner.data.reshape(self.shape)
+            else:
+                data = _view(self._set.values, self._at, self.shape)  # type: ignore[union-attr]
+            self._data = data
+        return data
 
     @data.setter
     def data(self, value: Any) -> None:
-        self._write("data", self._data, value)
+        self._write("data", self.data, value)
 
     @property
     def grad(self) -> np.ndarray:
         """The gradient: a view of the ParamSet's flat gradient buffer."""
-        return self._grad
+        grad = self._grad
+        if grad is None:
+            grad = self._grad = _view(self._set.grads, self._at, self.shape)  # type: ignore[union-attr]
+        return grad
 
     @grad.setter
     def grad(self, value: Any) -> None:
-        self._write("grad", self._grad, value)
+        self._write("grad", self.grad, value)
+
+    @property
+    def conf(self) -> ParamConf:
+        """This Param's configuration (SINGA's ``param { }``), its name this Param's, and a
+        sharer's ``share_from`` its owner; changes to it are this Param's alone."""
+        if not self._own_conf:
+            conf = self._conf.copy()
+            conf.__dict__["name"] = self.name
+            if self.owner is not None:
+                conf.__dict__["share_from"] = self.owner.name
+            self._conf, self._own_conf = conf, True
+        return self._conf
+
+    @conf.setter
+    def conf(self, conf: ParamConf) -> None:
+        self._conf, self._own_conf = conf, True
+        if self._set is not None:
+            self._set._scales = None  # its lr_scale and wd_scale may be others
+
+    @property
+    def init_conf(self) -> ParamGenConf:
+        """``conf.init``, read without making the Param its own copy of a configuration it
+        shares (what :func:`~paramserver.init.init_params` reads for a million Params)."""
+        return self._conf.init  # type: ignore[no-any-return]
 
     def _write(self, role: str, into: np.ndarray, value: Any) -> None:
         """``p.data = x`` / ``p.grad = g``: write the values into this Param's memory."""
@@ -127,15 +190,15 @@ class Param:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def lr_scale(self) -> float:
-        return float(self.conf.lr_scale)
+        return float(self._conf.lr_scale)
 
     @property
     def wd_scale(self) -> float:
-        return float(self.conf.wd_scale)
+        return float(self._conf.wd_scale)
 
     @property
     def is_owner(self) -> bool:
@@ -144,14 +207,38 @@ class Param:
     @property
     def version(self) -> int:
         """Updates applied to the values; a sharer reports its owner's."""
-        return self.owner.version if self.owner is not None else self._version
+        if self.owner is not None:
+            return self.owner.version
+        return int(self._set._versions[self._idx]) if self._set is not None else self._version
 
     @version.setter
     def version(self, value: int) -> None:
         if self.owner is not None:
             raise ParamError(f"Param '{self.name}' shares '{self.owner.name}': "
                              "its version is the owner's")
-        self._version = int(value)
+        if self._set is not None:
+            self._set._versions[self._idx] = int(value)
+        else:
+            self._version = int(value)
+
+    @property
+    def updater_state(self) -> UpdaterState | None:
+        """Its updater state (an owner's), made by the updater that first updates it: its
+        segment of the ParamSet's :attr:`~ParamSet.updater_state` once the set has one,
+        unless it was given one of its own."""
+        if self._state is not None or self._set is None or self.owner is not None:
+            return self._state
+        held = self._set.updater_state
+        return None if held is None else held.segments(self._idx, self._idx + 1)
+
+    @updater_state.setter
+    def updater_state(self, state: UpdaterState | None) -> None:
+        self._state = state
+        if self._set is not None and self.owner is None:
+            if state is None:
+                self._set._own_states.discard(self._idx)
+            else:
+                self._set._own_states.add(self._idx)
 
     @property
     def fan_in(self) -> int:
@@ -173,6 +260,11 @@ class Param:
         share = f", owner={self.owner.name!r}" if self.owner is not None else ""
         return (f"Param({self.name!r}, shape={self.shape}, dtype={self.dtype.name}, "
                 f"version={self.version}{share})")
+
+
+def _view(buffer: np.ndarray, at: int, shape: tuple[int, ...]) -> np.ndarray:
+    """The ``shape`` view of ``buffer`` from ``at``."""
+    return buffer[at:at + math.prod(shape)].reshape(shape)
 
 
 #: Gradient values from which :func:`coalesce_rows` sums in a compiled loop.
@@ -213,6 +305,8 @@ class TableParam(Param):
     :meth:`take_grad_rows`; it has no dense ``grad``.
     """
 
+    __slots__ = ("fetch", "grad_rows")
+
     row_sparse = True
 
     def __init__(self, name: str, shape: Sequence[int] | int, dtype: Any = np.float32,
@@ -222,16 +316,29 @@ class TableParam(Param):
         if len(self.shape) < 1:
             raise ParamError(f"Param '{name}': a row-sparse table has rows (shape[0])")
         self.dtype = _dtype(dtype)
+        self._set = None
+        self._idx = self._at = 0
         self.conf = conf if conf is not None else ParamConf(name=name)
         self.owner = None
-        self._data = None if data is None else self._fit(data, "data")  # type: ignore[assignment]
-        self._grad = None  # type: ignore[assignment]
+        self._data = None if data is None else self._fit(data, "data")
+        self._grad = None
         self._version = 0
-        self.updater_state = None
+        self._state = None
         #: The row-sparse gradient added since the last :meth:`zero_grad`: ``(ids, rows)``.
         self.grad_rows: list[tuple[np.ndarray, np.ndarray]] = []
         #: ``fetch(name, ids)``: the rows ``ids`` (unique, sorted) from where they are held.
         self.fetch: Any = None
+
+    @classmethod
+    def _member(cls, pset: ParamSet, name: str, shape: tuple[int, ...], conf: ParamConf,
+                own_conf: bool, idx: int, at: int, owner: Param | None = None) -> Any:
+        """As :meth:`Param._member`; the values viewed at once when the set holds them
+        (``data`` of a table that is not held is an error, not a view made late)."""
+        t = super()._member(pset, name, shape, conf, own_conf, idx, at)
+        if pset.holds_tables:
+            t._data = _view(pset.values, at, shape)
+        t.grad_rows, t.fetch = [], None
+        return t
 
     @property
     def dim(self) -> int:
@@ -303,17 +410,23 @@ class TableParam(Param):
                 f"version={self.version}{held})")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ParamSpec:
     """What a Param needs before memory exists: name, shape, configuration, and its place.
     ``row_sparse``: a table whose gradient is rows by id (an embedding's), made a
-    :class:`TableParam` by a ParamSet with tables."""
+    :class:`TableParam` by a ParamSet with tables.
+
+    ``conf_shared``: ``conf`` is shared by many specs (those :func:`plan_params` makes from
+    tuples given the same configuration) and names none of them (the spec's ``name`` is the
+    name); each Param made from it gets a copy of its own, named, when it first asks for its
+    :attr:`Param.conf`. Otherwise the Param's configuration is ``conf`` itself."""
 
     name: str
     shape: tuple[int, ...]
     conf: ParamConf
     place: str  # e.g. "layer 'fc1', param 0": where errors point
     row_sparse: bool = False
+    conf_shared: bool = False
 
 
 class ParamSet:
@@ -352,12 +465,12 @@ class ParamSet:
                  alloc: Callable[[int, np.dtype[Any]], np.ndarray] | None = None):
         self.dtype = _dtype(dtype)
         plan = items if isinstance(items, ParamPlan) else plan_params(items)
-        specs, owner_of = plan.specs, plan.owner_of
         is_table = plan.table_names() if tables else set()
         owners = plan.ordered_owners(tables)
-        sharers = plan.sharers
-        sizes = [math.prod(s.shape) for s in owners]
-        self.offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
+        self.offsets = np.empty(len(owners) + 1, np.int64)
+        self.offsets[0] = 0
+        np.cumsum(np.fromiter((math.prod(s.shape) for s in owners), np.int64, len(owners)),
+                  out=self.offsets[1:])
         total = plan.num_values
         self.dense_size = int(self.offsets[len(owners) - len(is_table)])
         self.with_tables = bool(tables)
@@ -374,37 +487,60 @@ class ParamSet:
                 self.grads = _fit_buffer(alloc(num_grads, self.dtype), num_grads, self.dtype)
         except MemoryError:
             raise ParamError(plan.too_big(self.dtype)) from None
+        self._versions = np.zeros(len(owners), np.int64)
+        owner_of = plan.owner_of
+        with paused_gc():
+            self._populate(
+                [(TableParam if is_table and s.name in is_table else Param, s.name, s.shape,
+                  s.conf, not s.conf_shared) for s in owners],
+                [(s.name, s.shape, owner_of[s.name], None, False) for s in plan.sharers],
+                [s.name for s in plan.specs], len(is_table))
+
+    def _populate(self, owners: list[tuple[type[Param], str, tuple[int, ...], ParamConf, bool]],
+                  sharers: list[tuple[str, tuple[int, ...], str, ParamConf | None, bool]],
+                  names: list[str], num_tables: int) -> None:
+        """Make the Params: ``owners`` (class, name, shape, configuration, whether it is that
+        Param's own) in the order of the values buffer, ``sharers`` (name, shape, owner's
+        name, configuration or None, whether it is its own) in the order of their
+        gradients, and :attr:`params` in the order of ``names``; the last ``num_tables``
+        owners are tables. A sharer given no configuration takes its owner's (a copy, named
+        as the sharer, is made when asked for)."""
+        self._state: UpdaterState | None = None
+        self._own_states: set[int] = set()  # owners holding updater state of their own
+        self._scales: tuple[int, np.ndarray, np.ndarray] | None = None
+        starts = self.offsets.tolist()
         by_name: dict[str, Param] = {}
-        for i, s in enumerate(owners):
-            lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
-            if s.name in is_table:
-                by_name[s.name] = TableParam(s.name, s.shape, self.dtype, s.conf, data=(
-                    self.values[lo:hi].reshape(s.shape) if hold_tables else None))
+        new, dtype = Param.__new__, self.dtype
+        for i, (cls, name, shape, conf, own) in enumerate(owners):
+            if cls is not Param:
+                by_name[name] = cls._member(self, name, shape, conf, own, i, starts[i])
                 continue
-            by_name[s.name] = Param(s.name, s.shape, self.dtype, s.conf,
-                                    data=self.values[lo:hi].reshape(s.shape),
-                                    grad=self.grads[lo:hi].reshape(s.shape))
+            p = by_name[name] = new(Param)  # Param._member, without a call per Param
+            p.name, p.shape, p.dtype, p._conf, p._own_conf, p.owner = (name, shape, dtype,
+                                                                        conf, own, None)
+            p._set, p._idx, p._at, p._data, p._grad, p._state, p._version = (self, i,
+                                                                             starts[i], None,
+                                                                             None, None, 0)
+        self.owners: list[Param] = list(by_name.values())
+        self._sharers: list[Param] = []
         pos = self.dense_size
-        for s in sharers:
-            owner = by_name[owner_of[s.name]]
-            conf = owner.conf.copy()
-            conf.__dict__["name"] = s.name   # the sharer keeps only its own name
-            conf.__dict__["share_from"] = owner.name
-            n = int(np.prod(s.shape, dtype=np.int64))
-            by_name[s.name] = Param(s.name, s.shape, self.dtype, conf,
-                                    data=owner.data.reshape(s.shape),
-                                    grad=self.grads[pos:pos + n].reshape(s.shape), owner=owner)
-            pos += n
-        self.params = [by_name[s.name] for s in specs]
-        self.owners = [by_name[s.name] for s in owners]
-        self.tables: list[TableParam] = [p for p in self.owners if isinstance(p, TableParam)]
+        for name, shape, owner_name, given, own in sharers:
+            owner = by_name[owner_name]
+            p = Param._member(self, name, shape, owner._conf if given is None else given, own,
+                              owner._idx, pos, owner)
+            by_name[name] = p
+            self._sharers.append(p)
+            pos += math.prod(shape)
+        self.params: list[Param] = [by_name[n] for n in names]
+        self.tables: list[TableParam] = [  # the last owners
+            p for p in self.owners[len(self.owners) - num_tables:] if num_tables]  # type: ignore[misc]
         self._by_name = by_name
-        self._index = {p.name: i for i, p in enumerate(self.owners)}
-        self.updater_state: UpdaterState | None = None
+        #: per owner, whether it got no gradient in the step about to be applied (None: all
+        #: did); :meth:`~paramserver.updaters.Updater.update_params` leaves those untouched
         self.idle: np.ndarray | None = None
-        self.num_shares = np.ones(len(owners), np.int64)
-        for s in sharers:
-            self.num_shares[self._index[owner_of[s.name]]] += 1
+        self.num_shares = np.bincount(np.fromiter((p._idx for p in self._sharers), np.int64,
+                                                  len(self._sharers)),
+                                      minlength=len(self.owners)).astype(np.int64) + 1
 
     # -- access -----------------------------------------------------------------------------
 
@@ -430,20 +566,58 @@ class ParamSet:
 
     def owner_index(self, name: str) -> int:
         """Position of a Param's owner among :attr:`owners`."""
-        p = self[name]
-        return self._index[(p.owner or p).name]
+        return self[name]._idx
+
+    def _scales_of_owners(self) -> tuple[int, np.ndarray, np.ndarray]:
+        """The owners' ``lr_scale`` and ``wd_scale``, read once and again only after a
+        configuration changed (:func:`paramserver.config.parameter.changes`): an update of a
+        million Params would otherwise spend more time reading them than updating."""
+        now = changes()
+        if self._scales is None or self._scales[0] != now:
+            n = len(self.owners)
+            self._scales = (now,
+                            np.fromiter((p._conf.lr_scale for p in self.owners), np.float64, n),
+                            np.fromiter((p._conf.wd_scale for p in self.owners), np.float64, n))
+        return self._scales
 
     @property
     def lr_scales(self) -> np.ndarray:
-        return np.array([p.lr_scale for p in self.owners], np.float64)
+        """Per owner, its ``lr_scale`` (a new array)."""
+        return self._scales_of_owners()[1].copy()
 
     @property
     def wd_scales(self) -> np.ndarray:
-        return np.array([p.wd_scale for p in self.owners], np.float64)
+        """Per owner, its ``wd_scale`` (a new array)."""
+        return self._scales_of_owners()[2].copy()
 
     @property
     def versions(self) -> np.ndarray:
-        return np.array([p.version for p in self.owners], np.int64)
+        """Per owner, its version (a new array)."""
+        return self._versions.copy()
+
+    def set_versions(self, versions: np.ndarray | int) -> None:
+        """Set every owner's version: one number for all, or one per owner."""
+        self._versions[...] = versions
+
+    @property
+    def updater_state(self) -> UpdaterState | None:
+        """The owners' updater state (one segment each), made by the updater that first
+        updates them; each owner's ``updater_state`` views its segment."""
+        return self._state
+
+    @updater_state.setter
+    def updater_state(self, state: UpdaterState | None) -> None:
+        # From now on every owner views its segment of this state: state an owner was given
+        # of its own (an update of that Param alone) is let go.
+        self._state = state
+        for i in self._own_states:
+            self.owners[i]._state = None
+        self._own_states.clear()
+
+    def owner_states(self) -> dict[int, UpdaterState]:
+        """The owners that hold updater state of their own (not a segment of the set's), by
+        position among :attr:`owners`."""
+        return {i: self.owners[i]._state for i in sorted(self._own_states)}  # type: ignore[misc]
 
     # -- gradients --------------------------------------------------------------------------
 
@@ -453,9 +627,8 @@ class ParamSet:
 
     def sum_shared_grads(self) -> None:
         """Add every sharer's gradient into its owner's (in declaration order)."""
-        for p in self.params:
-            if p.owner is not None:
-                p.owner.grad += p.grad.reshape(p.owner.shape)
+        for p in self._sharers:
+            p.owner.grad += p.grad.reshape(p.owner.shape)  # type: ignore[union-attr]
 
     def zero_grads(self) -> None:
         self.grads.fill(0)
@@ -482,33 +655,14 @@ class ParamSet:
         rep = copy.copy(self)  # every attribute as it is; then what the replica has its own
         rep.values = values
         rep.holds_tables = held
-        rep.updater_state = None
         rep.grads = np.zeros_like(self.grads)
-        by_name: dict[str, Param] = {}
-        for i, p in enumerate(self.owners):
-            lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
-            if isinstance(p, TableParam):
-                q: Param = TableParam(p.name, p.shape, self.dtype, p.conf, data=(
-                    values[lo:hi].reshape(p.shape) if held else None))
-            else:
-                q = Param(p.name, p.shape, self.dtype, p.conf,
-                          data=values[lo:hi].reshape(p.shape),
-                          grad=rep.grads[lo:hi].reshape(p.shape))
-            by_name[p.name] = q
-            q.version = p.version
-        pos = self.dense_size
-        for p in self.params:  # sharers' gradients follow in declaration order, as made
-            if p.owner is not None:
-                owner = by_name[p.owner.name]
-                by_name[p.name] = Param(p.name, p.shape, self.dtype, p.conf,
-                                        data=owner.data.reshape(p.shape),
-                                        grad=rep.grads[pos:pos + p.size].reshape(p.shape),
-                                        owner=owner)
-                pos += p.size
-        rep.params = [by_name[p.name] for p in self.params]
-        rep.owners = [by_name[p.name] for p in self.owners]
-        rep.tables = [p for p in rep.owners if isinstance(p, TableParam)]
-        rep._by_name = by_name
+        rep._versions = self._versions.copy()
+        with paused_gc():
+            rep._populate(
+                [(type(p), p.name, p.shape, p._conf, p._own_conf) for p in self.owners],
+                [(p.name, p.shape, p.owner.name, p._conf, p._own_conf)  # type: ignore[union-attr]
+                 for p in self._sharers],
+                self.names, len(self.tables))
         return rep
 
     def __repr__(self) -> str:
@@ -530,9 +684,10 @@ class ParamPlan:
 
     def __init__(self, specs: list[ParamSpec]):
         self.specs = specs
-        self.owner_of = _resolve_sharing(specs)
-        self.owners = [s for s in specs if self.owner_of[s.name] == s.name]
-        self.sharers = [s for s in specs if self.owner_of[s.name] != s.name]
+        self.sharers = [s for s in specs if s.conf.share_from is not None]
+        self.owner_of = _resolve_sharing(specs, self.sharers)
+        self.owners = ([s for s in specs if s.conf.share_from is None] if self.sharers
+                       else list(specs))
         self.sizes = [math.prod(s.shape) for s in self.owners]
 
     @property
@@ -594,8 +749,8 @@ class ParamPlan:
 def plan_params(items: Iterable[ParamSpec | tuple[Any, ...]]) -> ParamPlan:
     """The :class:`ParamPlan` of Param specs (or ``(name, shape[, conf])`` tuples); every
     naming and sharing error at once, and no memory allocated."""
-    return ParamPlan([s if isinstance(s, ParamSpec) else _spec(s, i)
-                      for i, s in enumerate(items)])
+    with paused_gc():
+        return ParamPlan(_SpecMaker().specs(items))
 
 
 def physical_memory() -> int | None:
@@ -614,25 +769,108 @@ def _bytes(n: int) -> str:
     raise AssertionError("unreachable")
 
 
-def _spec(item: tuple[Any, ...], index: int) -> ParamSpec:
-    """A spec from ``(name, shape)`` or ``(name, shape, conf)``; conf a ParamConf or dict."""
-    if len(item) not in (2, 3):
-        raise ParamError(f"param {index}: expected (name, shape) or (name, shape, conf)")
-    name, shape = item[0], item[1]
-    conf = item[2] if len(item) == 3 else None
-    given_init = isinstance(conf, ParamConf) or (isinstance(conf, dict) and "init" in conf)
-    if isinstance(conf, dict):
-        conf = ParamConf.parse(conf)
-    conf = conf if conf is not None else ParamConf()
-    name = name or conf.name
-    if not name:
-        raise ParamError(f"param {index}: a name is needed")
-    conf = conf.copy()
-    conf.__dict__["name"] = name
-    shape = _shape(shape, name)
-    if not given_init and conf.share_from is None:
-        conf.__dict__["init"] = python_default_init(shape)
-    return ParamSpec(name, shape, conf, f"param {index}")
+class _SpecMaker:
+    """Specs from ``(name, shape)`` and ``(name, shape, conf)`` tuples, at a few µs each
+    (a model may declare a million Params): the Params given the same configuration (one
+    ``ParamConf`` object, equal dicts, or none) share one copy of it, parsed and checked once
+    and named by none of them (each Param's :attr:`Param.conf`, named, is made from it when
+    asked for), and the Params of one shape one tuple."""
+
+    def __init__(self) -> None:
+        # key -> (what the key stands for, kept alive so that an id is not reused; the conf)
+        self._confs: dict[Any, tuple[Any, ParamConf]] = {}
+        self._shapes: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+    def specs(self, items: Iterable[ParamSpec | tuple[Any, ...]]) -> list[ParamSpec]:
+        """The specs of ``items`` (specs as they are), in order; one loop, the common case
+        (a name, a tuple of ints seen before, a configuration seen before) without a call."""
+        out: list[ParamSpec] = []
+        append = out.append
+        shapes, confs = self._shapes, self._confs
+        for index, item in enumerate(items):
+            if isinstance(item, ParamSpec):
+                append(item)
+                continue
+            if len(item) not in (2, 3):
+                raise ParamError(f"param {index}: expected (name, shape) or (name, shape, "
+                                 "conf)")
+            name, shape = item[0], item[1]
+            given = item[2] if len(item) == 3 else None
+            many_dims = (len(shape) if type(shape) is tuple else _ndim(shape)) >= 2
+            found = confs.get(many_dims) if given is None else None
+            if found is not None:
+                conf, conf_name = found[1], None
+            else:
+                conf, conf_name = self._conf(given, many_dims)
+            name = name or conf_name
+            if not name:
+                raise ParamError(f"param {index}: a name is needed")
+            try:
+                known = shapes.get(shape) if type(shape) is tuple else None
+            except TypeError:  # not hashable: not a good shape either
+                known = None
+            if known is not shape:  # not this very tuple, checked before
+                shape = self._shape(shape, name)
+                if many_dims != (len(shape) >= 2):  # a shape that reads as one only once made
+                    conf = self._conf(given, len(shape) >= 2)[0]
+            append(ParamSpec(name, shape, conf, f"param {index}", conf_shared=True))
+        return out
+
+    def _conf(self, given: Any, many_dims: bool) -> tuple[ParamConf, str | None]:
+        """The shared configuration for ``given`` (a ParamConf, a dict or None) on a Param of
+        two or more dimensions or not (the default ``init`` differs), and the name it gives."""
+        if given is None:
+            key: Any = many_dims
+        elif isinstance(given, ParamConf):
+            key = ("conf", id(given))
+        elif isinstance(given, dict) and "name" not in given:
+            try:
+                key = ("dict", _frozen(given), many_dims and "init" not in given)
+                hash(key)
+            except TypeError:  # a value that cannot be a key: parsed on its own
+                key = None
+        else:
+            key = None
+        found = self._confs.get(key) if key is not None else None
+        if found is not None:
+            return found[1], None if given is None or isinstance(given, dict) else given.name
+        conf = (given.copy() if isinstance(given, ParamConf)  # the caller's stays as it is
+                else ParamConf.parse(given) if isinstance(given, dict) else ParamConf())
+        name = conf.name
+        conf.__dict__["name"] = None
+        given_init = isinstance(given, ParamConf) or (isinstance(given, dict) and "init" in given)
+        if not given_init and conf.share_from is None:
+            conf.__dict__["init"] = python_default_init((0, 0) if many_dims else (0,))
+        if key is not None:
+            self._confs[key] = (given, conf)
+        return conf, name
+
+    def _shape(self, shape: Any, name: str) -> tuple[int, ...]:
+        """:func:`_shape`, one tuple per shape (kept under itself: the very tuple, met again,
+        is known to be good)."""
+        if not (type(shape) is tuple and all(type(d) is int and d >= 0 for d in shape)):
+            shape = _shape(shape, name)
+        return self._shapes.setdefault(shape, shape)
+
+
+def _ndim(shape: Any) -> int:
+    """The number of dimensions ``shape`` will have, if it is well formed (an int: 1)."""
+    if isinstance(shape, (int, np.integer)):
+        return 1
+    try:
+        return len(shape)
+    except TypeError:
+        return 0
+
+
+def _frozen(x: Any) -> Any:
+    """A hashable key for a configuration dict: equal only for equal keys, values and value
+    types (1, 1.0 and True parse alike, or not, depending on the field)."""
+    if isinstance(x, dict):
+        return (dict, tuple((k, _frozen(v)) for k, v in x.items()))
+    if isinstance(x, (list, tuple)):
+        return (type(x), tuple(_frozen(v) for v in x))
+    return (type(x), x)
 
 
 def _fit_buffer(a: np.ndarray, n: int, dtype: np.dtype[Any]) -> np.ndarray:
@@ -655,27 +893,34 @@ def _did_you_mean(name: str, names: Iterable[str]) -> str:
     return f"; did you mean '{close[0]}'?" if close else ""
 
 
-def _resolve_sharing(specs: list[ParamSpec]) -> dict[str, str]:
-    """Each Param's owner name (its own for owners); every sharing error at once."""
+def _resolve_sharing(specs: list[ParamSpec], sharers: list[ParamSpec]) -> dict[str, str]:
+    """Each Param's owner name (its own for owners); every sharing error at once.
+    ``sharers``: the specs that name a ``share_from``."""
     problems: list[str] = []
-    place: dict[str, str] = {}
-    for s in specs:
-        if s.name in place:
-            problems.append(f"Param name '{s.name}' is used twice: {place[s.name]} and {s.place}")
-        else:
-            place[s.name] = s.place
     spec_of = {s.name: s for s in specs}
-    order = {name: i for i, name in reversed(list(enumerate(s.name for s in specs)))}
-    owner_of: dict[str, str] = {}
-    for s in specs:
+    if len(spec_of) != len(specs):
+        place: dict[str, str] = {}
+        for s in specs:
+            if s.name in place:
+                problems.append(f"Param name '{s.name}' is used twice: {place[s.name]} and "
+                                f"{s.place}")
+            else:
+                place[s.name] = s.place
+    owner_of = ({s.name: s.name for s in specs if s.conf.share_from is None} if sharers
+                else {name: name for name in spec_of})
+    for s in sharers:
         chain, cur = [s.name], s
         while cur.conf.share_from is not None:
             target = cur.conf.share_from
+            if target in owner_of:  # resolved already: a chain is walked once
+                cur = spec_of[owner_of[target]]
+                continue
             if target not in spec_of:
                 problems.append(f"Param '{cur.name}' ({cur.place}) shares from unknown Param "
                                 f"'{target}'{_did_you_mean(target, spec_of)}")
                 break
             if target in chain:
+                order = {name: i for i, name in enumerate(spec_of)}  # first places
                 cycle = chain[chain.index(target):]
                 first = min(range(len(cycle)), key=lambda i: order[cycle[i]])
                 cycle = cycle[first:] + cycle[:first]  # one spelling per cycle, reported once
@@ -685,8 +930,7 @@ def _resolve_sharing(specs: list[ParamSpec]) -> dict[str, str]:
             cur = spec_of[target]
         else:
             owner_of[s.name] = cur.name
-            size = int(np.prod(s.shape, dtype=np.int64))
-            owner_size = int(np.prod(cur.shape, dtype=np.int64))
+            size, owner_size = math.prod(s.shape), math.prod(cur.shape)
             if size != owner_size:
                 problems.append(f"Param '{s.name}' ({s.place}) has shape {s.shape} "
                                 f"({size} elements) but shares from '{cur.name}' with shape "

@@ -67,20 +67,12 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 def describe_conf(conf: ComponentConf) -> str:
     """``kStep(base_lr=0.1, change_freq=10, gamma=0.5)``: the choice and what differs from
     the defaults."""
-    parts = []
     skip = {"type", "user_type", "learning_rate"}
-    for name, f in type(conf).fields().items():
-        value = getattr(conf, name)
-        if name in skip or isinstance(value, Parameter) or (
-                not f.required and value == f.make_default()):
-            continue
-        parts.append(f"{name}={_show(value)}")
+    parts = [f"{k}={_show(v)}" for k, v in conf.non_defaults().items()
+             if k not in skip and not isinstance(v, Parameter)]
     own = conf.own
     if own is not None:
-        declared = type(own).fields()
-        parts += [f"{k}={_show(v)}" for k, v in own.__dict__.items()
-                  if k not in declared or declared[k].required
-                  or v != declared[k].make_default()]
+        parts += [f"{k}={_show(v)}" for k, v in own.non_defaults().items()]
     return f"{conf.component}({', '.join(parts)})"
 
 

@@ -267,22 +267,31 @@ class UpdaterState:
         if len(names) != self.num_segments:
             raise ParamError(f"{len(names)} names for {self.num_segments} segments")
 
+    def _bounds_of(self, role: Role) -> list[int]:
+        """Per segment, where ``role``'s entries start, and the end: as Python ints (the
+        per-segment loops of checkpoints run over a million segments)."""
+        if role.per == "element":
+            return self.offsets.tolist()  # type: ignore[no-any-return]
+        if role.per == "segment":
+            return list(range(self.num_segments + 1))
+        return self.block_offsets(role.block).tolist()  # type: ignore[no-any-return]
+
     def export(self, names: Sequence[str]) -> dict[str, np.ndarray]:
         """Every array piece as ``{"<name>/<role>": copy}``, ``names[i]`` naming segment i."""
         self._check_names(names)
-        return {f"{name}/{r.name}": self.arrays[r.name][self._piece(r, i, i + 1)].copy()
-                for i, name in enumerate(names) for r in self.roles}
+        pieces = [(r.name, self.arrays[r.name], self._bounds_of(r)) for r in self.roles]
+        return {f"{name}/{role}": a[at[i]:at[i + 1]].copy()
+                for i, name in enumerate(names) for role, a, at in pieces}
 
     def problems(self, arrays: Mapping[str, Any], names: Sequence[str],
                  prefix: str = "") -> list[str]:
         """What :meth:`load` would refuse in ``arrays`` (keys ``<prefix><name>/<role>``)."""
         self._check_names(names)
         problems = []
-        expected: dict[str, tuple[Role, int]] = {}
-        for i, name in enumerate(names):
-            for r in self.roles:
-                piece = self._piece(r, i, i + 1)
-                expected[f"{prefix}{name}/{r.name}"] = (r, piece.stop - piece.start)
+        pieces = [(r, self._bounds_of(r)) for r in self.roles]
+        expected: dict[str, tuple[Role, int]] = {
+            f"{prefix}{name}/{r.name}": (r, at[i + 1] - at[i])
+            for i, name in enumerate(names) for r, at in pieces}
         for key in arrays:
             if key not in expected:
                 problems.append(f"'{key}' is not state of this updater (its keys are "
@@ -305,10 +314,10 @@ class UpdaterState:
         problems = self.problems(arrays, names, prefix)
         if problems:
             raise ParamError(problems)
-        for i, name in enumerate(names):
-            for r in self.roles:
-                target = self.arrays[r.name][self._piece(r, i, i + 1)]
-                target[...] = np.asarray(arrays[f"{prefix}{name}/{r.name}"]).reshape(-1)
+        for r in self.roles:
+            a, at = self.arrays[r.name], self._bounds_of(r)
+            for i, name in enumerate(names):
+                a[at[i]:at[i + 1]] = np.asarray(arrays[f"{prefix}{name}/{r.name}"]).reshape(-1)
 
     def __repr__(self) -> str:
         return (f"UpdaterState({list(self.names)}, {self.size} values in "

@@ -119,6 +119,10 @@ class Updater:
     def _start(self, state: UpdaterState, first: np.ndarray) -> None:
         """Set the :meth:`initial_state` of the segments ``first`` (their first update)."""
         for role, value in self.initial_state().items():
+            whole = state[role]
+            if whole.dtype.kind == "f" and first.all():  # every segment at once (one pass,
+                whole[...] = value                         # not a call per Param)
+                continue
             for i in np.flatnonzero(first):
                 fill_segment(state, role, int(i), value)
 
@@ -169,17 +173,14 @@ class Updater:
             held = target.updater_state
             if held is None:
                 held = self.init_state(target.offsets, target.dtype)
-                for i, p in enumerate(target.owners):  # keep what an owner built up alone
-                    if p.updater_state is not None:
-                        piece = held.segments(i, i + 1)
-                        for r in held.roles:
-                            if r.name in p.updater_state:
-                                piece[r.name][...] = p.updater_state[r.name]
+                for i, alone in target.owner_states().items():  # what an owner built up
+                    piece = held.segments(i, i + 1)
+                    for r in held.roles:
+                        if r.name in alone:
+                            piece[r.name][...] = alone[r.name]
             held = held.with_roles(self.roles)
             if held is not target.updater_state:
-                target.updater_state = held
-                for i, p in enumerate(target.owners):
-                    p.updater_state = held.segments(i, i + 1)
+                target.updater_state = held  # every owner views its segment from now on
             return held
         if target.owner is not None:
             raise ParamError(f"Param '{target.name}' shares the values of "
@@ -434,9 +435,12 @@ class Updater:
                 nonfinite += self.apply_rows(step, params.values[off[i]:off[i + 1]], ids, rows,
                                              table.dim, state.segments(i, i + 1), lr[i],
                                              wd[i], scale[i] * factor)
-        for i, p in enumerate(params.owners):
-            if idle is None or not idle[i] or p.row_sparse:
-                p.version += 1
+        if idle is None:
+            params.set_versions(params.versions + 1)
+        else:  # an owner without a gradient keeps its version (tables, the last, count all)
+            bump = np.where(idle, 0, 1).astype(np.int64)
+            bump[len(params.owners) - len(params.tables):] = 1
+            params.set_versions(params.versions + bump)
         return nonfinite
 
     def __repr__(self) -> str:

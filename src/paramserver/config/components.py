@@ -24,6 +24,7 @@ from .tree import Block, Entry, Scalar
 from .types import NestedType
 
 P = TypeVar("P", bound="ComponentConf")
+_NONE: Any = object()
 
 
 class ComponentRegistry(Registry[Any]):
@@ -41,6 +42,9 @@ class ComponentRegistry(Registry[Any]):
         super().__init__(kind)
         self._builtins = builtins
         self._loading = False
+        # What the look-ups below derived from the names, until a name is added or removed:
+        # a job of 20,000 layers looks its layers' names up a million times.
+        self._memo: dict[tuple[str, str], Any] = {}
         self.user_sentinel = user_sentinel
         self.user_namespace = user_namespace
         if numbers:
@@ -63,6 +67,19 @@ class ComponentRegistry(Registry[Any]):
 
         return decorate
 
+    def _changed(self) -> None:
+        self._memo.clear()
+
+    def _remembered(self, what: str, name: Any, work: Any) -> Any:
+        """``work(name)``, remembered (names only; errors are raised again each time)."""
+        if type(name) is not str:
+            return work(name)
+        key = (what, name)
+        found = self._memo.get(key, _NONE)
+        if found is _NONE:
+            found = self._memo[key] = work(name)
+        return found
+
     def remove(self, name: str) -> None:
         if self.user_namespace and not name.startswith(USER) and self.user_lookup(name):
             name = USER + name
@@ -81,6 +98,9 @@ class ComponentRegistry(Registry[Any]):
         if not isinstance(name, str):
             return None
         self.load()
+        return self._remembered("user", name, self._user_lookup)  # type: ignore[no-any-return]
+
+    def _user_lookup(self, name: str) -> str | None:
         if self.user_namespace:
             key = name if name.startswith(USER) else USER + name
             return Registry.lookup(self, key) if Registry.__contains__(self, key) else None
@@ -101,6 +121,9 @@ class ComponentRegistry(Registry[Any]):
 
     def lookup(self, name: str) -> str:
         self.load()
+        return self._remembered("lookup", name, self._lookup)  # type: ignore[no-any-return]
+
+    def _lookup(self, name: str) -> str:
         if self.user_namespace and isinstance(name, str) and not super().__contains__(name):
             user = self.user_lookup(name)
             if user is not None:
@@ -113,6 +136,9 @@ class ComponentRegistry(Registry[Any]):
 
     def __contains__(self, name: object) -> bool:
         self.load()
+        return self._remembered("in", name, self._contains)  # type: ignore[no-any-return]
+
+    def _contains(self, name: object) -> bool:
         return super().__contains__(name) or (
             self.user_namespace and isinstance(name, str)
             and super().__contains__(USER + name))
@@ -127,6 +153,10 @@ class ComponentRegistry(Registry[Any]):
 
     def conf_name(self, name: str) -> str | None:
         """The key of the component's own configuration block (``step_conf``), if it has one."""
+        self.load()
+        return self._remembered("conf", name, self._conf_name)  # type: ignore[no-any-return]
+
+    def _conf_name(self, name: str) -> str | None:
         component = self.get(name)
         if getattr(component, "Config", None) is None:
             return None
@@ -137,10 +167,15 @@ class ComponentRegistry(Registry[Any]):
         return explicit or self.extension_name(canonical)
 
     def by_conf_name(self, key: str) -> str | None:
-        for name, _ in self.items():
-            if self.conf_name(name) == key:
-                return name
-        return None
+        """The component whose own configuration block is ``key`` (the first registered)."""
+        self.load()
+        found = self._memo.get(("by conf", ""))
+        if found is None:
+            found = {}
+            for name, _ in self.items():
+                found.setdefault(self.conf_name(name), name)
+            self._memo[("by conf", "")] = found
+        return found.get(key)  # type: ignore[no-any-return]
 
 
 #: The prefix of users' components in a registry with a user namespace.

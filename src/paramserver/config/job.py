@@ -343,9 +343,10 @@ class NetConf(Parameter):
                                             "phase kTrain", f"layer[{i}].name"))
                 seen.add(layer.name)
         every = [x.name for x in self.layer]
+        known = set(every)
         for i, layer in enumerate(self.layer):
             for k, src in enumerate(layer.srclayers):
-                if src not in every:
+                if src not in known:
                     earlier = every[:i]  # what it may read
                     close = difflib.get_close_matches(src, earlier[::-1], n=1)
                     hint = f"; did you mean '{close[0]}'?" if close else ""

@@ -13,6 +13,7 @@ text format allows.
 from __future__ import annotations
 
 import difflib
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -23,6 +24,7 @@ from .types import FieldType, Invalid, StrType
 T = TypeVar("T")
 
 
+@functools.lru_cache(maxsize=1 << 16)  # a job file of 20,000 layers looks names up a million times
 def normalise(name: str) -> str:
     """The lookup form of a name: ``kUniformSqrtFanIn`` == ``uniform_sqrt_fan_in``."""
     if len(name) > 1 and name[0] == "k" and name[1].isupper():
@@ -62,6 +64,10 @@ class Registry(Generic[T]):
         self._aliases[name] = tuple(aliases)
         for key in keys:
             self._keys[key] = name
+        self._changed()
+
+    def _changed(self) -> None:
+        """Called when a name is added or removed (a subclass forgets what it derived)."""
 
     def aliases(self, name: str) -> tuple[str, ...]:
         """The other spellings a component was registered with (for documentation)."""
@@ -73,6 +79,7 @@ class Registry(Generic[T]):
         del self._items[canonical]
         self._aliases.pop(canonical, None)
         self._keys = {k: v for k, v in self._keys.items() if v != canonical}
+        self._changed()
 
     def lookup(self, name: str) -> str:
         """The canonical name for any accepted spelling; ParamError listing names otherwise."""

@@ -226,6 +226,8 @@ class _Reader:
     # -- tokens and problems -------------------------------------------------------------
 
     def peek(self, ahead: int = 0) -> _Token:
+        if not ahead:  # the index never passes the end-of-file token
+            return self.tokens[self.index]
         try:
             return self.tokens[self.index + ahead]
         except IndexError:  # past the end: the end-of-file token
@@ -238,7 +240,8 @@ class _Reader:
         return token
 
     def at(self, token: _Token, offset: int = 0) -> Location:
-        return Location(self.filename, token.line, token.column + offset)
+        # tuple.__new__: one per value of the file, without the named tuple's Python call
+        return tuple.__new__(Location, (self.filename, token.line, token.column + offset))
 
     def error(self, message: str, where: Location) -> None:
         self.problems.append(Problem(message, where))
@@ -347,7 +350,7 @@ class _Reader:
             key = self.read_extension_name()
             if key is None:
                 return None
-        elif _NAME.match(start.text):
+        elif start.text.isidentifier() and start.text.isascii():  # _NAME, without a regex
             key = self.advance().text
         else:
             if start.text[:1].isalpha() or start.text[:1] == "_":
@@ -441,6 +444,8 @@ class _Reader:
             self.error(f"unterminated string: missing the closing {quote}", self.at(token))
             return ""
         body = token.text[1:-1]
+        if "\\" not in body and body.isascii():  # no escapes: the text itself, at once
+            return body
         valid = True
         pieces = []
         done = 0

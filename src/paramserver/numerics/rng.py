@@ -46,6 +46,7 @@ from __future__ import annotations
 import hashlib
 import math
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -55,10 +56,15 @@ from ..config import ParamError
 from .cache import njit
 
 __all__ = [
+    "fill_constant_segments",
     "fill_normal",
+    "fill_normal_segments",
     "fill_truncated_normal",
+    "fill_truncated_normal_segments",
     "fill_uniform",
+    "fill_uniform_segments",
     "param_key",
+    "param_keys",
     "standard_normal_matrix",
 ]
 
@@ -567,6 +573,98 @@ def _run(flat: np.ndarray, offset: int, k0: np.uint64, k1: np.uint64, method: in
         fill(_NO32, flat, offset, k0, k1, method, prm)
 
 
+def _segments_kernel(is32: bool, truncated: bool) -> Any:
+    """The filler of many short segments of one output type (see :func:`_run_segments`)."""
+
+    def segments(out32, out64, starts, sizes, k0s, k1s, method, prms):  # type: ignore[no-untyped-def]
+        """Fill segment ``s`` (``starts[s]``, ``sizes[s]`` values, at most one chunk) of
+        ``out32`` or ``out64`` (the other is empty) with stream elements 0 ... of key
+        ``(k0s[s], k1s[s])`` and parameters ``prms[s]``: by the chunk filler, as :func:`_run`
+        fills one Param of at most one chunk."""
+        longest = 0
+        for s in range(starts.size):
+            longest = max(longest, sizes[s])
+        slow = np.empty(longest if method != _UNIFORM else 0, np.uint8)
+        for s in range(starts.size):
+            lo = starts[s]
+            hi = lo + sizes[s]
+            scratch = slow[:sizes[s]] if method != _UNIFORM else slow
+            if is32:  # the constants pick one chunk filler: numba compiles only that one
+                if truncated:
+                    _chunk32_truncated(out32[lo:hi], out64, scratch, 0, k0s[s], k1s[s],
+                                       method, prms[s])
+                else:
+                    _chunk32(out32[lo:hi], out64, scratch, 0, k0s[s], k1s[s], method, prms[s])
+            elif truncated:
+                _chunk64_truncated(out32, out64[lo:hi], scratch, 0, k0s[s], k1s[s], method,
+                                   prms[s])
+            else:
+                _chunk64(out32, out64[lo:hi], scratch, 0, k0s[s], k1s[s], method, prms[s])
+
+    return _jit(segments, "_segments", is32, truncated, parallel=False)
+
+
+_SEGMENTS = {(is32, truncated): _segments_kernel(is32, truncated)
+             for is32 in (True, False) for truncated in (False, True)}
+
+
+def _run_segments(out: np.ndarray, starts: Any, sizes: Any, keys: Any, method: int,
+                  prms: np.ndarray) -> None:
+    """Fill segments of the flat array ``out``, each whole Param of its own: segment ``s``
+    (``starts[s]``, ``sizes[s]`` values) with stream elements 0 ... of key ``keys[s]`` and
+    parameters ``prms[s]``. Segments of at most one chunk are filled in one compiled call
+    (a million small Params would otherwise cost a call each); longer ones as :func:`_run`
+    fills them. The values are those of one fill per segment."""
+    starts, sizes = _segments(out, starts, sizes)
+    keys = np.asarray(keys, np.uint64).reshape(-1)
+    if not starts.size == keys.size == len(prms):
+        raise ParamError(f"{starts.size} segments, {keys.size} keys and {len(prms)} "
+                         "parameters: one of each per segment")
+    k0s, k1s = keys & np.uint64(0xFFFFFFFF), keys >> np.uint64(32)
+    is32 = out.dtype == np.float32
+    small = sizes <= _CHUNK
+    if small.any():
+        pick = slice(None) if small.all() else small
+        a, b = (out, _NO64) if is32 else (_NO32, out)
+        _SEGMENTS[is32, method == _TRUNCATED](
+            a, b, starts[pick], sizes[pick], k0s[pick], k1s[pick], method,
+            np.ascontiguousarray(prms[pick]))
+    for s in np.flatnonzero(~small):
+        lo = int(starts[s])
+        _run(out[lo:lo + int(sizes[s])], 0, k0s[s], k1s[s], method, prms[s])
+
+
+def _segments(out: np.ndarray, starts: Any, sizes: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Segments of ``out`` checked: ``starts`` and ``sizes`` as int64 arrays."""
+    if not (isinstance(out, np.ndarray) and out.ndim == 1 and out.flags.c_contiguous
+            and out.flags.writeable and out.dtype in (np.float32, np.float64)):
+        raise ParamError("out must be a writeable, C-contiguous 1-D float32 or float64 array")
+    starts = np.asarray(starts, np.int64).reshape(-1)
+    sizes = np.asarray(sizes, np.int64).reshape(-1)
+    if starts.size != sizes.size:
+        raise ParamError(f"{starts.size} starts and {sizes.size} sizes: one of each per "
+                         "segment")
+    if starts.size and (starts.min() < 0 or sizes.min() < 0
+                        or (starts + sizes).max() > out.size):
+        raise ParamError(f"segments must lie within out ({out.size} values)")
+    return starts, sizes
+
+
+def _segment_prms(make: Any, dtype: np.dtype, columns: tuple[Any, ...], n: int) -> np.ndarray:
+    """Per segment, the fill's parameters from ``make(dtype, *row)`` (the one home of their
+    formula and checks, shared with the fills of one array), made once per distinct row
+    (by bits: -0.0 is not 0.0), in the order the rows first come."""
+    table = np.empty((n, len(columns)))
+    for j, column in enumerate(columns):
+        table[:, j] = column
+    _, first, inverse = np.unique(table.view(np.int64), axis=0, return_index=True,
+                                  return_inverse=True)
+    rows = np.empty((first.size, 8))
+    for u in np.argsort(first):
+        rows[u] = make(dtype, *(float(x) for x in table[first[u]]))
+    return rows[inverse.reshape(-1)]
+
+
 # ---------------------------------------------------------------------------------------------
 # Public API
 
@@ -645,15 +743,20 @@ def fill_uniform(out: np.ndarray, key: int, low: float = -1.0, high: float = 1.0
         ValueError: for a bad array, key, offset or bounds.
     """
     flat, k0, k1 = _check(out, key, offset)
-    _finite(out.dtype, low=low, high=high)
-    lo, hi = float(out.dtype.type(low)), float(out.dtype.type(high))
+    _run(flat, int(offset), k0, k1, _UNIFORM, _uniform_prm(out.dtype, low, high))
+
+
+def _uniform_prm(dtype: np.dtype, low: float, high: float) -> np.ndarray:
+    """The uniform fill's parameters (``low``, ``high`` checked): ``low``, ``high - low``,
+    the largest value below ``high`` (twice)."""
+    _finite(dtype, low=low, high=high)
+    lo, hi = float(dtype.type(low)), float(dtype.type(high))
     if not lo <= hi:
         raise ParamError(f"low must be <= high, got low={low}, high={high}")
     if not math.isfinite(hi - lo):
         raise ParamError(f"high - low must be finite in float64, got low={low}, high={high}")
-    top = float(np.nextafter(out.dtype.type(hi), out.dtype.type(-np.inf))) if lo < hi else hi
-    prm = np.array([lo, hi - lo, top, top, 0.0, 0.0, 0.0, 0.0])
-    _run(flat, int(offset), k0, k1, _UNIFORM, prm)
+    top = float(np.nextafter(dtype.type(hi), dtype.type(-np.inf))) if lo < hi else hi
+    return np.array([lo, hi - lo, top, top, 0.0, 0.0, 0.0, 0.0])
 
 
 def fill_normal(out: np.ndarray, key: int, mean: float = 0.0, std: float = 1.0, *,
@@ -674,11 +777,15 @@ def fill_normal(out: np.ndarray, key: int, mean: float = 0.0, std: float = 1.0, 
         ValueError: for a bad array, key, offset, mean or std.
     """
     flat, k0, k1 = _check(out, key, offset)
-    _finite(out.dtype, mean=mean, std=std)
+    _run(flat, int(offset), k0, k1, _NORMAL, _normal_prm(out.dtype, mean, std))
+
+
+def _normal_prm(dtype: np.dtype, mean: float, std: float) -> np.ndarray:
+    """The normal fill's parameters (checked): ``mean``, ``std``."""
+    _finite(dtype, mean=mean, std=std)
     if std < 0:
         raise ParamError(f"std must be >= 0, got {std}")
-    prm = np.array([float(mean), float(std), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
-    _run(flat, int(offset), k0, k1, _NORMAL, prm)
+    return np.array([float(mean), float(std), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
 
 
 def fill_truncated_normal(out: np.ndarray, key: int, mean: float = 0.0, std: float = 1.0,
@@ -704,7 +811,14 @@ def fill_truncated_normal(out: np.ndarray, key: int, mean: float = 0.0, std: flo
             in a tail that it holds no representable probability.
     """
     flat, k0, k1 = _check(out, key, offset)
-    _finite(out.dtype, mean=mean, std=std)
+    _run(flat, int(offset), k0, k1, _TRUNCATED, _truncated_prm(out.dtype, mean, std, a, b))
+
+
+def _truncated_prm(dtype: np.dtype, mean: float, std: float, a: float = -2.0,
+                   b: float = 2.0) -> np.ndarray:
+    """The truncated normal fill's parameters (checked): ``mean``, ``std``, ``a``, ``b``,
+    whether it draws by the inverse CDF, the interval's lower CDF and mass, mirrored?"""
+    _finite(dtype, mean=mean, std=std)
     if std < 0:
         raise ParamError(f"std must be >= 0, got {std}")
     for label, bound in (("a", a), ("b", b)):
@@ -722,8 +836,74 @@ def fill_truncated_normal(out: np.ndarray, key: int, mean: float = 0.0, std: flo
         raise ParamError(f"the interval [a, b] = [{a}, {b}] lies too far in a tail: it holds "
                          "no probability representable in float64 (keep it within ~37 std)")
     inverse = pspan < 0.25
-    prm = np.array([float(mean), float(std), a, b, float(inverse), plo, pspan, float(mirror)])
-    _run(flat, int(offset), k0, k1, _TRUNCATED, prm)
+    return np.array([float(mean), float(std), a, b, float(inverse), plo, pspan, float(mirror)])
+
+
+def fill_uniform_segments(out: np.ndarray, starts: Any, sizes: Any, keys: Any, low: Any,
+                          high: Any) -> None:
+    """Fill segments of a flat array with U[low, high), each with its own stream: segment
+    ``s`` gets exactly what ``fill_uniform(out[starts[s]:starts[s] + sizes[s]], keys[s],
+    low[s], high[s])`` puts there, for many segments in one call.
+
+    Args:
+        out: a writeable, C-contiguous 1-D float32 or float64 array.
+        starts, sizes: per segment, where it starts in ``out`` and its number of values.
+        keys: per segment, the stream key (see :func:`param_key`).
+        low, high: per segment (or one for all), as :func:`fill_uniform` takes them.
+
+    Raises:
+        ValueError: as :func:`fill_uniform`, for the first segment that is wrong; or for
+            segments outside ``out``.
+    """
+    n = np.size(starts)
+    _run_segments(out, starts, sizes, keys, _UNIFORM,
+                  _segment_prms(_uniform_prm, out.dtype, (low, high), n))
+
+
+def fill_normal_segments(out: np.ndarray, starts: Any, sizes: Any, keys: Any, mean: Any,
+                         std: Any) -> None:
+    """:func:`fill_uniform_segments` for N(mean, std²): segment ``s`` gets what
+    ``fill_normal(segment, keys[s], mean[s], std[s])`` puts there."""
+    n = np.size(starts)
+    _run_segments(out, starts, sizes, keys, _NORMAL,
+                  _segment_prms(_normal_prm, out.dtype, (mean, std), n))
+
+
+def fill_truncated_normal_segments(out: np.ndarray, starts: Any, sizes: Any, keys: Any,
+                                   mean: Any, std: Any, a: Any = -2.0, b: Any = 2.0) -> None:
+    """:func:`fill_uniform_segments` for the truncated normal: segment ``s`` gets what
+    ``fill_truncated_normal(segment, keys[s], mean[s], std[s], a[s], b[s])`` puts there."""
+    n = np.size(starts)
+    _run_segments(out, starts, sizes, keys, _TRUNCATED,
+                  _segment_prms(_truncated_prm, out.dtype, (mean, std, a, b), n))
+
+
+@njit(nogil=True, cache=True)
+def _constant_segments(out, starts, sizes, values):  # type: ignore[no-untyped-def]
+    for s in range(starts.size):
+        out[starts[s]:starts[s] + sizes[s]] = values[s]
+
+
+def fill_constant_segments(out: np.ndarray, starts: Any, sizes: Any, values: Any) -> None:
+    """Set segment ``s`` of a flat array (``starts[s]``, ``sizes[s]`` values) to
+    ``values[s]``, rounded to ``out``'s type as ``ndarray.fill`` rounds it; many segments in
+    one call."""
+    starts, sizes = _segments(out, starts, sizes)
+    values = np.ascontiguousarray(np.broadcast_to(np.asarray(values, np.float64), starts.shape))
+    _constant_segments(out, starts, sizes, values)
+
+
+def param_keys(seed: int, names: Sequence[str]) -> np.ndarray:
+    """:func:`param_key` of every name (uint64), the seed checked once."""
+    param_key(seed, "")  # the seed's checks
+    key = int(seed).to_bytes(8, "little")
+    blake2b = hashlib.blake2b
+    digests = []
+    for name in names:
+        if type(name) is not str:
+            param_key(seed, name)  # its message
+        digests.append(blake2b(name.encode("utf-8"), digest_size=8, key=key).digest())
+    return np.frombuffer(b"".join(digests), "<u8").astype(np.uint64)
 
 
 def standard_normal_matrix(shape: int | tuple[int, ...], key: int) -> np.ndarray:

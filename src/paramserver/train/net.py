@@ -164,12 +164,13 @@ class Net:
         confs = self.conf.phase_layers(phase)
         position = {c.name: i for i, c in enumerate(confs)}
         every = [c.name for c in self.conf.layer]
+        known = set(every)
         problems: list[str] = self.conf.phase_problems(phase)
         for i, c in enumerate(confs):
             for src in c.srclayers:
                 if src == c.name:
                     problems.append(f"layer '{c.name}' reads itself")
-                elif src not in every:
+                elif src not in known:
                     close = difflib.get_close_matches(src, every, n=1)
                     hint = f"; did you mean '{close[0]}'?" if close else ""
                     problems.append(f"layer '{c.name}' reads unknown layer '{src}'{hint}")
@@ -209,7 +210,8 @@ class Net:
         layers = list(built.values())
         for i, layer in enumerate(layers):
             layer.srcs += [built[s] for s in later.get(layer.name, [])]
-            layer.link(layers[i + 1:])
+            if type(layer).link is not Layer.link:  # (the layers after it: n² for them all)
+                layer.link(layers[i + 1:])
         inputs = [x for x in layers if isinstance(x, InputLayer)]
         if len(inputs) != 1:
             names_ = ", ".join(f"'{x.name}'" for x in inputs)
