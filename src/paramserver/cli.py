@@ -232,7 +232,7 @@ def _train(args: argparse.Namespace) -> int:
                ("--workspace", job, "workspace", args.workspace),
                ("--backend", job.cluster, "backend", args.backend),
                ("--address", job.cluster, "ray_address", args.address)]
-    problems = []
+    problems = ["--workspace '': the path is empty; give a folder"] if args.workspace == "" else []
     for option, conf, key, value in options:
         if value is None:
             continue
@@ -263,7 +263,9 @@ def _export(args: argparse.Namespace) -> int:
     import logging
 
     from .export import export_model, param_table
+    from .paths import refuse_inputs
 
+    refuse_inputs([("--to", args.to)], [("--job", args.job)])
     table = None
     if args.job is not None:
         from .params import ParamSet

@@ -18,6 +18,20 @@ from typing import Any, TextIO
 from .config import ParamError
 
 LOGGER = "paramserver"
+#: Longest line of a message printed whole; a longer one (a value of a megabyte quoted back)
+#: is cut in the middle.
+MAX_LINE = 2000
+
+
+def cut(text: str, limit: int = MAX_LINE) -> str:
+    """``text`` cut in the middle to about ``limit`` characters, saying how many were left
+    out; each line on its own."""
+    if len(text) <= limit:
+        return text
+    if "\n" in text:
+        return "\n".join(cut(line, limit) for line in text.split("\n"))
+    head, tail = limit * 3 // 4, limit // 5
+    return f"{text[:head]}...[{len(text) - head - tail:,} characters]...{text[-tail:]}"
 
 
 class _Formatter(logging.Formatter):
@@ -76,10 +90,10 @@ def error_text(command: str, error: ParamError | str, what: str = "error") -> st
     lines = []
     for p in problems:
         first, _, rest = str(p).partition("\n")
-        lines.append(f"paramserver {command}: {what}: {first}")
+        lines.append(cut(f"paramserver {command}: {what}: {first}"))
         if rest:
-            lines.append(rest)
+            lines.append(cut(rest))
     return "\n".join(lines)
 
 
-__all__ = ["LOGGER", "LineHandler", "attach", "error_text"]
+__all__ = ["LOGGER", "MAX_LINE", "LineHandler", "attach", "cut", "error_text"]

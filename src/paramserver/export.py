@@ -19,8 +19,15 @@ from typing import Any
 
 import numpy as np
 
-from .checkpoint import CheckpointError, list_checkpoints, load_checkpoint, save_tensors
+from .checkpoint import (
+    CheckpointError,
+    is_checkpoint_name,
+    list_checkpoints,
+    load_checkpoint,
+    save_tensors,
+)
 from .params import ParamSet
+from .paths import check_output, refuse_inputs, shown
 
 #: The metadata entry of a checkpoint that describes its Params.
 TABLE = "param_table"
@@ -178,7 +185,12 @@ def export_model(checkpoint: str | os.PathLike[str], to: str | os.PathLike[str],
     Returns:
         The path written and the names of the tensors in it.
     """
+    check_output(to, "--to")  # before the checkpoint is read
     source = find_checkpoint(checkpoint)
+    refuse_inputs([("--to", to)], [("the checkpoint", source)])
+    if is_checkpoint_name(Path(to).name):
+        raise CheckpointError(f"--to {shown(to)}: a model file is not given a checkpoint's "
+                              "name (a later --resume would take it for a checkpoint)")
     arrays, meta = load_checkpoint(source)
     try:
         values = param_values(arrays, meta, table)
@@ -190,7 +202,7 @@ def export_model(checkpoint: str | os.PathLike[str], to: str | os.PathLike[str],
     for key in ("job", "step"):
         if key in meta:
             header[f"paramserver_{key}"] = str(meta[key])
-    return save_tensors(to, tensors, header), list(tensors)
+    return save_tensors(to, tensors, header, what="--to"), list(tensors)
 
 
 __all__ = ["TABLE", "export_model", "find_checkpoint", "param_table", "param_values"]

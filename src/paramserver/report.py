@@ -31,6 +31,7 @@ from .config.job import (
     UpdaterConf,
 )
 from .config.types import format_number
+from .console import cut
 
 #: What ``paramserver doc`` covers: a title, the registry, and the common configuration.
 SECTIONS: tuple[tuple[str, ComponentRegistry, type[ComponentConf]], ...] = (
@@ -370,7 +371,7 @@ def problems_data(error: ParamError) -> list[dict[str, Any]]:
         out.append({"file": loc.file if loc else None, "line": loc.line if loc else None,
                     "column": loc.column if loc else None,
                     "path": where if isinstance(where, str) else None,
-                    "message": p.message})
+                    "message": cut(p.message)})
     return out
 
 

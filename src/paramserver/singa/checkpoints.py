@@ -27,6 +27,7 @@ import numpy as np
 from ..checkpoint import CheckpointError
 from ..config import ParamError
 from ..params import ParamSet
+from ..paths import require_regular
 from .files import write_atomically
 from .records import BlobProtos, parse
 
@@ -78,6 +79,7 @@ def read_checkpoint(path: str | os.PathLike[str]) -> list[SavedParam]:
     be read or is not a well-formed one."""
     path = Path(path)
     try:
+        require_regular(path, "checkpoint", CheckpointError)  # not /dev/zero, nor a pipe
         data = path.read_bytes()
     except FileNotFoundError:
         raise CheckpointError(f"{path}: no such checkpoint") from None

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..config import ParamError
+from ..paths import require_regular
 from .files import write_atomically
 from .records import CaffeBlob, Record, RecordProto, parse
 
@@ -56,6 +57,7 @@ def kvfile_path(path: str | os.PathLike[str]) -> Path:
 
 
 def _read_bytes(path: Path, what: str) -> bytes:
+    require_regular(path, what)  # a pipe or a device (/dev/zero) is not read
     try:
         return path.read_bytes()
     except FileNotFoundError:

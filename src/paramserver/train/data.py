@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from ..config import ParamError
+from ..paths import require_regular
 
 DIGITS = "digits"
 
@@ -275,13 +276,13 @@ def load_dataset(source: str, *, test_fraction: float = 0.2, split_seed: int = 0
         if base_dir is not None and not path.is_absolute():
             path = Path(base_dir) / path
         try:
-            st = path.stat()
-        except FileNotFoundError:
-            raise ParamError(f"data file '{path}' does not exist") from None
-        except OSError as e:
-            raise ParamError(f"data file '{path}' cannot be read: {e.strerror or e}") from None
-        if path.is_dir():
-            raise ParamError(f"data file '{path}' is a folder, not an .npz file")
+            st = require_regular(path, "data file")  # a pipe or a device is not read
+        except ParamError:
+            if path.is_dir():
+                raise ParamError(f"data file '{path}' is a folder, not an .npz file") from None
+            raise
+        if st is None:
+            raise ParamError(f"data file '{path}' does not exist")
         ident = (str(path.resolve()), st.st_mtime_ns, st.st_size)
     key = (*ident, *options)
     with _cache_lock:

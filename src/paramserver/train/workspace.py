@@ -29,6 +29,7 @@ from pathlib import Path
 from .. import atomic
 from ..checkpoint import is_checkpoint_name
 from ..config import ParamError
+from ..paths import kind_of, shown
 from ..singa.checkpoints import FOLDER as SINGA_FOLDER
 from ..singa.checkpoints import is_checkpoint_file_name
 from .tensorboard import FOLDER as TENSORBOARD
@@ -44,30 +45,48 @@ def check_workspace(workspace: str | os.PathLike[str]) -> Path:
     Raises:
         ParamError: with every problem found (all of them, in one message).
     """
+    if not os.fspath(workspace):
+        raise ParamError("the workspace path is empty: give a folder")
     ws = Path(workspace)
+    name = f"workspace {shown(ws)}"
+    try:
+        os.stat(ws)  # through links: a dangling or looping one, a name too long
+    except (FileNotFoundError, NotADirectoryError):
+        if os.path.islink(ws):
+            raise ParamError(f"{name} is a broken symbolic link (to "
+                             f"{shown(os.readlink(ws))})") from None
+    except OSError as e:
+        raise ParamError(f"{name}: {e.strerror or e}") from None
     problems: list[str] = []
     existing = ws
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent  # the folder that would hold what must be created
     if existing != ws and not existing.is_dir():
-        problems.append(f"workspace {ws}: cannot be made, {existing} is a file")
+        problems.append(f"{name}: cannot be made, {shown(existing)} is a file")
     elif existing == ws and not ws.is_dir():
-        problems.append(f"workspace {ws} is a file, not a folder")
-    elif not _writable(existing) or (existing != ws and not _can_make_folders(existing)):
-        problems.append(f"workspace {ws}: " + (f"{existing} is not writable" if existing != ws
-                                               else "the folder is not writable"))
+        problems.append(f"{name} is {kind_of(os.stat(ws).st_mode)}, not a folder")
+    elif (why := _long_name(ws, existing)) is not None:
+        problems.append(f"{name}: {why}")
+    elif not _writable(existing) or (why := _cannot_make_folders(existing)) is not None:
+        problems.append(f"{name}: " + (f"{shown(existing)} is not writable" if existing != ws
+                                       else "the folder is not writable") + (
+            f" ({why})" if why is not None and not why.startswith("Permission") else ""))
     else:
-        for name, folder in ENTRIES:
-            path = ws / name
+        for entry, folder in ENTRIES:
+            path = ws / entry
             if not path.exists() and not path.is_symlink():
                 continue
+            kind = kind_of(os.lstat(path).st_mode) if os.path.lexists(path) else ""
             if folder and not path.is_dir():
-                problems.append(f"workspace {ws}: {path} should be a folder, but is a file")
-            elif not folder and path.is_dir():
-                problems.append(f"workspace {ws}: {path} should be a file, but is a folder")
+                problems.append(f"{name}: {shown(path)} should be a folder, but is "
+                                + ("a file" if path.is_file() else kind))
+            elif not folder and (path.is_symlink() or not path.is_file()):
+                problems.append(f"{name}: {shown(path)} should be a file, but is "
+                                + ("a folder" if path.is_dir() else kind)
+                                + " (a run replaces only regular files)")
             elif not _writable(path if folder else path.parent) or (
                     not folder and not os.access(path, os.W_OK)):
-                problems.append(f"workspace {ws}: {path} is not writable")
+                problems.append(f"{name}: {shown(path)} is not writable")
     if problems:
         raise ParamError(problems)
     return ws
@@ -78,14 +97,34 @@ def _writable(folder: Path) -> bool:
     return os.access(folder, os.W_OK | os.X_OK)
 
 
-def _can_make_folders(parent: Path) -> bool:
-    """Whether a folder can be made in ``parent``, tried (and removed at once): permission
-    bits do not tell for root, nor on file systems such as /proc."""
+def _cannot_make_folders(parent: Path) -> str | None:
+    """Why a folder cannot be made in ``parent`` (None: it can), tried (and removed at
+    once, the folder's times put back): permission bits do not tell for root, nor on file
+    systems such as /proc."""
     try:
+        before = os.stat(parent)
         os.rmdir(tempfile.mkdtemp(prefix=".paramserver-", dir=parent))
-    except OSError:
-        return False
-    return True
+    except OSError as e:
+        return e.strerror or str(e)
+    with contextlib.suppress(OSError):
+        os.utime(parent, ns=(before.st_atime_ns, before.st_mtime_ns))
+    return None
+
+
+def _long_name(ws: Path, existing: Path) -> str | None:
+    """What is too long in the part of ``ws`` still to be made under ``existing`` (None:
+    nothing): a name longer than the file system takes, or the whole path."""
+    try:
+        most = os.pathconf(existing, "PC_NAME_MAX")
+        longest = os.pathconf(existing, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        return None
+    for part in ws.relative_to(existing).parts if existing != ws else ():
+        if len(os.fsencode(part)) > most:
+            return f"a name in it is longer than the {most} bytes a name may have"
+    if len(os.fsencode(os.path.abspath(ws / "checkpoints" / "servers"))) >= longest:
+        return f"the path is longer than the {longest} bytes a path may have"
+    return None
 
 
 @contextlib.contextmanager
