@@ -670,5 +670,6 @@ def is_constant(conf: ParamGenConf) -> bool:
     return bool(getattr(param_generators.get(conf.component), "constant", False))
 
 
-__all__ = ["TENSOR_DTYPES", "FromFile", "FromFileConf", "ParamGenerator", "Stream", "create_param_generator",
-           "fill_range", "is_constant", "read_tensor", "register_param_generator", "stream"]
+__all__ = ["TENSOR_DTYPES", "FromFile", "FromFileConf", "ParamGenerator", "Stream",
+           "create_param_generator", "fill_range", "is_constant", "read_tensor",
+           "register_param_generator", "stream"]

@@ -100,7 +100,7 @@ def key_name(key: Any) -> tuple[str, bool]:
         if not key.isprintable():
             bad = next(c for c in key if not c.isprintable())
             raise ParamError(f"the key {shown(repr(key))} holds the character "
-                             f"{ascii(bad)}, which does not print: a key is printable text "
+                             f"{bad!a}, which does not print: a key is printable text "
                              "(no control characters, line separators or lone surrogates)")
         return key, False
     if not 0 <= key < MAX_INT_KEY:

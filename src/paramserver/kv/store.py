@@ -71,8 +71,8 @@ from ..cluster.passes import all_finite, nonfinite_text, workers_check
 from ..cluster.transport import Pending, Transport
 from ..config import ParamError
 from ..config.job import ClusterConf, UpdaterConf
-from ..paths import shown
 from ..params import ParamSet
+from ..paths import shown
 from ..updaters import Updater, create_updater
 from .values import Fill, RowResidual, RowSparse, value_dtype
 
