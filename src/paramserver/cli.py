@@ -112,6 +112,8 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("job", help="the job file (SINGA's text format)")
     check.add_argument("--json", action="store_true", help="print the report (or the "
                        "problems) as JSON on stdout (docs/cli.md describes it)")
+    check.add_argument("--allow-outside", action="store_true",
+                       help="as train's: output layers may write outside the workspace")
     check.set_defaults(run=_check)
 
     doc = sub.add_parser("doc", parents=[common], help="document the registered components")
@@ -148,6 +150,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="no progress display and no messages but warnings")
     train.add_argument("--no-tensorboard", dest="tensorboard", action="store_false",
                        help="write no TensorBoard event files")
+    train.add_argument("--allow-outside", action="store_true",
+                       help="let output layers (kCSVOutput, kRecordOutput) write where an "
+                       "absolute store_conf path says, outside the workspace")
     train.set_defaults(run=_train)
 
     from .singa import datasets
@@ -185,6 +190,7 @@ def _check(args: argparse.Namespace) -> int:
         job_file = read_job_file(args.job)
         net = job_file.build_net()
         job_file.check_params(net)
+        job_file.check_outputs(args.allow_outside)
     except ParamError as e:
         if not args.json:
             raise
@@ -249,7 +255,7 @@ def _train(args: argparse.Namespace) -> int:
         raise ParamError(problems)
     with job_file.placing():
         trainer = Trainer(job, progress=not args.quiet, base_dir=job_file.base_dir,
-                          tensorboard=args.tensorboard)
+                          tensorboard=args.tensorboard, allow_outside=args.allow_outside)
         try:
             trainer.train(resume=args.resume, overwrite=args.overwrite)
         finally:

@@ -155,6 +155,24 @@ def _kind_at(path: Path) -> str:
         return "a broken symbolic link"
 
 
+def open_output(path: str | os.PathLike[str], what: str, append: bool = False) -> int:
+    """A descriptor to write the regular file ``path`` (made if missing; emptied first
+    unless ``append``), never through a symbolic link (:func:`check_output`, and
+    ``O_NOFOLLOW`` for a link made meanwhile): for files written as a run goes on, which
+    cannot be written atomically.
+
+    Raises:
+        ParamError, NoSpaceError: as :func:`path_error` says.
+    """
+    check_output(path, what)
+    flags = (os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+             | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        return os.open(path, flags, 0o666)
+    except OSError as e:
+        raise path_error(e, path, what) from None
+
+
 def path_error(e: OSError, path: str | os.PathLike[str], what: str = "output"
                ) -> Exception:
     """The error to raise for an ``OSError`` met writing ``path`` (the user's path, whatever
@@ -207,5 +225,6 @@ def refuse_inputs(outputs: Sequence[tuple[str, str | os.PathLike[str] | None]],
         raise ParamError(problems)
 
 
-__all__ = ["MAX_SHOWN", "NO_SPACE", "NoSpaceError", "check_output", "kind_of", "path_error",
-           "read_regular", "refuse_inputs", "require_regular", "same_file", "shown"]
+__all__ = ["MAX_SHOWN", "NO_SPACE", "NoSpaceError", "check_output", "kind_of", "open_output",
+           "path_error", "read_regular", "refuse_inputs", "require_regular", "same_file",
+           "shown"]

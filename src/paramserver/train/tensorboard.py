@@ -6,7 +6,9 @@ Scalars per phase: ``train/loss``, ``train/accuracy``, ``train/lr`` and
 At every checkpoint, histograms of each owner Param's values (``values/<name>``) and of its
 last update (``update/<name>``: the values after the checkpoint's step less those before it).
 
-Written with ``tensorboardX`` (or ``torch.utils.tensorboard`` where only that is installed).
+Written with ``tensorboardX``'s summaries and event records, in the training thread: a
+write that fails (a full disk) stops the run with one message naming the event file, where
+``tensorboardX``'s writer thread would print a traceback and go on.
 A resumed run appends to the same folder and tells TensorBoard, with a *purge* event, to drop
 what an earlier run wrote after the checkpoint resumed from, so no step shows twice; a new
 run purges from step 0 (the earlier run's files stay, hidden).
@@ -14,7 +16,8 @@ run purges from step 0 (the earlier run's files stay, hidden).
 
 from __future__ import annotations
 
-import logging
+import contextlib
+import functools
 import os
 import time
 from collections.abc import Iterable
@@ -24,8 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..params import ParamSet
-
-log = logging.getLogger(__name__)
+from ..paths import path_error
 
 FOLDER = "tensorboard"
 
@@ -45,7 +47,10 @@ class TensorBoardLog:
         self.folder = Path(folder)
         self.histogram_steps = set(histogram_steps)
         self._before: tuple[int, np.ndarray] | None = None
-        self._writer: Any = _open_writer(self.folder, start) if enabled else None
+        self._writer: Any = None
+        self.path = self.folder
+        if enabled:
+            self._writer, self.path = _open_writer(self.folder, start)
 
     @property
     def enabled(self) -> bool:
@@ -74,53 +79,90 @@ class TensorBoardLog:
         """``<phase>/<name>`` of every entry of ``values`` at ``step``."""
         if not self.enabled:
             return
+        from tensorboardX.summary import scalar
+
         for name, value in values.items():
-            self._writer.add_scalar(f"{phase}/{name}", float(value), step)
+            self._write(step, scalar(f"{phase}/{name}", float(value)))
 
     def histograms(self, step: int, params: ParamSet) -> None:
         """Histograms of every owner's values, and of its last update when known."""
         if not self.enabled or step not in self.histogram_steps:
             return
+        from tensorboardX.summary import histogram
+
         before = self._before[1] if self._before and self._before[0] == step else None
         for i, p in enumerate(params.owners):
             if p.size == 0:
                 continue
-            self._writer.add_histogram(f"values/{p.name}", p.data.reshape(-1), step)
+            self._write(step, histogram(f"values/{p.name}", p.data.reshape(-1), _bins()))
             if before is not None:
                 lo, hi = int(params.offsets[i]), int(params.offsets[i + 1])
-                self._writer.add_histogram(f"update/{p.name}",
-                                           params.values[lo:hi] - before[lo:hi], step)
+                self._write(step, histogram(f"update/{p.name}",
+                                            params.values[lo:hi] - before[lo:hi], _bins()))
         self._before = None
 
     def flush(self) -> None:
-        """Write what is pending (before a checkpoint: what it covers is then on disk)."""
+        """Write what is pending to disk (before a checkpoint: what it covers is then on
+        disk)."""
         if self.enabled:
-            self._writer.flush()
+            self._do(self._writer.flush)
 
     def close(self) -> None:
         writer, self._writer = self._writer, None
         if writer is not None:
-            writer.close()
+            try:
+                writer.close()
+            except OSError as e:
+                raise path_error(e, self.path, "TensorBoard event file") from None
 
+    def _write(self, step: int, summary: Any) -> None:
+        from tensorboardX.proto.event_pb2 import Event
 
-def _open_writer(folder: Path, start: int) -> Any:
-    try:
-        from tensorboardX import SummaryWriter
-    except ImportError:
+        self._do(self._writer.write_event,
+                 Event(wall_time=time.time(), step=int(step), summary=summary))
+
+    def _do(self, write: Any, *args: Any) -> None:
+        """A write of the event file, here in the training thread (not tensorboardX's writer
+        thread, whose failures only print a traceback): a failure stops the run, named."""
         try:
-            from torch.utils.tensorboard import SummaryWriter  # type: ignore[no-redef]
-        except ImportError:
-            log.warning("no TensorBoard event files: install tensorboardX "
-                        "(pip install tensorboardX) or use --no-tensorboard")
-            return None
-    folder.mkdir(parents=True, exist_ok=True)
-    # A resumed run keeps what was written up to its checkpoint's step (everything at that
-    # step was flushed before the checkpoint); a new run starts the curves afresh.
-    purge = start + 1 if start > 0 else 0
-    # Event file names hold whole seconds; the suffix orders two runs of the same second.
-    suffix = f".{time.time_ns():020d}.{os.getpid()}"
-    return SummaryWriter(str(folder), purge_step=purge, flush_secs=10,
-                         filename_suffix=suffix)
+            write(*args)
+        except OSError as e:
+            writer, self._writer = self._writer, None  # written no more
+            with contextlib.suppress(OSError):
+                writer.close()
+            raise path_error(e, self.path, "TensorBoard event file") from None
+
+
+def _open_writer(folder: Path, start: int) -> tuple[Any, Path]:
+    """An event file of this run, its first events written: tensorboardX's writer of
+    records, used directly (its SummaryWriter writes from a thread of its own)."""
+    from tensorboardX.event_file_writer import EventsWriter
+    from tensorboardX.proto.event_pb2 import Event, SessionLog
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        # Event file names hold whole seconds; the suffix orders two runs of the same second.
+        writer = EventsWriter(str(folder / "events"), f".{time.time_ns():020d}.{os.getpid()}")
+        # A resumed run keeps what was written up to its checkpoint's step (everything at
+        # that step was flushed before the checkpoint); a new run starts the curves afresh.
+        purge = start + 1 if start > 0 else 0
+        writer.write_event(Event(step=purge, wall_time=time.time(),
+                                 session_log=SessionLog(status=SessionLog.START)))
+    except OSError as e:
+        raise path_error(e, folder, "TensorBoard folder") from None
+    return writer, Path(writer._file_name)
+
+
+@functools.cache
+def _bins() -> list[float]:
+    """TensorBoard's default histogram buckets (TensorFlow's): edges growing by 10% from
+    1e-12 to 1e20, both signs, and 0."""
+    edges = []
+    v = 1e-12
+    while v < 1e20:
+        edges.append(v)
+        v *= 1.1
+    return [-e for e in reversed(edges)] + [0.0] + edges
 
 
 __all__ = ["FOLDER", "TensorBoardLog"]

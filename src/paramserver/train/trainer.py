@@ -48,6 +48,7 @@ from ..export import TABLE, param_table
 from ..faults import marker
 from ..init import init_params
 from ..params import ParamSet, physical_memory, plan_params
+from ..paths import NoSpaceError
 from ..singa import checkpoints as singa_checkpoints
 from . import algorithms
 from .layers.base import require_torch
@@ -60,6 +61,9 @@ from .tensorboard import TensorBoardLog
 from .workspace import (
     check_workspace,
     earlier_run,
+    job_inputs,
+    no_space,
+    place_outputs,
     remove_earlier_run,
     remove_temporaries,
     set_aside,
@@ -102,6 +106,9 @@ class Trainer:
             (``max_restarts``; on Ray ``placement``, ``server_options``,
             ``worker_options``, ...).
         tensorboard: write TensorBoard event files into ``<workspace>/tensorboard``.
+        allow_outside: let output layers (kCSVOutput, kRecordOutput) write where an absolute
+            path says, outside the workspace (``--allow-outside``; see
+            :func:`~paramserver.train.workspace.place_outputs`).
 
     Every worker builds its own kTrain Net from the job's configuration (sent as JSON, with
     the names of the modules that registered user components), in its thread or its Ray
@@ -116,7 +123,8 @@ class Trainer:
 
     def __init__(self, job: JobConf, *, progress: bool = True, stream: TextIO | None = None,
                  base_dir: str | os.PathLike[str] | None = None,
-                 cluster_options: Mapping[str, Any] | None = None, tensorboard: bool = True):
+                 cluster_options: Mapping[str, Any] | None = None, tensorboard: bool = True,
+                 allow_outside: bool = False):
         self.job = job
         unbuilt = job.unbuilt()
         if unbuilt:
@@ -124,6 +132,8 @@ class Trainer:
         require_torch()
         self.tensorboard = tensorboard
         self.workspace = check_workspace(job.workspace_dir)  # before anything is built
+        place_outputs(job, self.workspace, allow_outside=allow_outside,
+                      inputs=job_inputs(job, base_dir))  # before a net writes anything
         self.show = progress
         self.stream = stream
         self.eval_phases = job.eval_phases()
@@ -257,13 +267,16 @@ class Trainer:
                 self.log.plot(self.workspace / "metrics.png", f"{job.name}")
             return TrainResult(start, None, None, time.perf_counter() - t0, self.workspace)
         checkpoints = self._checkpoint_steps(start)
-        board = TensorBoardLog(self.workspace / TENSORBOARD_FOLDER, start, checkpoints,
-                               enabled=self.tensorboard and start < job.train_steps)
-        with Progress(job.train_steps, start, self.stream, self.show) as progress, board, \
-                torch_threads(job.num_openblas_threads):
-            step, test = self._run(start, set(checkpoints), progress, board)
-        self.log.write()
-        plot = self.log.plot(self.workspace / "metrics.png", f"{job.name}")
+        try:  # a full disk stops the run, saying what it keeps (no_space)
+            board = TensorBoardLog(self.workspace / TENSORBOARD_FOLDER, start, checkpoints,
+                                   enabled=self.tensorboard and start < job.train_steps)
+            with Progress(job.train_steps, start, self.stream, self.show) as progress, board, \
+                    torch_threads(job.num_openblas_threads):
+                step, test = self._run(start, set(checkpoints), progress, board)
+            self.log.write()
+            plot = self.log.plot(self.workspace / "metrics.png", f"{job.name}")
+        except NoSpaceError as e:
+            raise no_space(e, self.workspace) from None
         seconds = time.perf_counter() - t0
         files = [self.log.path, plot, board.folder if self.tensorboard else None]
         log.info("done: %d steps in %.1f s; %s", step, seconds,
@@ -416,7 +429,7 @@ class Trainer:
                 f"({earlier.describe(self.workspace)}): give --resume to go on from its "
                 "newest checkpoint, or --overwrite to start afresh (deleting them), or "
                 "another --workspace")
-        removed = remove_earlier_run(earlier, keep=job.checkpoint_path)
+        removed = remove_earlier_run(earlier, keep=job.checkpoint_path, workspace=self.workspace)
         if removed.files:
             log.warning("--overwrite: deleted the earlier run's %s",
                         removed.describe(self.workspace))
