@@ -16,6 +16,7 @@ with :class:`~paramserver.checkpoint.CheckpointError` naming it.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -110,7 +111,7 @@ def read_checkpoint(path: str | os.PathLike[str]) -> list[SavedParam]:
                 problems.append(f"Param '{name}' has a negative dimension in {shape}")
             elif version < 0:
                 problems.append(f"Param '{name}' has the negative version {version}")
-            elif values.size != int(np.prod(shape, dtype=np.int64)):
+            elif values.size != math.prod(shape):
                 problems.append(f"Param '{name}' has {values.size} values for shape {shape}")
             else:
                 out.append(SavedParam(name, int(version), shape, values.reshape(shape)))

@@ -23,6 +23,7 @@ contiguous, disjoint shards (``numpy.array_split``: sizes differ by at most one)
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import threading
 import zipfile
@@ -380,6 +381,7 @@ def _load_npz(path: Path, x_key: str, y_key: str, *splits: tuple[str, str]
         names = list(archive.files)
 
         def get(key: str) -> np.ndarray:
+            _check_member(archive, key, where)  # its size, before numpy allocates it
             try:
                 return np.asarray(archive[key])
             except ValueError as e:
@@ -387,8 +389,11 @@ def _load_npz(path: Path, x_key: str, y_key: str, *splits: tuple[str, str]
                     raise ParamError(f"{where}: array '{key}' holds Python objects, which "
                                      "are not read (allow_pickle=False)") from None
                 raise ParamError(f"{where}: array '{key}' cannot be read: {e}") from None
-            except (OSError, EOFError, zipfile.BadZipFile) as e:
-                raise ParamError(f"{where}: array '{key}' cannot be read: {e}") from None
+            # zipfile, zlib and numpy's header parser raise many types for damaged bytes
+            # (BadZipFile, zlib.error, EOFError, OSError, ...): all mean unreadable.
+            except Exception as e:
+                raise ParamError(f"{where}: array '{key}' cannot be read: "
+                                 f"{type(e).__name__}: {e}") from None
 
         missing = [k for k in (x_key, y_key) if k not in names]
         if missing:
@@ -415,6 +420,41 @@ def _load_npz(path: Path, x_key: str, y_key: str, *splits: tuple[str, str]
                                  "integers or both be numbers with a fraction")
             out.append((x_test, y_test))
         return (x, y, *out)
+
+
+#: The largest ratio of a member's size to its compressed size (deflate's limit, 1032:1).
+_DEFLATE_RATIO = 1032
+
+
+def _check_member(archive: Any, key: str, where: str) -> None:
+    """Refuse an array of an .npz whose header declares more data than the archive holds
+    (numpy allocates what the header says before it reads a byte), or more than this
+    machine's memory."""
+    from ..params import physical_memory
+
+    name = f"{key}.npy"
+    try:
+        info = archive.zip.getinfo(name)
+        with archive.zip.open(name) as f:
+            version = np.lib.format.read_magic(f)
+            shape, _, dtype = (np.lib.format.read_array_header_1_0(f) if version == (1, 0)
+                               else np.lib.format.read_array_header_2_0(f))
+            header = f.tell()
+    except Exception as e:  # damaged bytes, as in get()
+        raise ParamError(f"{where}: array '{key}' cannot be read: {type(e).__name__}: "
+                         f"{e}") from None
+    if dtype.hasobject:
+        return  # refused by numpy itself (allow_pickle=False)
+    need = math.prod(shape) * dtype.itemsize
+    have = info.file_size - header
+    most = info.compress_size * _DEFLATE_RATIO if info.compress_type else info.compress_size
+    memory = physical_memory()
+    if need != have or info.file_size > most + header:
+        raise ParamError(f"{where}: array '{key}' is damaged (its header says {need:,} bytes "
+                         f"of {dtype} {shape}, the archive holds {have:,})")
+    if memory is not None and need > memory:
+        raise ParamError(f"{where}: array '{key}' holds {need:,} bytes, more than this "
+                         f"machine's memory ({memory:,} bytes)")
 
 
 def _check_xy(where: str, x: np.ndarray, y: np.ndarray, x_key: str, y_key: str
