@@ -253,6 +253,7 @@ def _train(args: argparse.Namespace) -> int:
             problems += [p.message for p in e.problems]
     if problems:
         raise ParamError(problems)
+    job_file.check_outputs(args.allow_outside)  # the job file itself among the inputs
     with job_file.placing():
         trainer = Trainer(job, progress=not args.quiet, base_dir=job_file.base_dir,
                           tensorboard=args.tensorboard, allow_outside=args.allow_outside)

@@ -71,7 +71,7 @@ CHUNK = 1 << 14
 #: string it becomes).
 MEMORY_FACTOR = 20
 MEMORY_FLOOR = 128 * 2**20
-_ENTRY_COST, _BLOCK_COST, _SCALAR_COST, _ITEM_COST = 170, 215, 200, 40
+_ENTRY_COST, _BLOCK_COST, _SCALAR_COST, _ITEM_COST = 190, 260, 200, 40
 #: Most parts of an extension name ``[a.b.c]`` looked ahead at to tell a field from a value.
 _MAX_NAME_PARTS = 64
 

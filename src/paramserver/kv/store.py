@@ -508,6 +508,7 @@ class KVStore:
 
     def wait(self) -> None:
         """Wait for every push of this store (ps-lite's ``Wait``); raise their errors."""
+        self._check_open()
         for k in list(self._keys.values()):
             self._finish(k)
 

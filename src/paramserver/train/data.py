@@ -372,8 +372,11 @@ def _load_npz(path: Path, x_key: str, y_key: str, *splits: tuple[str, str]
     where = f"data file '{path}'"
     try:
         archive = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        raise ParamError(f"{where} cannot be read as an .npz file: {e}") from None
+    # zipfile and numpy raise many types for damaged bytes (BadZipFile, OSError, ValueError,
+    # NotImplementedError for an unknown zip version, ...): all mean unreadable.
+    except Exception as e:
+        raise ParamError(f"{where} cannot be read as an .npz file: {type(e).__name__}: {e}"
+                         ) from None
     if not isinstance(archive, np.lib.npyio.NpzFile):
         raise ParamError(f"{where} holds a single array (.npy); expected an .npz archive "
                          f"with arrays '{x_key}' and '{y_key}' (numpy.savez)")
