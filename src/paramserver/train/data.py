@@ -26,7 +26,6 @@ import hashlib
 import math
 import os
 import threading
-import zipfile
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
