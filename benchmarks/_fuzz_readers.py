@@ -523,19 +523,29 @@ def read_in_process(reader: Reader, path: Path, scratch: Path) -> str:
     except Hang:
         return "hang"
     except Exception as e:  # what the fuzzer is for
-        frame = traceback.extract_tb(e.__traceback__)[-1]
-        return f"crash: {type(e).__name__}: {e} ({frame.filename}:{frame.lineno})"[:300]
+        return crash_text(e)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
 
 
+def crash_text(e: BaseException) -> str:
+    """``crash: Type: message (file:line)`` of an exception, the place where it was raised."""
+    frame = traceback.extract_tb(e.__traceback__)[-1]
+    return f"crash: {type(e).__name__}: {e} ({frame.filename}:{frame.lineno})"[:300]
+
+
 def read_by_cli(reader: Reader, path: Path, scratch: Path) -> str:
     """``ok``, ``refused`` (exit 2), ``hang``, ``exit N`` or ``traceback``."""
+    return cli_outcome(reader.command(path, scratch), HANG_SECONDS + 55)
+
+
+def cli_outcome(argv: list[str], timeout: float) -> str:
+    """How ``paramserver ARGV`` ends: ``ok``, ``refused`` (exit 2), ``hang`` (past
+    ``timeout`` seconds), ``exit N`` or ``traceback``."""
     try:
-        proc = subprocess.run([sys.executable, "-m", "paramserver",
-                               *reader.command(path, scratch)],
-                              capture_output=True, text=True, timeout=HANG_SECONDS + 55)
+        proc = subprocess.run([sys.executable, "-m", "paramserver", *argv],
+                              capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return "hang"
     if "Traceback" in proc.stderr:
@@ -545,5 +555,5 @@ def read_by_cli(reader: Reader, path: Path, scratch: Path) -> str:
     return "ok" if proc.returncode == 0 else "refused"
 
 
-__all__ = ["HANG_SECONDS", "READERS", "Reader", "make_mutant", "mutate_bytes",
-           "read_by_cli", "read_in_process", "readers"]
+__all__ = ["HANG_SECONDS", "READERS", "Reader", "cli_outcome", "crash_text", "make_mutant",
+           "mutate_bytes", "read_by_cli", "read_in_process", "readers"]

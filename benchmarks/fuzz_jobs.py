@@ -31,11 +31,9 @@ import io
 import os
 import random
 import signal
-import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import redirect_stderr, redirect_stdout
@@ -187,24 +185,19 @@ def check_in_process(path: Path) -> str:
     except Hang:
         return "hang"
     except Exception as e:  # what the fuzzer is for
-        frame = traceback.extract_tb(e.__traceback__)[-1]
-        return f"crash: {type(e).__name__}: {e} ({frame.filename}:{frame.lineno})"[:300]
+        from _fuzz_readers import crash_text
+
+        return crash_text(e)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 def check_by_cli(path: Path) -> str:
     """``ok``, ``param_error``, ``hang``, ``exit N`` or ``traceback``."""
-    try:
-        proc = subprocess.run([sys.executable, "-m", "paramserver", "check", str(path)],
-                              capture_output=True, text=True, timeout=HANG_SECONDS + 25)
-    except subprocess.TimeoutExpired:
-        return "hang"
-    if "Traceback" in proc.stderr:
-        return "traceback"
-    if proc.returncode not in (0, 2):
-        return f"exit {proc.returncode}"
-    return "ok" if proc.returncode == 0 else "param_error"
+    from _fuzz_readers import cli_outcome
+
+    outcome = cli_outcome(["check", str(path)], HANG_SECONDS + 25)
+    return "param_error" if outcome == "refused" else outcome
 
 
 def main() -> None:

@@ -114,21 +114,27 @@ def test_data_over_its_own_source_is_refused(capsys: pytest.CaptureFixture[str],
     assert source.read_bytes() == before and not (tmp_path / "a.bin").exists()
 
 
-@pytest.mark.parametrize("kind", ["fifo", "device", "folder", "symlink"])
+def special_file(path: Path, kind: str) -> Path:
+    """A file that is not a regular one at ``path``: a named pipe, a folder, a symbolic
+    link (to a file beside it), or the device ``kind`` names (``/dev/full``: its path)."""
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    elif kind == "symlink":
+        (path.parent / "target").write_text("kept")
+        path.symlink_to(path.parent / "target")
+    else:
+        if not os.path.exists(kind):
+            pytest.skip(f"no {kind} on this system")
+        return Path(kind)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["fifo", "/dev/full", "folder", "symlink"])
 def test_the_writer_replaces_only_a_regular_file(capsys: pytest.CaptureFixture[str],
                                                  tmp_path: Path, kind: str) -> None:
-    out = tmp_path / "out"
-    if kind == "fifo":
-        os.mkfifo(out)
-    elif kind == "device":
-        if not os.path.exists("/dev/full"):
-            pytest.skip("no /dev/full on this system")
-        out = Path("/dev/full")
-    elif kind == "folder":
-        out.mkdir()
-    else:
-        (tmp_path / "target").write_text("kept")
-        out.symlink_to(tmp_path / "target")
+    out = special_file(tmp_path / "out", kind)
     mode = os.lstat(out).st_mode
     refused(*run(capsys, "data", "digits", str(out)), str(out))
     assert os.lstat(out).st_mode == mode  # still the node it was, not a regular file
@@ -209,16 +215,23 @@ def _raw_safetensors(path: Path, header: dict[str, Any], size: int) -> None:
         f.truncate(8 + len(text) + size)  # sparse: the size is declared, not stored
 
 
-def fromfile_job(tmp_path: Path, model: Path, shape: str = "num_output: 10") -> Path:
-    job = tmp_path / "job.conf"
-    job.write_text(
-        'train_steps: 1\nneuralnet {\n'
-        '  layer { name: "data" type: kData data_conf { source: "digits" batchsize: 8 } }\n'
-        f'  layer {{ name: "fc" type: kInnerProduct srclayers: "data" innerproduct_conf {{ '
-        f'{shape} }}\n    param {{ name: "w" init {{ type: kFromFile path: "{model}" }} }}\n'
-        '    param { name: "b" } }\n'
+def net_job(path: Path, data: str, fc: str = "") -> Path:
+    """A job of a data layer (``data``: its type and configuration), a fully connected one
+    of 10 outputs (``fc``: more of its fields) and a loss, written to ``path``."""
+    path.write_text(
+        f'train_steps: 1\nneuralnet {{\n  layer {{ name: "data" {data} }}\n'
+        '  layer { name: "fc" type: kInnerProduct srclayers: "data" innerproduct_conf { '
+        f'num_output: 10 }} {fc} }}\n'
         '  layer { name: "loss" type: kSoftmaxLoss srclayers: "fc" srclayers: "data" }\n}\n')
-    return job
+    return path
+
+
+def fromfile_job(tmp_path: Path, model: Path) -> Path:
+    """A job whose Param ``w`` (10x64) is read from ``model``."""
+    return net_job(tmp_path / "job.conf",
+                   'type: kData data_conf { source: "digits" batchsize: 8 }',
+                   f'param {{ name: "w" init {{ type: kFromFile path: "{model}" }} }} '
+                   'param { name: "b" }')
 
 
 def test_kfromfile_names_a_dtype_it_does_not_read(capsys: pytest.CaptureFixture[str],
@@ -240,15 +253,8 @@ def test_kfromfile_compares_the_shape_before_reading(capsys: pytest.CaptureFixtu
 
 
 def _store_job(tmp_path: Path, store: str) -> Path:
-    job = tmp_path / "store.conf"
-    job.write_text(
-        'train_steps: 1\nneuralnet {\n'
-        f'  layer {{ name: "data" type: kRecordInput store_conf {{ path: "{store}" '
-        'batchsize: 2 } }\n'
-        '  layer { name: "fc" type: kInnerProduct srclayers: "data" innerproduct_conf { '
-        'num_output: 3 } }\n'
-        '  layer { name: "loss" type: kSoftmaxLoss srclayers: "fc" srclayers: "data" }\n}\n')
-    return job
+    return net_job(tmp_path / "store.conf",
+                   f'type: kRecordInput store_conf {{ path: "{store}" batchsize: 2 }}')
 
 
 def test_a_store_that_is_a_device_or_a_pipe(capsys: pytest.CaptureFixture[str],

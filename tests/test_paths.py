@@ -218,15 +218,9 @@ def test_kfromfile_refuses_nan_and_inf_at_check(capsys: pytest.CaptureFixture[st
 @pytest.mark.parametrize("kind", ["/dev/zero", "fifo", "folder"])
 def test_checkpoint_path_that_is_not_a_file(capsys: pytest.CaptureFixture[str],
                                             tmp_path: Path, kind: str) -> None:
-    path = tmp_path / "ckpt"
-    if kind == "fifo":
-        os.mkfifo(path)
-    elif kind == "folder":
-        path.mkdir()
-    else:
-        if not os.path.exists(kind):
-            pytest.skip(f"no {kind} on this system")
-        path = Path(kind)
+    from test_hostile_files import special_file
+
+    path = special_file(tmp_path / "ckpt", kind)
     code, _, err = run(capsys, "train", str(MLP), "--steps", "1", "--set",
                        f"checkpoint_path={path}", "--workspace", str(tmp_path / "ws"),
                        "--quiet")

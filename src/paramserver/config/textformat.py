@@ -284,7 +284,36 @@ _ITEM = re.compile(r"'[^'\n\\]*+(?:\\.[^'\n\\]*+)*+'"
                    r"|[0-9A-Za-z_.+-]++")
 
 
-class _Words(Sequence[Scalar]):
+class _Lazy(Sequence[Value]):
+    """A sequence whose items are made when asked for: ``_get(i)`` for ``0 <= i < len``."""
+
+    __slots__ = ()
+
+    def _get(self, i: int) -> Value:
+        raise NotImplementedError
+
+    @overload
+    def __getitem__(self, i: int) -> Value: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Value]: ...
+
+    def __getitem__(self, i: int | slice) -> Value | list[Value]:
+        n = len(self)
+        if isinstance(i, slice):
+            return [self._get(j) for j in range(*i.indices(n))]
+        j = i + n if i < 0 else i
+        if not 0 <= j < n:
+            return [][j]  # the IndexError of a list
+        return self._get(j)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class _Words(_Lazy):
     """The items of a list of numbers, names and one-literal strings, kept as their offsets
     in the text (4 bytes each; a job file is at most a few MB), made :class:`Scalar` s with
     their places when asked for: what the reader makes of each item's text, without
@@ -298,15 +327,7 @@ class _Words(Sequence[Scalar]):
     def __len__(self) -> int:
         return len(self.offsets)
 
-    @overload
-    def __getitem__(self, i: int) -> Scalar: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[Scalar]: ...
-
-    def __getitem__(self, i: int | slice) -> Scalar | list[Scalar]:
-        if isinstance(i, slice):
-            return [self._item(p) for p in self.offsets[i]]
+    def _get(self, i: int) -> Scalar:
         return self._item(self.offsets[i])
 
     def __iter__(self) -> Iterator[Scalar]:
@@ -334,11 +355,6 @@ class _Words(Sequence[Scalar]):
                     value = _typed(token)  # type: ignore[assignment]
                 item.raw, item.quoted = value, False
             yield item
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Sequence) and list(self) == list(other)
-
-    __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return f"_Words({len(self)} items)"
@@ -388,7 +404,7 @@ class _ListItems:
         return _Chain(self.parts) if self.parts else []
 
 
-class _Chain(Sequence[Value]):
+class _Chain(_Lazy):
     """Sequences one after another, as one."""
 
     __slots__ = ("_ends", "parts")
@@ -400,28 +416,12 @@ class _Chain(Sequence[Value]):
     def __len__(self) -> int:
         return self._ends[-1] if self._ends else 0
 
-    @overload
-    def __getitem__(self, i: int) -> Value: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[Value]: ...
-
-    def __getitem__(self, i: int | slice) -> Value | list[Value]:
-        if isinstance(i, slice):
-            return list(itertools.islice(self, *i.indices(len(self))))
-        if i < 0:
-            i += len(self)
-        part = bisect.bisect_right(self._ends, i)  # past the end: parts[part] is not one
-        return self.parts[part if i >= 0 else len(self.parts)][
-            i - (self._ends[part - 1] if part else 0)]
+    def _get(self, i: int) -> Value:
+        part = bisect.bisect_right(self._ends, i)
+        return self.parts[part][i - (self._ends[part - 1] if part else 0)]
 
     def __iter__(self) -> Iterator[Value]:
         return itertools.chain.from_iterable(self.parts)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Sequence) and list(self) == list(other)
-
-    __hash__ = None  # type: ignore[assignment]
 
 
 def _typed(text: str) -> object:
@@ -760,29 +760,19 @@ class _Reader:
         if not _TERMINATED[quote].match(token.text):
             self.error(f"unterminated string: missing the closing {quote}", self.at(token))
             return ""
-        body = token.text[1:-1]
         valid = True
-        pieces = []
-        done = 0
-        for escape in _ESCAPE.finditer(body):
-            sequence = escape.group()
-            if not _valid_escape(sequence):
-                where = self.at(token, 1 + escape.start())
-                self.error(f"invalid escape sequence {_show(sequence)} in string", where)
+        for escape in _ESCAPE.finditer(token.text, 1, len(token.text) - 1):
+            if not _valid_escape(escape.group()):
+                self.error(f"invalid escape sequence {_show(escape.group())} in string",
+                           self.at(token, escape.start()))
                 valid = False
-            elif sequence == "\\?":  # C's escape for '?', which CUnescape does not know
-                pieces += [body[done : escape.start()], "?"]
-                done = escape.end()
         if not valid:
             return ""
-        pieces.append(body[done:])
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                return text_encoding.CUnescape("".join(pieces)).decode("utf-8")
-        except ValueError:  # UnicodeDecodeError included
+        text = _unescape(token.text)
+        if text is None:
             self.error("string is not valid UTF-8 once its escapes are applied", self.at(token))
             return ""
+        return text
 
     def read_block(self, label: str) -> Block:
         opener = self.peek()
