@@ -337,40 +337,49 @@ def test_a_write_without_space_is_a_no_space_error(tmp_path: Path) -> None:
     assert str(tmp_path / "model.safetensors") in str(error)
 
 
+def _train_argv(steps: int, *args: str) -> list[str]:
+    return [sys.executable, "-m", "paramserver", "train", str(MLP), "--steps", str(steps),
+            "--set", "checkpoint_freq=2", "--set", "test_freq=0", "--set", "disp_freq=1",
+            "--workspace", "ws", "--quiet", *args]
+
+
 def _train(cwd: Path, steps: int, *args: str, limit: int | None = None
            ) -> subprocess.CompletedProcess[str]:
     def small_files() -> None:
         assert limit is not None
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    return subprocess.run(
-        [sys.executable, "-m", "paramserver", "train", str(MLP), "--steps", str(steps),
-         "--set", "checkpoint_freq=2", "--set", "test_freq=0", "--set", "disp_freq=1",
-         "--workspace", "ws", "--quiet", *args],
-        cwd=cwd, capture_output=True, text=True, timeout=600,
-        preexec_fn=small_files if limit is not None else None)
+    return subprocess.run(_train_argv(steps, *args), cwd=cwd, capture_output=True, text=True,
+                          timeout=600, preexec_fn=small_files if limit is not None else None)
 
 
 def test_a_full_disk_stops_the_run_and_resume_goes_on(tmp_path: Path) -> None:
     broken, straight = tmp_path / "broken", tmp_path / "straight"
     broken.mkdir()
     straight.mkdir()
-    assert _train(broken, 4).returncode == 0  # checkpoints of steps 2 and 4
-    size = (broken / "ws" / "checkpoints" / "step-00000004.ckpt.safetensors").stat().st_size
-    full = _train(broken, 8, "--resume", limit=size // 2)  # no checkpoint fits any more
-    assert full.returncode == 1, full.stderr
-    assert "Traceback" not in full.stderr and "Exception" not in full.stderr
-    lines = full.stderr.strip().splitlines()
-    assert len(lines) == 1, full.stderr
-    assert "File too large" in lines[0] and "the run stopped" in lines[0]
-    assert "step-00000004.ckpt.safetensors (step 4)" in lines[0] and "--resume" in lines[0]
-    ws = broken / "ws"
-    assert not [p for p in ws.rglob("*") if p.name.endswith(".tmp")]  # no temporary left
-    assert sorted(p.name for p in (ws / "checkpoints").iterdir()) == [
-        "step-00000002.ckpt.safetensors", "step-00000004.ckpt.safetensors"]
-    again = _train(broken, 8, "--resume")  # space again: goes on from step 4
-    assert again.returncode == 0, again.stderr
-    assert _train(straight, 8).returncode == 0
+    reference = subprocess.Popen(_train_argv(8), cwd=straight, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)  # meanwhile: a run that never stops
+    try:
+        assert _train(broken, 4).returncode == 0  # checkpoints of steps 2 and 4
+        size = (broken / "ws" / "checkpoints" / "step-00000004.ckpt.safetensors").stat().st_size
+        full = _train(broken, 8, "--resume", limit=size // 2)  # no checkpoint fits any more
+        assert full.returncode == 1, full.stderr
+        assert "Traceback" not in full.stderr and "Exception" not in full.stderr
+        lines = full.stderr.strip().splitlines()
+        assert len(lines) == 1, full.stderr
+        assert "File too large" in lines[0] and "the run stopped" in lines[0]
+        assert "step-00000004.ckpt.safetensors (step 4)" in lines[0] and "--resume" in lines[0]
+        ws = broken / "ws"
+        assert not [p for p in ws.rglob("*") if p.name.endswith(".tmp")]  # no temporary left
+        assert sorted(p.name for p in (ws / "checkpoints").iterdir()) == [
+            "step-00000002.ckpt.safetensors", "step-00000004.ckpt.safetensors"]
+        again = _train(broken, 8, "--resume")  # space again: goes on from step 4
+        assert again.returncode == 0, again.stderr
+        assert reference.wait(timeout=600) == 0
+    finally:
+        if reference.poll() is None:  # a check above failed: the reference is not needed
+            reference.kill()
+            reference.wait()
     a, meta_a = load_checkpoint(ws / "checkpoints" / "step-00000008.ckpt.safetensors")
     b, meta_b = load_checkpoint(straight / "ws" / "checkpoints" /
                                 "step-00000008.ckpt.safetensors")

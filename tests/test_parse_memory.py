@@ -35,17 +35,21 @@ SHAPES = {
     "layers": ("neuralnet {", "layer{name:'a'type:kReLU}\n", "}\n"),
     "closing braces": ("", "}", ""),
     "a string of escapes": ("zz: '", "\\n", "'\n"),
-    "an extension name": ("[", "a.", "b] { }\n"),
 }
+
+
+def read(path: Path) -> None:
+    try:
+        read_job_file(path)
+    except ParamError:
+        pass
 
 
 def peak_reading(path: Path) -> int:
     gc.collect()
     tracemalloc.start()
     try:
-        read_job_file(path)
-    except ParamError:
-        pass
+        read(path)
     finally:
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
@@ -61,7 +65,7 @@ def test_reading_stays_within_twenty_times_the_file(tmp_path: Path, shape: str,
     small, large = tmp_path / "small.conf", tmp_path / "large.conf"
     for path, size in ((small, 1024), (large, SIZE)):
         path.write_text(HEAD + before + unit * (size // len(unit)) + after)
-    peak_reading(small)  # imports and registries of this shape
+    read(small)  # imports and registries of this shape
     base = peak_reading(small)
     peak = peak_reading(large)
     grown = large.stat().st_size - small.stat().st_size
