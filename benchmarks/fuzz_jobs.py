@@ -1,6 +1,8 @@
-"""Fuzzing job files: mutants of the examples, read and checked, in process and by the CLI.
+"""Fuzzing job files: mutants of the examples, read and checked, in process and by the CLI;
+with ``--readers``, mutants of the other files paramserver reads.
 
     python benchmarks/fuzz_jobs.py [--mutants 10000] [--cli 300] [--seed 0] [--jobs 2]
+    python benchmarks/fuzz_jobs.py --readers all [--mutants 10000] [--cli 100]
 
 Each mutant is one of the example job files changed at random (seeded, so a run is
 reproducible): bytes flipped, inserted, deleted or repeated; a line repeated, deleted or
@@ -13,6 +15,13 @@ paramserver check``), the only acceptable exits are 0 and 2, with no traceback o
 
 Prints the counts: crashes (any other exception), hangs (over 5 s), exits other than 0 and
 2, tracebacks, and the first few examples of each, written to ``--out`` for replay.
+
+``--readers data,safetensors,checkpoint,singa`` (or ``all``) fuzzes the readers of data
+sources (``.npz``), model files (``kFromFile``), checkpoints (``export``) and SINGA's stores,
+mean files and checkpoints instead (``benchmarks/_fuzz_readers.py`` says how): ``--mutants``
+of each in process, where the only acceptable outcomes are a value or a ``ParamError``, and
+``--cli`` of each through the command that reads them (``data``, ``check``, ``export``,
+``train``), where the only acceptable exits are 0 and 2, with no traceback.
 """
 
 from __future__ import annotations
@@ -22,11 +31,9 @@ import io
 import os
 import random
 import signal
-import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import redirect_stderr, redirect_stdout
@@ -178,24 +185,19 @@ def check_in_process(path: Path) -> str:
     except Hang:
         return "hang"
     except Exception as e:  # what the fuzzer is for
-        frame = traceback.extract_tb(e.__traceback__)[-1]
-        return f"crash: {type(e).__name__}: {e} ({frame.filename}:{frame.lineno})"[:300]
+        from _fuzz_readers import crash_text
+
+        return crash_text(e)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 def check_by_cli(path: Path) -> str:
     """``ok``, ``param_error``, ``hang``, ``exit N`` or ``traceback``."""
-    try:
-        proc = subprocess.run([sys.executable, "-m", "paramserver", "check", str(path)],
-                              capture_output=True, text=True, timeout=HANG_SECONDS + 25)
-    except subprocess.TimeoutExpired:
-        return "hang"
-    if "Traceback" in proc.stderr:
-        return "traceback"
-    if proc.returncode not in (0, 2):
-        return f"exit {proc.returncode}"
-    return "ok" if proc.returncode == 0 else "param_error"
+    from _fuzz_readers import cli_outcome
+
+    outcome = cli_outcome(["check", str(path)], HANG_SECONDS + 25)
+    return "param_error" if outcome == "refused" else outcome
 
 
 def main() -> None:
@@ -206,7 +208,11 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2, help="CLI runs at once")
     parser.add_argument("--out", type=Path, default=Path("fuzz-failures"),
                         help="folder for the mutants that failed")
+    parser.add_argument("--readers", help="fuzz these readers instead of job files: "
+                        "comma-separated names of data, safetensors, checkpoint, singa, or all")
     args = parser.parse_args()
+    if args.readers:
+        sys.exit(fuzz_readers(args))
     signal.signal(signal.SIGALRM, _alarm)
 
     bad: list[tuple[str, bytes]] = []
@@ -258,6 +264,89 @@ def main() -> None:
             (args.out / f"failure-{i}.conf").write_bytes(data)
             print(f"  {outcome}  -> {args.out / f'failure-{i}.conf'}")
         sys.exit(1)
+
+
+def fuzz_readers(args: argparse.Namespace) -> int:
+    """The ``--readers`` mode: counts per reader; 1 if any mutant failed (kept in
+    ``--out``)."""
+    import _fuzz_readers as fr
+
+    names = fr.READERS if args.readers == "all" else tuple(args.readers.split(","))
+    unknown = [n for n in names if n not in fr.READERS]
+    if unknown:
+        raise SystemExit(f"--readers: unknown {unknown}; the readers are {fr.READERS}")
+    failed = 0
+    for name in names:
+        reader = fr.readers()[name]
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp)
+            seeds_dir, mutants_dir, scratch = root / "seeds", root / "m", root / "scratch"
+            for d in (seeds_dir, mutants_dir, scratch):
+                d.mkdir()
+            seeds = reader.make_seeds(seeds_dir)
+            for seed in seeds:  # imports and caches before any clock runs; seeds read whole
+                assert fr.read_in_process(reader, seed, scratch) == "ok", seed
+            rng = random.Random(f"{args.seed}/{name}")
+            results: Counter[str] = Counter()
+            bad: list[tuple[str, Path]] = []
+            slowest, start = 0.0, time.perf_counter()
+            for i in range(args.mutants):
+                path = fr.make_mutant(rng, reader, seeds, mutants_dir, i)
+                t0 = time.perf_counter()
+                outcome = fr.read_in_process(reader, path, scratch)
+                slowest = max(slowest, time.perf_counter() - t0)
+                results[outcome.split(":")[0]] += 1
+                if outcome not in ("ok", "refused"):
+                    bad.append((outcome, _keep(path, args.out, f"{name}-{i}")))
+                else:
+                    _remove(path)
+            seconds = time.perf_counter() - start
+            cli_paths = [fr.make_mutant(rng, reader, seeds, mutants_dir, args.mutants + i)
+                         for i in range(args.cli)]
+            with ThreadPoolExecutor(args.jobs) as pool:
+                cli = list(pool.map(fr.read_by_cli, [reader] * len(cli_paths), cli_paths,
+                                    [_own(scratch, p) for p in cli_paths]))
+            for outcome, path in zip(cli, cli_paths):
+                if outcome not in ("ok", "refused"):
+                    bad.append((f"cli {outcome}", _keep(path, args.out, f"{name}-cli")))
+        counts = Counter(r.split(" ")[0] for r in cli)
+        print(f"{name}: {args.mutants} mutants in process in {seconds:.0f} s (slowest "
+              f"{slowest:.2f} s): {results['ok']} read, {results['refused']} refused "
+              f"(ParamError), {results['crash']} crashes, {results['hang']} hangs over "
+              f"{fr.HANG_SECONDS:g} s; CLI: {args.cli} mutants: {counts['ok']} exit 0, "
+              f"{counts['refused']} exit 2, {counts['exit']} other exits, "
+              f"{counts['traceback']} tracebacks, {counts['hang']} hangs", flush=True)
+        for outcome, path in bad[:20]:
+            print(f"  {outcome}  -> {path}")
+        failed += len(bad)
+    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    return 1 if failed else 0
+
+
+def _own(scratch: Path, path: Path) -> Path:
+    """A scratch folder of one mutant's command (commands run side by side)."""
+    folder = scratch / path.name.replace(".", "-")
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+def _keep(path: Path, out: Path, name: str) -> Path:
+    """Move a failed mutant into ``out`` for replay."""
+    import shutil
+
+    out.mkdir(exist_ok=True)
+    target = out / f"{name}-{path.name}"
+    shutil.move(str(path), target)
+    return target
+
+
+def _remove(path: Path) -> None:
+    import shutil
+
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,11 @@ Every file paramserver writes into a workspace (checkpoints, SINGA's checkpoints
 into a temporary file beside it, created with the user's umask, flushed to disk, then renamed
 over the final name. A crash at any moment leaves the previous file whole.
 
+Only a regular file is replaced: a folder, a device, a pipe or a symbolic link at the path is
+refused before anything is made (:func:`paramserver.paths.check_output`), and a failed write
+is told with the path asked for, never the temporary's: a mistake about the path is a
+``ParamError``, a lack of space a :class:`~paramserver.paths.NoSpaceError`.
+
 A process killed during a write (``SIGKILL``, a power cut) leaves its temporary behind:
 ``.<final name>.<12 hex digits>.tmp`` (``.<final name>.<8 characters>.tmp``, made by
 ``tempfile.mkstemp``, in the releases that wrote ``.npz`` checkpoints).
@@ -22,19 +27,30 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .faults import marker
+from .paths import check_output, path_error
 
 #: The name of a temporary: the final name, and 12 hex digits that no two writes share (or
 #: the 8 characters of ``tempfile.mkstemp``, which earlier releases used).
 TEMPORARY = re.compile(r"\.(?P<final>.+)\.(?:[0-9a-f]{12}|[0-9a-z_]{8})\.tmp")
 
 
-def write_atomically(path: str | os.PathLike[str], write: Callable[[Path], object]) -> Path:
+def write_atomically(path: str | os.PathLike[str], write: Callable[[Path], object],
+                     what: str = "output") -> Path:
     """``write(tmp)`` a temporary file beside ``path``, flush it to disk, rename it over
     ``path`` (making its folder first); returns ``path``. A crash at any moment leaves the
-    previous file whole; an exception removes the temporary and is raised again."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp, mode = _create_temporary(path)
+    previous file whole; an exception removes the temporary and is raised again.
+
+    Raises:
+        ParamError: ``path`` is not a regular file or a new one, or cannot be written there
+            (no permission, a file where a folder should be, ...), naming ``what`` and it.
+        NoSpaceError: no space was left to write it.
+    """
+    path = check_output(path, what)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp, mode = _create_temporary(path)
+    except OSError as e:
+        raise path_error(e, path, what) from None
     try:
         marker("write.open", path)
         write(tmp)
@@ -42,7 +58,11 @@ def write_atomically(path: str | os.PathLike[str], write: Callable[[Path], objec
         os.chmod(tmp, mode)  # a library may replace the file (losing the mode it was made with)
         _fsync(tmp)
         marker("write.sync", path)
+        check_output(path, what)  # still a regular file or none: replaced, nothing else
         os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise path_error(e, path, what) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -30,6 +30,7 @@ import numpy as np
 
 from .atomic import write_atomically
 from .config import ParamError
+from .paths import require_regular
 
 META = "__meta__"
 #: The version of the file layout (header keys), written into every file.
@@ -77,15 +78,17 @@ def save_checkpoint(path: str | os.PathLike[str], arrays: dict[str, np.ndarray],
 
         def write(tmp: Path) -> None:
             _write_safetensors(tmp, payload, header)
-    return write_atomically(path, write)
+    return write_atomically(path, write, "checkpoint")
 
 
 def save_tensors(path: str | os.PathLike[str], arrays: dict[str, np.ndarray],
-                 metadata: dict[str, str] | None = None) -> Path:
+                 metadata: dict[str, str] | None = None, what: str = "model file") -> Path:
     """Write ``arrays`` as a plain safetensors file (a model, for other tools) atomically,
-    with the user's umask; ``metadata`` is the file's text-to-text header map."""
+    with the user's umask; ``metadata`` is the file's text-to-text header map; ``what``
+    names the file in messages."""
     payload = _payload(arrays)
-    return write_atomically(path, lambda tmp: _write_safetensors(tmp, payload, metadata))
+    return write_atomically(path, lambda tmp: _write_safetensors(tmp, payload, metadata),
+                            what)
 
 
 def load_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -97,6 +100,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, np.ndarray]
     """
     path = Path(path)
     try:
+        require_regular(path, "checkpoint", CheckpointError)  # a pipe or device: not opened
         with open(path, "rb") as f:
             magic = f.read(len(_ZIP_MAGIC))
     except FileNotFoundError:

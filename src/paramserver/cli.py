@@ -169,6 +169,8 @@ def _parser() -> argparse.ArgumentParser:
                        "command line gave it")
     check.add_argument("--json", action="store_true", help="print the report (or the "
                        "problems) as JSON on stdout (docs/cli.md describes it)")
+    check.add_argument("--allow-outside", action="store_true",
+                       help="as train's: output layers may write outside the workspace")
     check.set_defaults(run=_check)
 
     doc = sub.add_parser("doc", parents=[common], help="document the registered components")
@@ -216,6 +218,9 @@ def _parser() -> argparse.ArgumentParser:
                        "docs/training.md)")
     train.add_argument("--no-tensorboard", dest="tensorboard", action="store_false",
                        help="write no TensorBoard event files")
+    train.add_argument("--allow-outside", action="store_true",
+                       help="let output layers (kCSVOutput, kRecordOutput) write where an "
+                       "absolute store_conf path says, outside the workspace")
     train.set_defaults(run=_train)
 
     from .singa import datasets
@@ -257,6 +262,7 @@ def _check(args: argparse.Namespace) -> int:
             job_file = read_job_file(args.job, args.settings)
             net = job_file.build_net()
             loaded = job_file.check_params(net)
+            job_file.check_outputs(args.allow_outside)
         except ParamError as e:
             if not args.json:
                 raise
@@ -309,7 +315,7 @@ def _train(args: argparse.Namespace) -> int:
                ("--workspace", job, "workspace", args.workspace),
                ("--backend", job.cluster, "backend", args.backend),
                ("--address", job.cluster, "ray_address", args.address)]
-    problems = []
+    problems = ["--workspace '': the path is empty; give a folder"] if args.workspace == "" else []
     for option, conf, key, value in options:
         if value is None:
             continue
@@ -319,10 +325,11 @@ def _train(args: argparse.Namespace) -> int:
             problems.append(f"{option} {value}: {e}")
     if problems:
         raise ParamError(problems)
+    job_file.check_outputs(args.allow_outside)  # the job file itself among the inputs
     with job_file.placing():
         trainer = Trainer(job, progress=not args.quiet, base_dir=job_file.base_dir,
                           tensorboard=args.tensorboard, stream=sys.stdout,
-                          log_format=args.log_format)
+                          log_format=args.log_format, allow_outside=args.allow_outside)
         try:
             trainer.train(resume=args.resume or args.resume_or_start,
                           overwrite=args.overwrite, or_start=args.resume_or_start)
@@ -337,7 +344,9 @@ def _export(args: argparse.Namespace) -> int:
     import logging
 
     from .export import export_model, param_table
+    from .paths import refuse_inputs
 
+    refuse_inputs([("--to", args.to)], [("--job", args.job)])
     table = None
     if args.job is not None:
         from .params import ParamSet

@@ -27,6 +27,20 @@ from .config import ParamError
 LOGGER = "paramserver"
 #: What ``train --log-format`` takes: paramserver's messages, or SINGA's (glog's) lines.
 LOG_FORMATS = ("paramserver", "singa")
+#: Longest line of a message printed whole; a longer one (a value of a megabyte quoted back)
+#: is cut in the middle.
+MAX_LINE = 2000
+
+
+def cut(text: str, limit: int = MAX_LINE) -> str:
+    """``text`` cut in the middle to about ``limit`` characters, saying how many were left
+    out; each line on its own."""
+    if len(text) <= limit:
+        return text
+    if "\n" in text:
+        return "\n".join(cut(line, limit) for line in text.split("\n"))
+    head, tail = limit * 3 // 4, limit // 5
+    return f"{text[:head]}...[{len(text) - head - tail:,} characters]...{text[-tail:]}"
 
 
 class _Formatter(logging.Formatter):
@@ -99,12 +113,13 @@ def error_text(command: str, error: ParamError | str, what: str = "error") -> st
     lines = []
     for p in problems:
         first, _, rest = str(p).partition("\n")
-        lines.append(f"paramserver {command}: {what}: {first}")
+        lines.append(cut(f"paramserver {command}: {what}: {first}"))
         further = rest.splitlines()
         # dmlc's "Did you mean" ends its list of ~50 arguments: the hint goes first.
         hints = [x for x in further if x.startswith("Did you mean ")]
-        lines += hints + [x for x in further if x not in hints]
+        lines += [cut(x) for x in hints + [x for x in further if x not in hints]]
     return "\n".join(lines)
 
 
-__all__ = ["LOGGER", "LOG_FORMATS", "GlogFormatter", "LineHandler", "attach", "error_text"]
+__all__ = ["LOGGER", "LOG_FORMATS", "MAX_LINE", "GlogFormatter", "LineHandler", "attach", "cut",
+           "error_text"]

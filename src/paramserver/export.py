@@ -12,6 +12,7 @@ the one place that turns a checkpoint's arrays back into per-Param values.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,8 +20,15 @@ from typing import Any
 
 import numpy as np
 
-from .checkpoint import CheckpointError, list_checkpoints, load_checkpoint, save_tensors
+from .checkpoint import (
+    CheckpointError,
+    is_checkpoint_name,
+    list_checkpoints,
+    load_checkpoint,
+    save_tensors,
+)
 from .params import ParamSet
+from .paths import check_output, refuse_inputs, shown
 
 #: The metadata entry of a checkpoint that describes its Params.
 TABLE = "param_table"
@@ -75,6 +83,8 @@ def param_values(arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any],
     from .cluster.statedict import owner_values
 
     table = table if table is not None else meta.get(TABLE)
+    if table is not None and not isinstance(table, Mapping):
+        raise CheckpointError("the checkpoint's Param table is damaged (not a JSON object)")
     rows = None if table is None else _rows(table)
     if "layout" in arrays:  # a cluster's state: the owners' flat values, server by server
         try:
@@ -90,19 +100,35 @@ def param_values(arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any],
                               "state nor an Optimizer's)")
     if rows is None or table is None:
         return owners
-    return _shaped(owners, rows, dict(table.get("aliases") or {}))
+    return _shaped(owners, rows, _aliases(table))
 
 
-def _rows(table: Mapping[str, Any]) -> list[tuple[str, tuple[int, ...], str | None]]:
+def _rows(table: Any) -> list[tuple[str, tuple[int, ...], str | None]]:
+    """The table's ``params`` rows, checked: read from a file, they may say anything."""
     try:
-        return [(str(n), tuple(int(x) for x in shape), None if o is None else str(o))
-                for n, shape, o in table["params"]]
+        rows = [(n, tuple(shape), o) for n, shape, o in table["params"]]
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"the checkpoint's Param table is damaged ({e})") from None
+    for name, shape, owner in rows:
+        if not isinstance(name, str) or not (owner is None or isinstance(owner, str)) or any(
+                isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in shape):
+            raise CheckpointError(f"the checkpoint's Param table is damaged (the row "
+                                  f"{shown(repr([name, list(shape), owner]))} is not a name, "
+                                  "a shape of sizes >= 0 and an owner's name or null)")
+    return rows
+
+
+def _aliases(table: Any) -> dict[str, str]:
+    aliases = table.get("aliases") or {}
+    if not isinstance(aliases, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in aliases.items()):
+        raise CheckpointError("the checkpoint's Param table is damaged (its aliases are not "
+                              "a map of names to Param names)")
+    return aliases
 
 
 def _size(shape: tuple[int, ...]) -> int:
-    return int(np.prod(shape, dtype=np.int64))
+    return math.prod(shape)
 
 
 def _split(flat: np.ndarray, rows: list[tuple[str, tuple[int, ...], str | None]]
@@ -146,6 +172,8 @@ def _sized_owners(meta: Mapping[str, Any], flat: np.ndarray) -> dict[str, np.nda
     except (KeyError, TypeError, ValueError):
         raise CheckpointError("the checkpoint names no Params (give the job, to read it "
                               "with the job's Params)") from None
+    if any(s < 0 for _, s in sizes):
+        raise CheckpointError("the checkpoint's list of Params is damaged (a negative size)")
     if sum(s for _, s in sizes) != flat.size:
         raise CheckpointError(f"the checkpoint holds {flat.size} values; its Params "
                               f"need {sum(s for _, s in sizes)}")
@@ -178,7 +206,12 @@ def export_model(checkpoint: str | os.PathLike[str], to: str | os.PathLike[str],
     Returns:
         The path written and the names of the tensors in it.
     """
+    check_output(to, "--to")  # before the checkpoint is read
     source = find_checkpoint(checkpoint)
+    refuse_inputs([("--to", to)], [("the checkpoint", source)])
+    if is_checkpoint_name(Path(to).name):
+        raise CheckpointError(f"--to {shown(to)}: a model file is not given a checkpoint's "
+                              "name (a later --resume would take it for a checkpoint)")
     arrays, meta = load_checkpoint(source)
     try:
         values = param_values(arrays, meta, table)
@@ -190,7 +223,7 @@ def export_model(checkpoint: str | os.PathLike[str], to: str | os.PathLike[str],
     for key in ("job", "step"):
         if key in meta:
             header[f"paramserver_{key}"] = str(meta[key])
-    return save_tensors(to, tensors, header), list(tensors)
+    return save_tensors(to, tensors, header, what="--to"), list(tensors)
 
 
 __all__ = ["TABLE", "export_model", "find_checkpoint", "param_table", "param_values"]

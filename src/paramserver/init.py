@@ -24,6 +24,7 @@ from .config import ParamError, Parameter, field
 from .config.components import param_generators
 from .config.job import ParamGenConf, conf_from
 from .params import Param, ParamSet
+from .paths import require_regular, shown
 
 T = TypeVar("T", bound=type)
 
@@ -647,8 +648,9 @@ class FromFile(ParamGenerator):
     """The values of a tensor in a safetensors file, by the Param's name (or ``key``).
 
     Reads ``paramserver export``'s files and any other safetensors file (torch's, Hugging
-    Face's) by memory map; the tensor must have the Param's shape, and is converted to the
-    Param's dtype. The common fields (``value``, ``std``, ...) are not used.
+    Face's; bfloat16 and float16 too); the tensor must have the Param's shape and finite
+    values, and is converted to the Param's dtype. The common fields (``value``, ``std``,
+    ...) are not used.
     """
 
     Config = FromFileConf
@@ -656,41 +658,96 @@ class FromFile(ParamGenerator):
     def fill(self, param: Param, rng: Stream) -> None:
         own: FromFileConf = self.own
         key = own.key or param.name
-        param.data[...] = read_tensor(own.path, key, param.shape, param.name)
+        param.data[...] = read_tensor(own.path, key, param.shape, param.name, param.dtype)
 
 
-def read_tensor(path: str, key: str, shape: tuple[int, ...], param: str) -> np.ndarray:
+#: The dtypes (safetensors' names) kFromFile reads: those numpy holds, and bfloat16 (decoded
+#: to float32 exactly). Others (float8, complex, ...) are refused by name.
+TENSOR_DTYPES = ("BOOL", "U8", "U16", "U32", "U64", "I8", "I16", "I32", "I64", "F16", "BF16",
+                 "F32", "F64")
+
+
+def read_tensor(path: str, key: str, shape: tuple[int, ...], param: str,
+                dtype: Any = None) -> np.ndarray:
     """The tensor ``key`` of the safetensors file ``path``, checked against ``shape``.
+
+    The shape and dtype are read from the file's header and compared with the Param's
+    before any value is read; bfloat16 values are decoded to float32, other dtypes of
+    :data:`TENSOR_DTYPES` read as they are, then converted to ``dtype`` (if given); floating
+    values must be finite (after the conversion: 1e300 is not a float32).
 
     Raises:
         ParamError: naming the file and what is wrong (missing file or key, with the closest
-            names; another shape; not a safetensors file).
+            names; another shape; an unsupported dtype; NaN or infinite values; not a
+            regular file, or not a safetensors file).
     """
     import difflib
 
-    from safetensors import SafetensorError, safe_open
+    from safetensors import safe_open
 
-    where = f"init of Param '{param}': file '{path}'"
-    if not os.path.isfile(path):
+    where = f"init of Param '{param}': file {shown(path)}"
+    if require_regular(path, f"init of Param '{param}': file") is None:
         raise ParamError(f"{where} does not exist (relative paths start at the working "
                          f"folder, {os.getcwd()})")
     try:
         with safe_open(path, framework="np") as f:
             names = list(f.keys())
-            array = f.get_tensor(key) if key in names else None
-    except (SafetensorError, OSError, TypeError, ValueError) as e:
-        raise ParamError(f"{where} cannot be read as safetensors ({e})") from None
-    if array is None:
-        close = difflib.get_close_matches(key, names, n=1)
-        hint = f"; did you mean '{close[0]}'?" if close else ""
-        shown = ", ".join(names[:10]) + (", ..." if len(names) > 10 else "")
-        raise ParamError(f"{where} has no tensor '{key}'{hint} (it holds {shown})")
-    if tuple(array.shape) != tuple(shape):
-        raise ParamError(f"{where}: tensor '{key}' has shape {tuple(array.shape)}, the Param "
-                         f"{tuple(shape)}")
-    if array.dtype.kind not in "biuf":
-        raise ParamError(f"{where}: tensor '{key}' holds {array.dtype}, not numbers")
-    return np.asarray(array)
+            if key not in names:
+                close = difflib.get_close_matches(key, names, n=1)
+                hint = f"; did you mean '{close[0]}'?" if close else ""
+                held = ", ".join(shown(n, 60) for n in names[:10]) + (
+                    ", ..." if len(names) > 10 else "")
+                raise ParamError(f"{where} has no tensor '{shown(key)}'{hint} (it holds "
+                                 f"{held})")
+            piece = f.get_slice(key)
+            stored, found = str(piece.get_dtype()), tuple(int(d) for d in piece.get_shape())
+            if found != tuple(shape):
+                raise ParamError(f"{where}: tensor '{key}' has shape {found}, the Param "
+                                 f"{tuple(shape)}")
+            if stored not in TENSOR_DTYPES:
+                raise ParamError(f"{where}: tensor '{key}' holds {stored}, which kFromFile "
+                                 f"does not read (it reads {', '.join(TENSOR_DTYPES)})")
+            array = (_bfloat16_tensor(path, key, found) if stored == "BF16"
+                     else np.asarray(f.get_tensor(key)))
+    except ParamError:
+        raise
+    # The reader parses untrusted bytes: whatever it raises (SafetensorError for a bad
+    # header or sizes, OSError, ...) means this file is not a readable safetensors file.
+    except Exception as e:
+        raise ParamError(f"{where} cannot be read as safetensors ({type(e).__name__}: "
+                         f"{shown(str(e))})") from None
+    _check_finite(array, f"{where}: tensor '{key}' holds", "NaN or infinite")
+    if dtype is not None and array.dtype != np.dtype(dtype):
+        with np.errstate(over="ignore", invalid="ignore"):
+            array = array.astype(dtype)
+        _check_finite(array, f"{where}: tensor '{key}' holds",
+                      f"beyond the range of the Param's {np.dtype(dtype).name}")
+    return array
+
+
+def _check_finite(array: np.ndarray, text: str, what: str) -> None:
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        bad = np.flatnonzero(~np.isfinite(array.reshape(-1)))
+        first = np.unravel_index(int(bad[0]), array.shape) if array.ndim else ()
+        raise ParamError(f"{text} {bad.size:,} value(s) {what} (the first at index "
+                         f"{tuple(int(i) for i in first)}); a Param starts from finite values")
+
+
+def _bfloat16_tensor(path: str, key: str, shape: tuple[int, ...]) -> np.ndarray:
+    """The float32 values of the bfloat16 tensor ``key`` (numpy has no bfloat16): its bytes
+    read where the file's header says (already checked by safetensors' own reader to lie
+    inside the file), decoded exactly."""
+    import json
+
+    from .numerics.quant import bf16_decode
+
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+        start, stop = (int(x) for x in header[key]["data_offsets"])
+        f.seek(8 + size + start)
+        bits = np.frombuffer(f.read(stop - start), "<u2")
+    return bf16_decode(bits).reshape(shape)
 
 
 def is_constant(conf: ParamGenConf) -> bool:
@@ -698,5 +755,6 @@ def is_constant(conf: ParamGenConf) -> bool:
     return bool(getattr(param_generators.get(conf.component), "constant", False))
 
 
-__all__ = ["FromFile", "FromFileConf", "ParamGenerator", "Stream", "create_param_generator",
-           "fill_range", "is_constant", "read_tensor", "register_param_generator", "stream"]
+__all__ = ["TENSOR_DTYPES", "FromFile", "FromFileConf", "ParamGenerator", "Stream",
+           "create_param_generator", "fill_range", "is_constant", "read_tensor",
+           "register_param_generator", "stream"]

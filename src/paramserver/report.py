@@ -31,6 +31,8 @@ from .config.job import (
     UpdaterConf,
 )
 from .config.types import format_number
+from .console import cut
+from .paths import shown
 
 #: What ``paramserver doc`` covers: a title, the registry, and the common configuration.
 SECTIONS: tuple[tuple[str, ComponentRegistry, type[ComponentConf]], ...] = (
@@ -103,6 +105,7 @@ def job_summary(job: JobConf, net: Any = None, loaded: Collection[str] = ()
     from .params import plan_params
     from .schedules import create_lr_method
     from .train.net import Net
+    from .train.workspace import written_files
 
     unbuilt = job.unbuilt()
     if unbuilt:  # everything else of the file was read and checked by load_job
@@ -159,6 +162,7 @@ def job_summary(job: JobConf, net: Any = None, loaded: Collection[str] = ()
         "servers": [{"server": x.server, "slices": list(x.slice_ids),
                      "values": x.num_values, "share": x.num_values / total}
                     for x in server_loads(sizes, c, dims)],
+        "writes": [{"what": what, "path": str(path)} for what, path in written_files(job)],
         "warnings": warnings,
     }
 
@@ -175,8 +179,8 @@ def job_report(job: JobConf, net: Any = None, loaded: Collection[str] = (),
              format_number(p["lr_scale"]), format_number(p["wd_scale"]),
              p["share_from"] or ""] for p in d["params"]]
     out = [
-        f"job '{j['name']}': {j['train_steps']} training steps, seed {j['seed']}, "
-        f"workspace {j['workspace']}",
+        f"job '{shown(j['name'])}': {j['train_steps']} training steps, seed {j['seed']}, "
+        f"workspace {shown(j['workspace'])}",
         "",
         f"Params: {d['num_params']} ({d['num_owners']} owners, {d['num_values']:,} values)",
         table(["name", "layer", "shape", "init", "lr_scale", "wd_scale", "shares"], rows),
@@ -193,6 +197,8 @@ def job_report(job: JobConf, net: Any = None, loaded: Collection[str] = (),
     out.append(table(["server", "slices", "values", "share"], [
         [x["server"], _ranges(x["slices"]), f"{x['values']:,}", f"{100 * x['share']:.1f}%"]
         for x in d["servers"]]))
+    out += ["", "Writes (a run of this job):", table(
+        ["path", "what"], [[shown(w["path"]), w["what"]] for w in d["writes"]])]
     return "\n".join(out)
 
 
@@ -418,7 +424,7 @@ def problems_data(error: ParamError) -> list[dict[str, Any]]:
         out.append({"file": loc.file if loc else None, "line": loc.line if loc else None,
                     "column": loc.column if loc else None,
                     "path": where if isinstance(where, str) else None,
-                    "message": p.message})
+                    "message": cut(p.message)})
     return out
 
 

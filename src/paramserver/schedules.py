@@ -8,6 +8,7 @@ checkpoint computes the same rate at the same step.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, TypeVar
@@ -166,9 +167,9 @@ class FixedStepConf(Parameter):
         if len(self.step) != len(self.step_lr):
             problems.append(f"fixedstep_conf has {len(self.step)} step values but "
                             f"{len(self.step_lr)} step_lr values; they must be as many")
-        bad = [f"{a} then {b}" for a, b in zip(self.step, self.step[1:]) if b <= a]
+        bad = _not_increasing(self.step)
         if bad:
-            problems.append("fixedstep_conf step values must be increasing: " + ", ".join(bad))
+            problems.append("fixedstep_conf step values must be increasing: " + bad)
         return problems
 
 
@@ -266,9 +267,9 @@ class JoinConf(Parameter):
             problems.append(f"join_conf has {len(self.schedule)} schedules and "
                             f"{len(self.boundaries)} boundaries; there must be one boundary "
                             "fewer than schedules (where each next one starts)")
-        bad = [f"{a} then {b}" for a, b in zip(self.boundaries, self.boundaries[1:]) if b <= a]
+        bad = _not_increasing(self.boundaries)
         if bad:
-            problems.append("join_conf boundaries must be increasing: " + ", ".join(bad))
+            problems.append("join_conf boundaries must be increasing: " + bad)
         return problems
 
 
@@ -314,5 +315,18 @@ def join_schedules(schedules: Sequence[LRGenConf | dict[str, Any] | str],
         conf["base_lr"] = base_lr
     return create_lr_method(conf)
 
+
+
+def _not_increasing(values: Sequence[Any]) -> str:
+    """``"a then b"`` for the first few places where ``values`` do not increase, and how
+    many more there are ('' where they do)."""
+    first: list[str] = []
+    count = 0
+    for a, b in itertools.pairwise(values):
+        if b <= a:
+            count += 1
+            if len(first) < 5:
+                first.append(f"{a} then {b}")
+    return ", ".join(first) + (f", ... ({count - 5:,} more)" if count > 5 else "")
 
 __all__ = ["LRMethod", "create_lr_method", "join_schedules", "register_lr_method"]

@@ -43,6 +43,7 @@ import numpy as np
 
 from ..config import ParamError
 from ..config.job import ClusterConf, UpdaterConf
+from ..paths import shown
 from ..state import UpdaterState
 from ..updaters import Updater, create_updater
 from .errors import ClusterError
@@ -76,17 +77,34 @@ BOUND = 1_000_000
 
 # -- placement ---------------------------------------------------------------------------------
 
+#: The longest str key, in characters.
+MAX_KEY_LENGTH = 1024
+#: Int keys are below this (64-bit integers, as MXNet's and ps-lite's keys are).
+MAX_INT_KEY = 2**63
+
+
 def key_name(key: Any) -> tuple[str, bool]:
-    """A key's name and whether it is an int key; refuses other types."""
+    """A key's name and whether it is an int key; refuses other types, and names a file
+    could not hold: a str key is 1 to :data:`MAX_KEY_LENGTH` printable characters (no
+    control characters, line separators or lone surrogates); an int key is in
+    ``[0, 2**63)``."""
     if isinstance(key, (bool, np.bool_)) or not isinstance(key, (int, np.integer, str)):
         raise ParamError(f"a key must be an int or a str, not {type(key).__name__} "
-                         f"({key!r})")
+                         f"({shown(repr(key))})")
     if isinstance(key, str):
         if not key:
             raise ParamError("a key must not be the empty string")
+        if len(key) > MAX_KEY_LENGTH:
+            raise ParamError(f"the key {shown(repr(key))} has {len(key):,} characters; a key "
+                             f"has at most {MAX_KEY_LENGTH:,}")
+        if not key.isprintable():
+            bad = next(c for c in key if not c.isprintable())
+            raise ParamError(f"the key {shown(repr(key))} holds the character "
+                             f"{bad!a}, which does not print: a key is printable text "
+                             "(no control characters, line separators or lone surrogates)")
         return key, False
-    if key < 0:
-        raise ParamError(f"an int key must be >= 0, not {key}")
+    if not 0 <= key < MAX_INT_KEY:
+        raise ParamError(f"an int key must be >= 0 and < 2**63, not {key}")
     return str(int(key)), True
 
 
@@ -484,6 +502,6 @@ def _ignore(reply: Reply) -> None:
     """For requests the key server makes itself (their outcome is known)."""
 
 
-__all__ = ["BOUND", "FUNCTION", "FunctionUpdater", "KeyServer", "Replace", "empty_layout",
-           "fill_piece", "home_of", "key_name", "make_updater", "piece_layout", "plan_key",
-           "row_dim", "updater_text", "updater_text_of"]
+__all__ = ["BOUND", "FUNCTION", "MAX_INT_KEY", "MAX_KEY_LENGTH", "FunctionUpdater", "KeyServer",
+           "Replace", "empty_layout", "fill_piece", "home_of", "key_name", "make_updater",
+           "piece_layout", "plan_key", "row_dim", "updater_text", "updater_text_of"]

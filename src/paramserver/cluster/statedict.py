@@ -90,9 +90,17 @@ def owner_values(state: Mapping[str, np.ndarray]) -> np.ndarray:
     if layout.ndim != 2 or layout.shape[1:] != (2,) or layout.dtype.kind not in "iu":
         raise ParamError(f"'layout' is {layout.dtype} of shape {layout.shape}, expected "
                          "integers of shape (servers, 2)")
-    total = int(layout[:, 1].max()) if len(layout) else 0
+    ranges = layout.tolist()
+    # The ranges are read from the file: they must tile [0, total) before anything is made
+    # of that size (a forged range of 2^40 values is refused, not allocated).
+    covered = 0
+    for start, stop in sorted(ranges):
+        if start != covered or stop < start:
+            raise ParamError(f"the servers' ranges leave a gap or overlap at {covered}")
+        covered = stop
+    total = covered
     parts = []
-    for index, (start, stop) in enumerate(layout.tolist()):
+    for index, (start, stop) in enumerate(ranges):
         if start == stop:
             continue
         key = f"server/0/{index}/values"
@@ -102,16 +110,10 @@ def owner_values(state: Mapping[str, np.ndarray]) -> np.ndarray:
                              f"values of [{start}, {stop})")
         parts.append((start, stop, np.asarray(values)))
     if not parts:
-        return np.zeros(total, np.float32)
+        return np.zeros(0, np.float32)
     out = np.empty(total, parts[0][2].dtype)
-    covered = 0
-    for start, stop, values in sorted(parts, key=lambda p: p[0]):
-        if start != covered:
-            raise ParamError(f"the servers' ranges leave a gap or overlap at {covered}")
+    for start, stop, values in parts:
         out[start:stop] = values
-        covered = stop
-    if covered != total:
-        raise ParamError(f"the servers' ranges end at {covered}, not at {total}")
     return out
 
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 import builtins
 import importlib
 from collections.abc import Iterator
+from functools import partial
 from typing import Any, ClassVar, TypeVar
 
-from .errors import ParamError, Problem
+from .errors import ParamError, Problem, Problems
 from .parameter import Field, Parameter, _suggest, field
 from .registry import Registry, normalise
 from .singa_enums import CHANGE_METHOD, INIT_METHOD, LAYER_TYPE, LAYER_TYPE_V010, UPDATER_TYPE
@@ -393,13 +394,19 @@ class ComponentConf(Parameter):
         doc = cls.doc()
         if component is not None and own_keys:
             doc += f"\n{cls.registry.get(component).Config.doc()}"
-        out = []
+        places: dict[str, Any] = {}
+        for x in known:
+            places.setdefault(x.key, x.where)
+        out = Problems()
+
+        def message(key: str, where: Any) -> Problem:
+            return Problem(f"Cannot find argument '{key}', Possible Arguments:\n{'-' * 16}\n"
+                           f"{doc}" + _suggest(key, [*cls.__keys__, *own_keys]), where)
+
         for key in keys:
-            where = next((x.where for x in known if x.key == key), block.where)
-            out.append(Problem(
-                f"Cannot find argument '{key}', Possible Arguments:\n{'-' * 16}\n{doc}"
-                + _suggest(key, [*cls.__keys__, *own_keys]), where))
-        return out
+            where = places.get(key, block.where)
+            out.add(partial(message, key, where), where)
+        return out.result()
 
 
 def _wrap(value: Any, where: Any) -> Any:

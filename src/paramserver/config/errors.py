@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
+
+#: Most problems one error keeps (a file with a million bad fields would make a million
+#: messages, some of them dmlc's whole list of arguments); the rest are counted.
+MAX_KEPT = 50
 
 
 class Location(NamedTuple):
@@ -35,6 +39,66 @@ class Problem:
 
     def __str__(self) -> str:
         return f"{self.where}: {self.message}" if self.where else self.message
+
+
+@dataclass(frozen=True)
+class MoreProblems(Problem):
+    """The problems left out of an error, counted: ``... and N more problems``."""
+
+    count: int = 0
+
+
+def more_problems(count: int, where: Location | str | None) -> MoreProblems:
+    return MoreProblems(f"... and {count:,} more problems after this place", where, count)
+
+
+class Problems:
+    """Problems gathered in order: the first :data:`MAX_KEPT` kept, the others counted (a
+    :class:`MoreProblems` among those added counts as many), so that gathering them takes
+    memory in proportion to what is reported, not to what is wrong."""
+
+    def __init__(self) -> None:
+        self.kept: list[Problem] = []
+        self.more = 0
+        self.first_more: Location | str | None = None
+
+    def __len__(self) -> int:
+        return len(self.kept) + self.more
+
+    def __bool__(self) -> bool:
+        return bool(self.kept) or self.more > 0
+
+    @property
+    def full(self) -> bool:
+        """Whether a problem added now would only be counted."""
+        return len(self.kept) >= MAX_KEPT
+
+    def add(self, problem: Problem | str | Callable[[], Problem],
+            where: Location | str | None = None) -> None:
+        """Add a problem (a callable making it, called only if it is kept; ``where`` is its
+        place for the count)."""
+        if isinstance(problem, MoreProblems):
+            self._count(problem.count, problem.where)
+        elif self.full:
+            self._count(1, problem.where if isinstance(problem, Problem) else where)
+        else:
+            made = problem() if callable(problem) else problem
+            self.kept.append(made if isinstance(made, Problem) else Problem(made, where))
+
+    def extend(self, problems: Iterable[Problem | str]) -> None:
+        for p in problems:
+            self.add(p)
+
+    def _count(self, n: int, where: Location | str | None) -> None:
+        if self.more == 0:
+            self.first_more = where
+        self.more += n
+
+    def result(self) -> list[Problem]:
+        """The problems kept, and one that counts the others."""
+        if not self.more:
+            return list(self.kept)
+        return [*self.kept, more_problems(self.more, self.first_more)]
 
 
 class Error(Exception):

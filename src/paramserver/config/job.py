@@ -547,12 +547,14 @@ def read_job_text(path: str | os.PathLike[str]) -> str:
     try:
         # Looked at before it is opened: opening a pipe waits for a writer, and a device
         # (/dev/zero) never ends.
-        mode = os.stat(path).st_mode
-        if not stat.S_ISREG(mode):
-            kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file"
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file"
             raise ParamError(f"{path}: cannot read the job file: it is {kind}")
-        with open(path, "rb") as f:
-            data = f.read(MAX_JOB_FILE_BYTES + 1)
+        with open(path, "rb") as f:  # read() of n bytes first takes n bytes of memory
+            data = f.read(min(st.st_size, MAX_JOB_FILE_BYTES) + 1)
+            if len(data) > st.st_size:  # it grew meanwhile: the rest, up to the limit
+                data += f.read(MAX_JOB_FILE_BYTES + 1 - len(data))
     except OSError as e:
         raise ParamError(f"{path}: cannot read the job file: {e.strerror or e}") from None
     if len(data) > MAX_JOB_FILE_BYTES:

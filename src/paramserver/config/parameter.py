@@ -19,9 +19,10 @@ import json
 import math
 import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
 from typing import Any, ClassVar, TypeVar
 
-from .errors import Location, ParamError, Problem
+from .errors import Location, MoreProblems, ParamError, Problem, Problems
 from .tree import Block, Entry, ListValue, Value, unwrap, wrap
 from .types import (
     FieldType,
@@ -154,6 +155,12 @@ def field(default: Any = _MISSING, *, doc: str = "", lower: float | None = None,
                  finite, not_nan)
 
 
+def _unknown_key(cls: Any, key: str, where: Location | str | None) -> Problem:
+    """dmlc's message for a key ``cls`` does not have."""
+    return Problem(f"Cannot find argument '{key}', Possible Arguments:\n{'-' * 16}\n"
+                   f"{cls.doc()}{_suggest(key, cls.__keys__)}", where)
+
+
 def _suggest(key: str, names: Iterable[str]) -> str:
     close = difflib.get_close_matches(key, list(names), n=1, cutoff=0.6)
     return f"\nDid you mean '{close[0]}'?" if close else ""
@@ -248,7 +255,7 @@ class Parameter(Nested):
             elif default is _MADE:
                 values[name] = f.make_default()
             elif default is _REQUIRED:
-                problems.append(Problem(
+                problems.add(Problem(
                     f"Required parameter {name} of {f.type.name} is not presented", block.where))
             else:
                 values[name] = default
@@ -259,7 +266,7 @@ class Parameter(Nested):
         if not problems:
             problems.extend(_placed(m, block) for m in obj.check())
         if problems:
-            raise ParamError(problems)
+            raise ParamError(problems.result())
         return obj
 
     @classmethod
@@ -277,10 +284,10 @@ class Parameter(Nested):
 
     @classmethod
     def _collect(cls, block: Block, unknown: dict[str, Any] | None
-                 ) -> tuple[dict[str, Any], list[Problem]]:
+                 ) -> tuple[dict[str, Any], Problems]:
         """Parse a block's entries into field values; problems are gathered, not raised."""
         grouped: dict[str, list[Entry]] = {}
-        problems: list[Problem] = []
+        problems = Problems()
         for entry in block.entries:
             key = entry.key
             if (not entry.extension and len(key) > 4 and key.startswith("__")
@@ -293,9 +300,7 @@ class Parameter(Nested):
                 if unknown is not None:
                     unknown[f"[{key}]" if entry.extension else key] = unwrap(entry.value)
                 else:
-                    problems.append(Problem(
-                        f"Cannot find argument '{key}', Possible Arguments:\n{'-' * 16}\n"
-                        f"{cls.doc()}{_suggest(key, cls.__keys__)}", entry.where))
+                    problems.add(partial(_unknown_key, cls, key, entry.where), entry.where)
                 continue
             grouped.setdefault(name, []).append(entry)
         values: dict[str, Any] = {}
@@ -320,23 +325,26 @@ class Parameter(Nested):
                 raise ParamError(f"{f.name} is given more than once"
                                  + (f" (first at {where})" if where else ""))
             return f.convert(entries[0].value)
-        items: list[Value] = []
-        for e in entries:
-            items.extend(list_type.items(e.value))
-        out, problems = [], []
-        for item in items:
-            try:
-                out.append(list_type.item.convert(item))
-            except Invalid as e:
-                problems.append(Problem(e.text(f.name, list_type.item.name),
-                                        getattr(item, "where", None)))
-            except ParamError as e:
-                problems.extend(e.problems)
-        if len(problems) > _MAX_ITEM_PROBLEMS:  # a long list of bad values: the first ones
-            rest = len(problems) - _MAX_ITEM_PROBLEMS
-            where = problems[_MAX_ITEM_PROBLEMS].where
-            problems[_MAX_ITEM_PROBLEMS:] = [
-                Problem(f"... and {rest:,} more bad values of {f.name}", where)]
+        out: list[Any] = []
+        problems: list[Problem] = []
+        bad, first_bad = 0, None  # bad values past the first _MAX_ITEM_PROBLEMS, counted
+        convert = list_type.item.convert
+        for e in entries:  # each item made when its turn comes: a list may be millions long
+            for item in list_type.items(e.value):
+                try:
+                    out.append(convert(item))
+                except (Invalid, ParamError) as err:
+                    where = getattr(item, "where", None)
+                    if len(problems) >= _MAX_ITEM_PROBLEMS:
+                        bad += 1
+                        first_bad = first_bad if first_bad is not None else where
+                    elif isinstance(err, Invalid):
+                        problems.append(Problem(err.text(f.name, list_type.item.name), where))
+                    else:  # a nested configuration's (capped already)
+                        problems.extend(err.problems)
+        if bad:  # a long list of bad values: the first ones
+            problems.append(MoreProblems(f"... and {bad:,} more bad values of {f.name}",
+                                         first_bad, bad))
         if problems:
             raise ParamError(problems)
         f.check_bounds(out)
@@ -384,7 +392,7 @@ class Parameter(Nested):
             trial.__dict__.update(values)
             problems.extend(m if isinstance(m, Problem) else Problem(m) for m in trial.check())
         if problems:
-            raise ParamError(problems)
+            raise ParamError(problems.result())
         self.__dict__.update(values)
         global _changes
         _changes += 1
@@ -510,13 +518,16 @@ def _placed(message: str | Problem, block: Block) -> Problem:
         index = int(rest.rstrip("]")) if rest.rstrip("]").isdigit() else 0
         if not isinstance(value, Block):
             break
-        found: list[Value] = []
-        for e in value.entries:
-            if e.key == key and not e.extension:
-                found += e.value.items if isinstance(e.value, ListValue) else [e.value]
-        if index >= len(found):
+        found = [e.value for e in value.entries if e.key == key and not e.extension]
+        at = index
+        for v in found:  # the index-th value, a list's items counted without being made
+            n = len(v.items) if isinstance(v, ListValue) else 1
+            if at < n:
+                value = v.items[at] if isinstance(v, ListValue) else v
+                break
+            at -= n
+        else:
             break
-        value = found[index]
     else:
         return Problem(message.message, value.where or block.where)
     return Problem(message.message, block.where)

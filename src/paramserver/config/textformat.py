@@ -27,29 +27,53 @@ and report all of its mistakes in one run.
 Places of problems: an unexpected token is reported where it starts; something missing at the
 end of a line (or of the file) is reported just after the last token before the gap, where it
 should have been written.
+
+Memory stays within a small multiple of the file's size (docs/jobs.md states the bound): the
+text is lexed a chunk at a time (:data:`CHUNK` characters), the reader holds only the tokens
+it has still to read, and a list's numbers, names and strings are kept as their places in the
+text (four bytes each: :class:`_Words`), each made a :class:`Scalar` when asked for. A file's
+problems are counted past :data:`MAX_PROBLEMS`, not kept.
 """
 
 from __future__ import annotations
 
+import bisect
 import gc
+import itertools
 import re
+import sys
 import warnings
-from collections.abc import Iterator
+from array import array
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
-from typing import NamedTuple
+from typing import NamedTuple, overload
 
 from google.protobuf import text_encoding
 
-from paramserver.config.errors import Location, ParamError, Problem
+from paramserver.config.errors import Error, Location, ParamError, Problem
 from paramserver.config.tree import Block, Entry, ListValue, Scalar, Value, WrittenBool
 
-__all__ = ["MAX_DEPTH", "MAX_PROBLEMS", "WrittenInt", "parse_text", "paused_gc"]
+__all__ = ["CHUNK", "MAX_DEPTH", "MAX_PROBLEMS", "MEMORY_FACTOR", "MEMORY_FLOOR", "WrittenInt",
+           "parse_text", "paused_gc"]
 
 #: Deepest nesting of blocks and lists read (protobuf's C++ reader stops at 100 as well).
 MAX_DEPTH = 100
 #: Most problems reported for one file; the rest are counted.
 MAX_PROBLEMS = 50
+#: Characters lexed at a time (a token longer than this is lexed whole).
+CHUNK = 1 << 14
+#: The reader's memory: at most ``MEMORY_FACTOR`` times the text's size, beyond
+#: ``MEMORY_FLOOR`` bytes (what any real job file fits in, however it is written); a text
+#: whose fields, blocks and values would take more is refused. The costs are measured:
+#: a field (an object and its place), a block (an object, its list of fields and its place),
+#: a value (an object, its place and its text), a list's value (its offset, and the number or
+#: string it becomes).
+MEMORY_FACTOR = 20
+MEMORY_FLOOR = 128 * 2**20
+_ENTRY_COST, _BLOCK_COST, _SCALAR_COST, _ITEM_COST = 190, 260, 200, 40
+#: Most parts of an extension name ``[a.b.c]`` looked ahead at to tell a field from a value.
+_MAX_NAME_PARTS = 64
 
 _CLOSER = {"{": "}", "<": ">"}
 _BLOCK_OPENERS = frozenset(_CLOSER)
@@ -66,7 +90,7 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 #: An identifier or number token of the Tokenizer: enum names, true/false, 1e-3, -inf, 1.2f.
 #: Whether it is a valid number is for the declaration to say; a sign alone is not a value.
 _WORD = re.compile(r"[+-]?(?:[0-9A-Za-z_]|\.[0-9])[0-9A-Za-z_.+-]*\Z")
-_TERMINATED = {q: re.compile(rf"{q}(?:[^{q}\\\n]|\\.)*{q}\Z") for q in _QUOTES}
+_TERMINATED = {q: re.compile(rf"{q}[^{q}\\\n]*+(?:\\.[^{q}\\\n]*+)*+{q}\Z") for q in _QUOTES}
 _HEX = re.compile(r"([+-]?)0[xX]([0-9a-fA-F]+)\Z")
 _OCTAL = re.compile(r"([+-]?)0([0-7]+)\Z")
 _LEADING_ZERO = re.compile(r"[+-]?0[0-9]+\Z")
@@ -77,26 +101,29 @@ _SIMPLE_ESCAPES = frozenset("abfnrtv\\'\"?")
 
 #: One lexeme of protobuf's Tokenizer: whitespace and comments (skipped), or a token: an
 #: identifier, a number, a string in either quote (to the end of its line when unterminated),
-#: or any other character alone.
+#: or any other character alone. Repeats are possessive (``*+``): the regular expression
+#: engine keeps no state per character of a long string or run of blank lines.
 _LEXEME = re.compile(
-    r"([^\S\n]*)"  # blanks before the lexeme, on its line
-    r"(?:([A-Za-z_][0-9A-Za-z_+-]*"
-    r"|(?:[0-9+-]|\.[0-9])[0-9A-Za-z_.+-]*"
-    r"|'[^'\n\\]*(?:(?:\\.)+[^'\n\\]*)*(?:'|\\?$)"
-    r'|"[^"\n\\]*(?:(?:\\.)+[^"\n\\]*)*(?:"|\\?$)'
+    r"([^\S\n]*+)"  # blanks before the lexeme, on its line
+    r"(?:([A-Za-z_][0-9A-Za-z_+-]*+"
+    r"|(?:[0-9+-]|\.[0-9])[0-9A-Za-z_.+-]*+"
+    r"|'[^'\n\\]*+(?:\\.[^'\n\\]*+)*+(?:'|\\?$)"
+    r'|"[^"\n\\]*+(?:\\.[^"\n\\]*+)*+(?:"|\\?$)'
     r"|[^\s#])"
-    r"|((?:\s|#[^\n]*)+)"  # line breaks and comments
+    r"|((?:\s++|#[^\n]*+)++)"  # line breaks and comments
     r"|\Z)",
     re.MULTILINE,
 )
 
 
 class _Token(NamedTuple):
-    """A token and where it starts (1-based). The end of file has no text."""
+    """A token, where it starts (1-based line and column) and its offset in the text. The
+    end of file has no text."""
 
     text: str
     line: int
     column: int
+    pos: int
 
     @property
     def end(self) -> int:
@@ -153,16 +180,22 @@ def parse_text(text: str, filename: str = "<string>") -> Block:
     if text.startswith("\ufeff"):  # a byte-order mark, which editors do not show as a column
         text = text[1:]
     with paused_gc():
-        tokens, problems = _tokenize(text, filename)
-        reader = _Reader(tokens, filename)
-        entries = reader.read_entries(None, "", None)
-    problems += reader.problems
+        reader = _Reader(_Source(text, filename))
+        try:
+            entries = reader.read_entries(None, "", None)
+        except _TooDense as e:
+            raise ParamError(Problem(
+                f"the job file holds more fields, blocks and values than its "
+                f"{len(text):,} characters can take (at most {MEMORY_FACTOR} times their "
+                f"size in memory, beyond {MEMORY_FLOOR // 2**20} MiB): stopped reading here; "
+                "is it a job file?", e.where)) from None
+    problems = reader.problems
     if problems:
-        problems.sort(key=_position)
-        if len(problems) > MAX_PROBLEMS:  # a broken list can make one problem per value
-            rest = len(problems) - MAX_PROBLEMS
-            problems = [*problems[:MAX_PROBLEMS], Problem(
-                f"... and {rest:,} more problems after this place", problems[MAX_PROBLEMS].where)]
+        problems.sort(key=_position)  # in file order (a list's own come after its end)
+        if reader.more_problems:  # a broken list can make one problem per value
+            rest = reader.more_problems
+            problems.append(Problem(f"... and {rest:,} more problems after this place",
+                                    reader.first_more))
         raise ParamError(problems)
     return Block(entries, Location(filename, 1, 1))
 
@@ -172,34 +205,261 @@ def _position(problem: Problem) -> tuple[int, int]:
     return (where.line, where.column) if isinstance(where, Location) else (0, 0)
 
 
-def _tokenize(text: str, filename: str) -> tuple[list[_Token], list[Problem]]:
-    """All tokens of ``text`` with their places, and an end-of-file token after the last one.
+def _token_chunks(text: str) -> Iterator[list[_Token]]:
+    """The tokens of ``text`` with their places, a chunk of the text at a time, and an
+    end-of-file token after the last one.
 
-    Linear in the text: one pass of :data:`_LEXEME`; lines are counted in the skipped
-    whitespace only (no token holds a line break).
+    Linear in the text: one pass of :data:`_LEXEME` over each chunk; lines are counted in
+    the skipped whitespace only (no token holds a line break). A chunk ends before the last
+    lexeme that reaches its end (a token or a comment the cut may have shortened), which the
+    next chunk reads whole.
     """
-    pieces = _LEXEME.split(text)  # per lexeme: '' before it, its blanks, token, skipped text
-    texts: list[str] = []
-    lines: list[int] = []
-    columns: list[int] = []
+    n = len(text)
     line, line_start, pos = 1, 0, 0
-    for blanks, token, skip in zip(pieces[1::4], pieces[2::4], pieces[3::4]):
-        pos += len(blanks)
-        if token is not None:
-            texts.append(token)
-            lines.append(line)
-            columns.append(pos - line_start + 1)
-            pos += len(token)
-        elif skip is not None:
-            if "\n" in skip:
-                line += skip.count("\n")
-                line_start = pos + skip.rindex("\n") + 1
-            pos += len(skip)
-    # tuple.__new__ through map: the tokens are made without a Python call each.
-    tokens = list(map(partial(tuple.__new__, _Token), zip(texts, lines, columns)))
-    last = tokens[-1] if tokens else None
-    tokens.append(_Token("", last.line, last.end) if last else _Token("", 1, 1))
-    return tokens, []
+    last: _Token | None = None
+    size = CHUNK
+    while pos < n:
+        end = min(pos + size, n)
+        pieces = _LEXEME.split(text[pos:end])  # per lexeme: '', its blanks, token, skipped
+        texts: list[str] = []
+        lines: list[int] = []
+        columns: list[int] = []
+        starts: list[int] = []
+        p, row, row_start = pos, line, line_start
+        for blanks, token, skip in zip(pieces[1::4], pieces[2::4], pieces[3::4]):
+            stop = p + len(blanks) + len(token if token is not None else skip or "")
+            if stop >= end and end < n:
+                break  # may go on past the cut: read whole with the next chunk
+            p += len(blanks)
+            if token is not None:
+                texts.append(token)
+                lines.append(row)
+                columns.append(p - row_start + 1)
+                starts.append(p)
+                p += len(token)
+            elif skip is not None:
+                if "\n" in skip:
+                    row += skip.count("\n")
+                    row_start = p + skip.rindex("\n") + 1
+                p += len(skip)
+        if p == pos and end < n:  # one lexeme longer than the chunk: read a larger one
+            size *= 2
+            continue
+        pos, line, line_start, size = p, row, row_start, CHUNK
+        if texts:
+            # tuple.__new__ through map: the tokens are made without a Python call each.
+            chunk = list(map(partial(tuple.__new__, _Token), zip(texts, lines, columns, starts)))
+            last = chunk[-1]
+            yield chunk
+    yield [_Token("", last.line, last.end, last.pos + len(last.text)) if last
+           else _Token("", 1, 1, 0)]
+
+
+class _Source:
+    """A file's text and name, and where its lines start (found when a place is first
+    asked for): places of values kept as offsets (:class:`_Words`) are made from them."""
+
+    __slots__ = ("_starts", "filename", "text")
+
+    def __init__(self, text: str, filename: str):
+        self.text, self.filename = text, filename
+        self._starts: array[int] | None = None
+
+    def line_starts(self) -> array[int]:
+        """The offset of every line's first character, in order."""
+        if self._starts is None:
+            self._starts = array("q", [0])
+            self._starts.extend(m.end() for m in re.finditer("\n", self.text))
+        return self._starts
+
+    def location(self, pos: int) -> Location:
+        starts = self.line_starts()
+        line = bisect.bisect_right(starts, pos)
+        return Location(self.filename, line, pos - starts[line - 1] + 1)
+
+
+#: A list item kept as an offset: a word, or one string literal.
+_ITEM = re.compile(r"'[^'\n\\]*+(?:\\.[^'\n\\]*+)*+'"
+                   r'|"[^"\n\\]*+(?:\\.[^"\n\\]*+)*+"'
+                   r"|[0-9A-Za-z_.+-]++")
+
+
+class _Lazy(Sequence[Value]):
+    """A sequence whose items are made when asked for: ``_get(i)`` for ``0 <= i < len``."""
+
+    __slots__ = ()
+
+    def _get(self, i: int) -> Value:
+        raise NotImplementedError
+
+    @overload
+    def __getitem__(self, i: int) -> Value: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Value]: ...
+
+    def __getitem__(self, i: int | slice) -> Value | list[Value]:
+        n = len(self)
+        if isinstance(i, slice):
+            return [self._get(j) for j in range(*i.indices(n))]
+        j = i + n if i < 0 else i
+        if not 0 <= j < n:
+            return [][j]  # the IndexError of a list
+        return self._get(j)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class _Words(_Lazy):
+    """The items of a list of numbers, names and one-literal strings, kept as their offsets
+    in the text (4 bytes each; a job file is at most a few MB), made :class:`Scalar` s with
+    their places when asked for: what the reader makes of each item's text, without
+    reporting its problems again (they were reported as it was read)."""
+
+    __slots__ = ("offsets", "source")
+
+    def __init__(self, source: _Source, offsets: array[int]):
+        self.source, self.offsets = source, offsets
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def _get(self, i: int) -> Scalar:
+        return self._item(self.offsets[i])
+
+    def __iter__(self) -> Iterator[Scalar]:
+        # What _item makes, in one loop (a long list is read through here): the line found
+        # by walking on (the offsets increase), values made without a Python call each.
+        text, name, match = self.source.text, self.source.filename, _ITEM.match
+        starts = self.source.line_starts()
+        line, lines = 0, len(starts)
+        new, location = object.__new__, tuple.__new__
+        for pos in self.offsets:
+            while line + 1 < lines and starts[line + 1] <= pos:
+                line += 1
+            if line and starts[line] > pos:  # not in order (never made so): look it up
+                line = bisect.bisect_right(starts, pos) - 1
+            m = match(text, pos)
+            assert m is not None
+            token = m.group()
+            item = new(Scalar)
+            item.where = location(Location, (name, line + 1, pos - starts[line] + 1))
+            if token[0] in _QUOTES:
+                item.raw, item.quoted = _unescape(token) or "", True
+            else:
+                value = token
+                if token in _BOOLS or "0" in token[:2]:
+                    value = _typed(token)  # type: ignore[assignment]
+                item.raw, item.quoted = value, False
+            yield item
+
+    def __repr__(self) -> str:
+        return f"_Words({len(self)} items)"
+
+    def _item(self, pos: int) -> Scalar:
+        m = _ITEM.match(self.source.text, pos)
+        assert m is not None  # the reader kept only offsets of such tokens
+        text = m.group()
+        where = self.source.location(pos)
+        if text[0] in _QUOTES:
+            return Scalar(_unescape(text) or "", where, quoted=True)
+        return Scalar(_typed(text), where)
+
+
+class _ListItems:
+    """A list's items as the reader finds them: runs of values kept as offsets
+    (:class:`_Words`) between runs of values made whole, in order."""
+
+    def __init__(self, source: _Source):
+        self.source = source
+        self.parts: list[Sequence[Value]] = []
+        self.offsets: array[int] = self._array()
+        self.made: list[Value] = []
+
+    def _array(self) -> array[int]:
+        return array("I" if len(self.source.text) < 2**32 else "q")
+
+    def words(self) -> array[int]:
+        """Where to add offsets (a run of values made whole ends here)."""
+        if self.made:
+            self.parts.append(self.made)
+            self.made = []
+        return self.offsets
+
+    def values(self) -> list[Value]:
+        """Where to add values made whole (a run of offsets ends here)."""
+        if self.offsets:
+            self.parts.append(_Words(self.source, self.offsets))
+            self.offsets = self._array()
+        return self.made
+
+    def done(self) -> Sequence[Value]:
+        self.words()
+        self.values()
+        if len(self.parts) == 1:
+            return self.parts[0]
+        return _Chain(self.parts) if self.parts else []
+
+
+class _Chain(_Lazy):
+    """Sequences one after another, as one."""
+
+    __slots__ = ("_ends", "parts")
+
+    def __init__(self, parts: list[Sequence[Value]]):
+        self.parts = parts
+        self._ends = list(itertools.accumulate(len(p) for p in parts))
+
+    def __len__(self) -> int:
+        return self._ends[-1] if self._ends else 0
+
+    def _get(self, i: int) -> Value:
+        part = bisect.bisect_right(self._ends, i)
+        return self.parts[part][i - (self._ends[part - 1] if part else 0)]
+
+    def __iter__(self) -> Iterator[Value]:
+        return itertools.chain.from_iterable(self.parts)
+
+
+def _typed(text: str) -> object:
+    """A bare token's value where protobuf reads it otherwise than the declarations' text
+    parsing: hex and octal integers, ``t`` and ``f``; else its text."""
+    if text in _BOOLS:
+        return _BOOLS[text]
+    if "0" not in text[:2]:  # neither 0... nor a signed 0...: the common case, at once
+        return text
+    m = _HEX.match(text) or _OCTAL.match(text)
+    if m is not None:
+        value = int(m.group(2), 16 if m.re is _HEX else 8)
+        return WrittenInt(-value if m.group(1) == "-" else value, text)
+    return text
+
+
+def _unescape(literal: str) -> str | None:
+    """The text of one terminated string literal, escapes applied; None where an escape is
+    not one of protobuf's or the result is not UTF-8 (see :meth:`_Reader.read_string`)."""
+    body = literal[1:-1]
+    if "\\" not in body:
+        return body
+    pieces = []
+    done = 0
+    for escape in _ESCAPE.finditer(body):
+        sequence = escape.group()
+        if not _valid_escape(sequence):
+            return None
+        if sequence == "\\?":  # C's escape for '?', which CUnescape does not know
+            pieces += [body[done : escape.start()], "?"]
+            done = escape.end()
+    pieces.append(body[done:])
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return text_encoding.CUnescape("".join(pieces)).decode("utf-8")
+    except ValueError:  # UnicodeDecodeError included
+        return None
 
 
 def _show(text: str) -> str:
@@ -213,25 +473,67 @@ def _show(text: str) -> str:
     return f"'{text}'"
 
 
-class _Reader:
-    """Recursive descent over the token list, collecting problems and going on after each."""
+class _TooDense(Error):
+    """The text holds more than its size allows (:data:`MEMORY_FACTOR`)."""
 
-    def __init__(self, tokens: list[_Token], filename: str):
-        self.tokens = tokens
-        self.filename = filename
+    def __init__(self, where: Location):
+        super().__init__()
+        self.where = where
+
+
+class _Reader:
+    """Recursive descent over the tokens, collecting problems and going on after each.
+
+    The tokens come a chunk at a time (:func:`_token_chunks`); ``tokens`` holds those from
+    the one before the current token (``index``, counted from the start of the file) on:
+    ``base`` is the number of the first one held.
+    """
+
+    def __init__(self, source: _Source):
+        self.source = source
+        self.filename = source.filename
+        self.chunks = _token_chunks(source.text)
+        self.tokens: list[_Token] = next(self.chunks)
+        self.base = 0
         self.index = 0
         self.depth = 0
         self.problems: list[Problem] = []
+        self.more_problems = 0  # problems after the first MAX_PROBLEMS in file order
+        self.first_more: Location | None = None
+        # What the tree may still take (see MEMORY_FACTOR; the text itself, and the bytes it
+        # was read from, take two times its size of it), less what each node costs.
+        self.budget = (MEMORY_FACTOR - 2) * len(source.text) + MEMORY_FLOOR
+
+    def spend(self, cost: int, token: _Token) -> None:
+        """Take ``cost`` bytes of the budget for a node made at ``token``."""
+        self.budget -= cost
+        if self.budget < 0:
+            raise _TooDense(self.at(token))
 
     # -- tokens and problems -------------------------------------------------------------
 
+    def load(self) -> bool:
+        """Take the next chunk of tokens, dropping those before the previous token; False
+        at the end of the file."""
+        chunk = next(self.chunks, None)
+        if chunk is None:
+            return False
+        drop = max(self.index - 1 - self.base, 0)
+        self.tokens = self.tokens[drop:] + chunk
+        self.base += drop
+        return True
+
+    def token(self, number: int) -> _Token:
+        """Token ``number`` of the file (the end-of-file token past the end)."""
+        i = number - self.base
+        while i >= len(self.tokens):
+            if not self.load():
+                return self.tokens[-1]
+            i = number - self.base
+        return self.tokens[i]
+
     def peek(self, ahead: int = 0) -> _Token:
-        if not ahead:  # the index never passes the end-of-file token
-            return self.tokens[self.index]
-        try:
-            return self.tokens[self.index + ahead]
-        except IndexError:  # past the end: the end-of-file token
-            return self.tokens[-1]
+        return self.token(self.index + ahead)
 
     def advance(self) -> _Token:
         token = self.peek()
@@ -244,14 +546,29 @@ class _Reader:
         return tuple.__new__(Location, (self.filename, token.line, token.column + offset))
 
     def error(self, message: str, where: Location) -> None:
-        self.problems.append(Problem(message, where))
+        """Keep a problem: the first :data:`MAX_PROBLEMS` in file order, the rest counted."""
+        problems = self.problems
+        if len(problems) < MAX_PROBLEMS:
+            problems.append(Problem(message, where))
+            return
+        if (where.line, where.column) < _position(problems[-1]):  # rare: out of file order
+            problems.sort(key=_position)
+            if (where.line, where.column) < _position(problems[-1]):  # keep it instead
+                dropped = problems.pop()
+                problems.append(Problem(message, where))
+                problems.sort(key=_position)
+                where = dropped.where  # type: ignore[assignment]
+        self.more_problems += 1
+        if self.first_more is None or (where.line, where.column) < (
+                self.first_more.line, self.first_more.column):
+            self.first_more = where
 
     def expected(self, what: str, continues: bool = True) -> None:
         """Report ``expected WHAT, found TOKEN``: at the token, or, when WHAT ``continues`` the
         text before it and the token is on a later line, just after the previous token, where
         the missing text belongs."""
         token = self.peek()
-        previous = self.tokens[self.index - 1] if self.index else None
+        previous = self.token(self.index - 1) if self.index else None
         if previous is not None and (not token.text or (continues and token.line > previous.line)):
             where = Location(self.filename, previous.line, previous.end)
         else:
@@ -297,7 +614,7 @@ class _Reader:
         if token.text != "[":
             return False
         ahead = 1
-        while _NAME.match(self.peek(ahead).text):
+        while _NAME.match(self.peek(ahead).text) and ahead < 2 * _MAX_NAME_PARTS:
             if self.peek(ahead + 1).text not in (".", "/"):
                 return self.peek(ahead + 1).text == "]" and self.peek(ahead + 2).text in (
                     ":",
@@ -351,7 +668,7 @@ class _Reader:
             if key is None:
                 return None
         elif start.text.isidentifier() and start.text.isascii():  # _NAME, without a regex
-            key = self.advance().text
+            key = sys.intern(self.advance().text)  # one string for every field of a name
         else:
             if start.text[:1].isalpha() or start.text[:1] == "_":
                 self.error(f"invalid field name {_show(start.text)}", self.at(start))
@@ -362,6 +679,7 @@ class _Reader:
         value = self.read_field_value(f"[{key}]" if extension else key)
         if value is None:
             return None
+        self.spend(_ENTRY_COST, start)
         return Entry(key, value, self.at(start), extension=extension)
 
     def read_extension_name(self) -> str | None:
@@ -369,6 +687,11 @@ class _Reader:
         self.advance()
         parts: list[str] = []
         while True:
+            if len(parts) > 2 * _MAX_NAME_PARTS:
+                self.error(f"an extension name has more than {_MAX_NAME_PARTS} parts",
+                           self.at(self.peek()))
+                self.skip(_ENTRY_STOPS)
+                return None
             if not _NAME.match(self.peek().text):
                 self.expected("an extension name" if not parts else f"a name after '{parts[-1]}'")
                 self.skip(_ENTRY_STOPS)
@@ -411,6 +734,7 @@ class _Reader:
             parts = []
             while self.peek().text[:1] in _QUOTES:
                 parts.append(self.read_string(self.advance()))
+            self.spend(_SCALAR_COST, token)
             return Scalar("".join(parts), self.at(token), quoted=True)
         if _WORD.match(token.text) and not self.key_starts_here():
             return self.word(self.advance())
@@ -418,24 +742,18 @@ class _Reader:
 
     def word(self, token: _Token) -> Scalar:
         """The value of a number or name token (read past already)."""
+        self.spend(_SCALAR_COST, token)
         return Scalar(self.typed(token), self.at(token))
 
     def typed(self, token: _Token) -> object:
         """A bare token's value where protobuf reads it otherwise than the declarations'
         text parsing: hex and octal integers, ``t`` and ``f``; else its text."""
         text = token.text
-        if text in _BOOLS:
-            return _BOOLS[text]
-        if "0" not in text[:2]:  # neither 0... nor a signed 0...: the common case, at once
-            return text
-        m = _HEX.match(text) or _OCTAL.match(text)
-        if m is not None:
-            value = int(m.group(2), 16 if m.re is _HEX else 8)
-            return WrittenInt(-value if m.group(1) == "-" else value, text)
-        if _LEADING_ZERO.match(text):
+        value = _typed(text)
+        if value is text and "0" in text[:2] and _LEADING_ZERO.match(text):
             self.error(f"invalid number {_show(text)}: a leading 0 makes an integer octal "
                        "(digits 0-7), as protobuf reads it", self.at(token))
-        return text
+        return value
 
     def read_string(self, token: _Token) -> str:
         """The text of one string literal, escapes applied; problems reported, '' after one."""
@@ -447,27 +765,18 @@ class _Reader:
         if "\\" not in body and body.isascii():  # no escapes: the text itself, at once
             return body
         valid = True
-        pieces = []
-        done = 0
-        for escape in _ESCAPE.finditer(body):
-            sequence = escape.group()
-            if not _valid_escape(sequence):
-                where = self.at(token, 1 + escape.start())
-                self.error(f"invalid escape sequence {_show(sequence)} in string", where)
+        for escape in _ESCAPE.finditer(token.text, 1, len(token.text) - 1):
+            if not _valid_escape(escape.group()):
+                self.error(f"invalid escape sequence {_show(escape.group())} in string",
+                           self.at(token, escape.start()))
                 valid = False
-            elif sequence == "\\?":  # C's escape for '?', which CUnescape does not know
-                pieces += [body[done : escape.start()], "?"]
-                done = escape.end()
         if not valid:
             return ""
-        pieces.append(body[done:])
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                return text_encoding.CUnescape("".join(pieces)).decode("utf-8")
-        except ValueError:  # UnicodeDecodeError included
+        text = _unescape(token.text)
+        if text is None:
             self.error("string is not valid UTF-8 once its escapes are applied", self.at(token))
             return ""
+        return text
 
     def read_block(self, label: str) -> Block:
         opener = self.peek()
@@ -479,6 +788,7 @@ class _Reader:
         self.depth += 1
         entries = self.read_entries(_CLOSER[opener.text], f"'{label}'", opener)
         self.depth -= 1
+        self.spend(_BLOCK_COST, opener)
         return Block(entries, self.at(opener))
 
     def read_list(self, label: str) -> ListValue:
@@ -496,11 +806,12 @@ class _Reader:
         self.depth += 1
         close = f"']' to close the list opened at {opener.line}:{opener.column}"
         need_item = True
+        parts = _ListItems(self.source)
         while True:
             if need_item:
-                if self.read_words(items):
+                if self.read_words(parts.words()):
                     break
-                if not self.read_list_item(label, items, close):
+                if not self.read_list_item(label, parts.values(), close):
                     break
             need_item = True
             token = self.peek().text
@@ -520,33 +831,45 @@ class _Reader:
                 self.skip(_LIST_STOPS, line_end=False)
                 need_item = False
         self.depth -= 1
-        return ListValue(items, self.at(opener))
+        self.spend(_BLOCK_COST, opener)
+        return ListValue(parts.done(), self.at(opener))
 
-    def read_words(self, items: list[Value]) -> bool:
-        """The bulk of a long list: numbers or names each followed by ',' or ']', read as
-        :meth:`read_scalar` reads them but without the general dispatch per item (a 1 MB list
-        reads in well under a second). Stops at anything else, for the general loop; True
-        when it read the list's closing ']'."""
-        tokens, word = self.tokens, self.word
-        i = self.index
-        try:
-            while _WORD.match(tokens[i].text):
-                separator = tokens[i + 1].text
-                if separator == ",":
-                    items.append(word(tokens[i]))
-                    i += 2
-                    if tokens[i].text == "]":  # a trailing comma
-                        i += 1
-                        return True
-                elif separator == "]":
-                    items.append(word(tokens[i]))
-                    i += 2
-                    return True
+    def read_words(self, offsets: array[int]) -> bool:
+        """The bulk of a long list: numbers, names or one-literal strings each followed by
+        ',' or ']', read as :meth:`read_scalar` reads them (their problems reported) but
+        without the general dispatch per item, and kept as their offsets (:class:`_Words`).
+        Stops at anything else, for the general loop; True when it read the list's closing
+        ']'."""
+        keep = offsets.append
+        while True:
+            tokens, base = self.tokens, self.base
+            i, last = self.index - base, len(tokens) - 3  # tokens[i], [i + 1], [i + 2] held
+            while i <= last:
+                token = tokens[i]
+                text, separator = token.text, tokens[i + 1].text
+                if separator != "," and separator != "]":
+                    break
+                if _WORD.match(text):
+                    if "0" in text[:2]:
+                        self.typed(token)  # reports a leading 0 that is not octal
+                elif text[:1] in _QUOTES and _TERMINATED[text[0]].match(text):
+                    self.read_string(token)  # reports its bad escapes
                 else:
-                    return False
-            return False
-        finally:
-            self.index = i
+                    break
+                keep(token.pos)
+                self.budget -= _ITEM_COST
+                i += 2
+                if separator == "]":
+                    self.index = base + i
+                    return True
+                if tokens[i].text == "]":  # a trailing comma
+                    self.index = base + i + 1
+                    return True
+            self.index = base + i
+            if self.budget < 0:
+                raise _TooDense(self.at(tokens[i]))
+            if i <= last or not self.load():
+                return False  # something else, or the last tokens: the general loop
 
     def read_list_item(self, label: str, items: list[Value], close: str) -> bool:
         """Append the item at the current token; False where the list ends unclosed."""
@@ -575,7 +898,7 @@ class _Reader:
         token = self.peek()
         if not token.text or token.text in _BLOCK_CLOSERS:
             return True
-        previous = self.tokens[self.index - 1]
+        previous = self.token(self.index - 1)
         return token.line > previous.line and self.key_starts_here()
 
 

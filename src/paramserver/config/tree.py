@@ -3,11 +3,16 @@
 Both paths into a :class:`~paramserver.config.Parameter` arrive here first: a Python mapping
 (``Block.from_mapping``) and a job file read by :mod:`paramserver.config.textformat`. Keeping
 one form means one set of checks and one set of messages for both.
+
+The nodes keep no ``__dict__`` (slots): a job file may hold hundreds of thousands of them, and
+its reader's memory stays within a small multiple of the file's size (docs/jobs.md). A list's
+``items`` is any sequence of values: the reader keeps a long list of numbers or strings as
+their places in the file's text and makes each :class:`Scalar` when it is asked for.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
 
@@ -29,7 +34,7 @@ class WrittenBool(str):
         return obj
 
 
-@dataclass
+@dataclass(slots=True)
 class Scalar:
     """One value. ``raw`` is text from a file (strings already unquoted) or a Python object.
 
@@ -42,15 +47,15 @@ class Scalar:
     quoted: bool = False
 
 
-@dataclass
+@dataclass(slots=True)
 class ListValue:
     """The list syntax ``[a, b]`` of the text format, or a Python list or tuple."""
 
-    items: list[Value]
+    items: Sequence[Value]
     where: Location | str | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class Entry:
     """``key: value`` inside a block; ``extension`` for ``[name] { ... }`` blocks."""
 
@@ -60,7 +65,7 @@ class Entry:
     extension: bool = False
 
 
-@dataclass
+@dataclass(slots=True)
 class Block:
     """A configuration block ``{ ... }``: its entries in the order written."""
 

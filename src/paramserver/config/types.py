@@ -13,6 +13,7 @@ import math
 import re
 import types
 import typing
+from collections.abc import Sequence
 from typing import Any
 
 from .errors import Error, ParamError
@@ -68,8 +69,10 @@ def shown(value: Any) -> str:
     shows as ``10.0`` (``expect int but value='10'`` would puzzle)."""
     if isinstance(value, Scalar):
         value = value.raw
-    if isinstance(value, ListValue):
-        return "[" + ", ".join(shown(v) for v in value.items) + "]"
+    if isinstance(value, ListValue):  # the first items of a long list
+        items = value.items
+        more = f", ... ({len(items):,} values)" if len(items) > 20 else ""
+        return "[" + ", ".join(shown(v) for v in items[:20]) + more + "]"
     if isinstance(value, Block):
         return "{...}"
     return str(value)
@@ -329,7 +332,7 @@ class ListType(FieldType):
     def name(self) -> str:  # type: ignore[override]
         return f"list of {self.item.name}"
 
-    def items(self, value: Value) -> list[Value]:
+    def items(self, value: Value) -> Sequence[Value]:
         """The separate values of a repeated field (one written value may hold several).
 
         A list of numbers or booleans also reads dmlc's text forms of a ``std::vector``:
@@ -337,7 +340,7 @@ class ListType(FieldType):
         whole: a layer name may hold a comma.)
         """
         if isinstance(value, ListValue):
-            return list(value.items)
+            return value.items
         if isinstance(value, Scalar) and isinstance(value.raw, tuple):
             return [Scalar(v, value.where) for v in value.raw]
         if (isinstance(value, Scalar) and isinstance(value.raw, str)

@@ -72,6 +72,7 @@ from ..cluster.transport import Pending, Transport
 from ..config import ParamError
 from ..config.job import ClusterConf, UpdaterConf
 from ..params import ParamSet
+from ..paths import shown
 from ..updaters import Updater, create_updater
 from .values import Fill, RowResidual, RowSparse, value_dtype
 
@@ -199,7 +200,13 @@ class KVStore:
     # -- messages ---------------------------------------------------------------------------
 
     def _send(self, server: int, request: Any, what: str) -> Pending:
+        self._check_open()
         return self._transport.send((0, server), request, f"server {server}'s {what}")
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ParamError("the key-value store is closed (close() stopped its servers): "
+                             "create() another")
 
     def _wait(self, pendings: Sequence[Pending]) -> list[Reply]:
         return [p.wait(self._conf.timeout, self._who) for p in pendings]
@@ -567,6 +574,7 @@ class KVStore:
 
     def wait(self) -> None:
         """Wait for every push of this store (ps-lite's ``Wait``); raise their errors."""
+        self._check_open()
         for k in list(self._keys.values()):
             self._finish(k)
 
@@ -732,20 +740,29 @@ class KVStore:
                              "and set_updater() it again after loading")
         arrays: dict[str, np.ndarray] = {}
         keys = {}
+
+        def put(name: str, value: np.ndarray) -> None:
+            # Every key's arrays are <key>/values, <key>/version and <key>/state/<role>,
+            # roles without '/': no two keys' names can meet (load reads them back so).
+            if name in arrays or "/" in name[len(k.name) + 1:].removeprefix("state/"):
+                raise ParamError(f"save: key '{shown(k.name)}' has the array name '{name}' of "
+                                 "another key's, or an updater state role with a '/'")
+            arrays[name] = value
+
         for k in self._all_keys():
             parts = self._wait([self._send(s, Keyed(k.name, GetState()), f"state of key "
                                                                            f"'{k.name}'")
                                 for s, _, _ in k.pieces])
             states = [p.arrays for p in parts if isinstance(p, State)]
-            arrays[f"{k.name}/values"] = np.concatenate(
-                [st["values"] for st in states]).reshape(k.shape)
-            arrays[f"{k.name}/version"] = np.array(min(int(st["versions"].min())
-                                                       for st in states), np.int64)
+            put(f"{k.name}/values", np.concatenate(
+                [st["values"] for st in states]).reshape(k.shape))
+            put(f"{k.name}/version", np.array(min(int(st["versions"].min())
+                                                  for st in states), np.int64))
             prefix = f"state/{k.name}/"
             roles = sorted({n[len(prefix):] for st in states for n in st if n.startswith(prefix)})
             for role in roles:
                 pieces = [st[prefix + role] for st in states]
-                arrays[f"{k.name}/state/{role}"] = (
+                put(f"{k.name}/state/{role}",
                     pieces[0] if role == "count" else np.concatenate(pieces))
             keys[k.name] = {"shape": list(k.shape), "dtype": k.dtype.name,
                             "row_sparse": k.row_sparse, "int_key": k.int_key}
@@ -779,9 +796,8 @@ class KVStore:
         existing = {k.name: k for k in self._all_keys()}
         problems: list[str] = []
         plan: list[tuple[_Key | KeyInfo, dict[str, Any]]] = []
-        for name, d in sorted(dict(meta.get("keys", {})).items()):
-            info = KeyInfo(name, tuple(d["shape"]), d["dtype"], bool(d["row_sparse"]),
-                           bool(d["int_key"]))
+        for info in _saved_keys(meta, arrays, path):
+            name, d = info.key, meta["keys"][info.key]
             k = existing.get(name)
             if k is not None and (k.shape, k.dtype.name, k.row_sparse) != (
                     info.shape, info.dtype, info.row_sparse):
@@ -822,8 +838,8 @@ class KVStore:
                "versions": np.asarray(arrays.get(f"{k.name}/version", 0), np.int64).reshape(1)}
         prefix = f"{k.name}/state/"
         for name, arr in arrays.items():
-            if name.startswith(prefix):
-                role = name[len(prefix):]
+            role = name[len(prefix):]
+            if name.startswith(prefix) and "/" not in role:  # 'w/state/m/values': a key's
                 arr = np.asarray(arr).reshape(-1)
                 out[f"state/{k.name}/{role}"] = arr if role == "count" else arr[a:b]
         return out
@@ -837,20 +853,52 @@ class KVStore:
         as a :class:`~paramserver.cluster.ClusterError` with it as the cause."""
         if self._driver is None:
             raise ParamError("run: only the store create() returned runs workers")
+        self._check_open()
         results = self._driver.run(_Run(fn, args, self._spec), 1)
         return [None if r is None else r.get("result") for r in results[0]]
 
     def close(self) -> None:
-        """Stop the servers (Ray: their actors). Idempotent."""
-        if not self._closed and self._driver is not None:
+        """Stop the servers (Ray: their actors). Idempotent. A closed store refuses every
+        other call (a ParamError)."""
+        if not self._closed:
             self._closed = True
-            self._driver.close()
+            if self._driver is not None:
+                self._driver.close()
 
     def __enter__(self) -> KVStore:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _saved_keys(meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray], path: str
+                ) -> list[KeyInfo]:
+    """The keys a saved file describes, checked against its arrays before anything is made
+    of them (a file may say anything: a key of 2^40 values, a dtype that is not one)."""
+    keys = meta.get("keys", {})
+    if not isinstance(keys, dict):
+        raise ParamError(f"{path}: damaged key-value state (its 'keys' are not a JSON object)")
+    out, problems = [], []
+    for name, d in sorted(keys.items()):
+        try:
+            key_name(int(name) if isinstance(d, dict) and d.get("int_key") is True
+                     and name.isdigit() else name)
+            shape = tuple(d["shape"])
+            if any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in shape):
+                raise ParamError(f"the shape {shape} is not one of sizes >= 0")
+            info = KeyInfo(name, shape, value_dtype(str(d["dtype"]), "its values").name,
+                           d["row_sparse"] is True, d["int_key"] is True)
+            values = arrays.get(f"{name}/values")
+            if values is None or values.shape != shape or values.dtype.name != info.dtype:
+                raise ParamError(f"its values are not {info_text(info)} in the file")
+        except (ParamError, KeyError, TypeError, ValueError) as e:
+            problems.append(f"{path}: key {shown(repr(name))}: damaged description ({e})")
+            continue
+        out.append(info)
+    if problems:
+        raise ParamError(problems)
+    return out
 
 
 def info_text(info: KeyInfo) -> str:

@@ -28,6 +28,7 @@ import numpy as np
 from ..checkpoint import CheckpointError
 from ..config import ParamError
 from ..params import ParamSet
+from ..paths import require_regular
 from .files import write_atomically
 from .records import BlobProtos, parse
 
@@ -97,6 +98,7 @@ def read_checkpoint(path: str | os.PathLike[str]) -> list[SavedParam]:
     be read or is not a well-formed one."""
     path = Path(path)
     try:
+        require_regular(path, "checkpoint", CheckpointError)  # not /dev/zero, nor a pipe
         data = path.read_bytes()
     except FileNotFoundError:
         raise CheckpointError(f"{path}: no such checkpoint") from None
@@ -127,7 +129,7 @@ def read_checkpoint(path: str | os.PathLike[str]) -> list[SavedParam]:
                 problems.append(f"Param '{name}' has a negative dimension in {shape}")
             elif version < 0:
                 problems.append(f"Param '{name}' has the negative version {version}")
-            elif values.size != int(np.prod(shape, dtype=np.int64)):
+            elif values.size != math.prod(shape):
                 problems.append(f"Param '{name}' has {values.size} values for shape {shape}")
             else:
                 out.append(SavedParam(name, int(version), shape, values.reshape(shape)))

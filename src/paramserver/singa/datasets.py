@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..config import ParamError
+from ..paths import refuse_inputs, shown
 from . import stores
 
 FORMATS = {"kvfile": "kvfile", "shard": "shard", "csv": "textfile", "textfile": "textfile",
@@ -38,6 +39,11 @@ TEXT_FORMATS = ("text", "words", "wordshard")
 SPLITS = ("train", "test", "val", "all")
 #: The digits' pixel values are 0..16; pixel records hold 0..255.
 DIGITS_SCALE = 255.0 / 16.0
+#: The largest label and dimension a SINGA record holds (``int32`` fields of RecordProto).
+INT32_MAX = 2**31 - 1
+#: The largest record: protocol buffers refuse messages of 2 GiB or more (a margin kept for
+#: the record's other fields).
+MAX_RECORD_BYTES = 2**31 - 2**20
 
 
 @dataclass(frozen=True)
@@ -98,6 +104,9 @@ def write_dataset(source: str, output: str | Path, *, fmt: str = "kvfile",
                          "0")
     if seed < 0:
         raise ParamError(f"--seed {seed}: the seed of the split must be at least 0")
+    _check_paths(source, output, backend, mean)
+    if shape is not None:
+        check_shape(shape, encoding)
     every = split == "all"  # no split: the training "split" is every sample, in order
     ds = load_dataset(source, test_fraction=0.0 if every else test_fraction, split_seed=seed,
                       normalize=False, x_key=x_key, y_key=y_key, dtype=np.float64,
@@ -106,8 +115,12 @@ def write_dataset(source: str, output: str | Path, *, fmt: str = "kvfile",
     if len(y) == 0:
         raise ParamError(f"the {split} split of {ds.source} is empty (test_fraction "
                          f"{test_fraction:g}, val_fraction {val_fraction:g})")
+    if len(y) and int(np.max(y)) > INT32_MAX:
+        raise ParamError(f"{ds.source}: the label {int(np.max(y)):,} does not fit SINGA's "
+                         f"records (labels are int32: at most {INT32_MAX:,})")
     images = _images(np.asarray(x, np.float64), source == DIGITS)
     target = tuple(shape) if shape else images.shape[1:]
+    _check_memory(len(y), images.shape[1:], target)
     out = resample(images, target)
     if scale is None:
         scale = DIGITS_SCALE if source == DIGITS and encoding == "pixel" else 1.0
@@ -132,6 +145,49 @@ def write_dataset(source: str, output: str | Path, *, fmt: str = "kvfile",
     return Written(Path(output), len(y), data.shape[1:], encoding, backend, mean_path)
 
 
+def _check_paths(source: str, output: str | Path, backend: str, mean: str | Path | None
+                 ) -> None:
+    """Refuse an empty output path, and outputs that are the source or each other."""
+    if not str(output):
+        raise ParamError("the output path is empty: give the store's file (a folder for "
+                         "--format shard)")
+    store = Path(output) / stores.SHARD_FILE if backend == "shard" else Path(output)
+    from ..train.data import DIGITS
+
+    refuse_inputs([("the output", store), ("--mean", mean)],
+                  [("the source", None if source == DIGITS else source)])
+
+
+def check_shape(shape: tuple[int, ...], encoding: str = "float") -> None:
+    """Refuse a sample shape SINGA's records cannot hold: a dimension below 1 or beyond
+    int32, or a sample of 2 GiB or more (a protocol buffer's limit)."""
+    text = _text(shape)
+    if any(d < 1 for d in shape):
+        raise ParamError(f"--shape {shown(text)}: every dimension must be at least 1")
+    if any(d > INT32_MAX for d in shape):
+        raise ParamError(f"--shape {shown(text)}: a dimension is at most {INT32_MAX:,} (SINGA's "
+                         "records hold shapes as int32)")
+    size = math.prod(shape)
+    per = 1 if encoding == "pixel" else 4
+    if size * per > MAX_RECORD_BYTES:
+        raise ParamError(f"--shape {shown(text)}: a sample of {size:,} values takes "
+                         f"{size * per / 2**30:,.1f} GiB; a SINGA record (a protocol buffer) "
+                         "holds less than 2 GiB")
+
+
+def _check_memory(count: int, source: tuple[int, ...], target: tuple[int, ...]) -> None:
+    """Refuse samples whose resampling would not fit in this machine's memory: it holds
+    the samples in float64, before and after, and one more copy on the way."""
+    from ..params import physical_memory
+
+    need = 8 * count * (math.prod(source) + 2 * math.prod(target))
+    have = physical_memory()
+    if have is not None and need > have:
+        raise ParamError(f"--shape {shown(_text(target))}: {count:,} samples of that shape "
+                         f"need about {need / 2**30:,.1f} GiB of memory to make; this machine "
+                         f"has {have / 2**30:,.1f} GiB")
+
+
 def _images(x: np.ndarray, digits: bool) -> np.ndarray:
     """Samples as images ``(n, H, W)`` or ``(n, C, H, W)`` where their shape tells; flat
     samples of a square size are square grey images (the digits are 8x8)."""
@@ -148,7 +204,7 @@ def resample(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     a grey image ``(H, W)`` becomes each channel of ``(C, H, W)``."""
     src = x.shape[1:]
     if any(d < 1 for d in shape):
-        raise ParamError(f"--shape {_text(shape)}: every dimension must be at least 1")
+        raise ParamError(f"--shape {shown(_text(shape))}: every dimension must be at least 1")
     if src == shape:
         return x
     size = int(np.prod(shape, dtype=np.int64))
@@ -249,6 +305,10 @@ def write_text(source: str, output: str | Path, *, fmt: str = "text", split: str
     if split not in SPLITS:
         raise ParamError(f"Invalid Input: '{split}', valid values are: "
                          + "{" + ", ".join(repr(s) for s in SPLITS) + "}")
+    if not str(output):
+        raise ParamError("the output path is empty: give the file to write")
+    refuse_inputs([("the output", output), ("--vocab", vocab)],
+                  [("the source", None if source == text.PYDOC else source)])
     whole = text.load_text(source)
     part = text.split_lines(whole, split, test_fraction, val_fraction)
     train = text.split_lines(whole, "train", test_fraction, val_fraction)

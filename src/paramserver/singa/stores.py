@@ -24,6 +24,7 @@ Every problem with a file is a ParamError that names it. Nothing read is execute
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 from collections.abc import Iterable, Sequence
@@ -34,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from ..config import ParamError
+from ..paths import require_regular, shown
 from .files import write_atomically
 from .records import CaffeBlob, Record, RecordProto, parse
 
@@ -56,6 +58,7 @@ def kvfile_path(path: str | os.PathLike[str]) -> Path:
 
 
 def _read_bytes(path: Path, what: str) -> bytes:
+    require_regular(path, what)  # a pipe or a device (/dev/zero) is not read
     try:
         return path.read_bytes()
     except FileNotFoundError:
@@ -196,7 +199,7 @@ def decode_sample(value: bytes, *, wrapped: bool = False, where: str = "record"
         x = np.frombuffer(image.pixel, np.uint8).copy()
     else:
         raise ParamError(f"{where}: the record holds neither pixel nor data values")
-    if shape and int(np.prod(shape, dtype=np.int64)) != x.size:
+    if shape and math.prod(shape) != x.size:
         raise ParamError(f"{where}: {x.size} values for shape {shape}")
     return x.reshape(shape or (x.size,)), int(image.label)
 
@@ -298,7 +301,11 @@ def read_csv(path: str | os.PathLike[str], separator: str = ",", has_label: bool
         try:
             label = int(cells[0]) if has_label else 0
         except ValueError:
-            raise ParamError(f"{where}: the label {cells[0]!r} is not an integer") from None
+            raise ParamError(f"{where}: the label {shown(cells[0])!r} is not an integer"
+                             ) from None
+        if not -(2**31) <= label < 2**31:
+            raise ParamError(f"{where}: the label {label:,} does not fit SINGA's records "
+                             "(labels are int32)")
         values = cells[1:] if has_label else cells
         try:
             x = np.array([float(c) for c in values], np.float32)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import ParamError
+from ..paths import read_regular, shown
 from . import stores
 from .files import write_atomically
 
@@ -40,14 +41,11 @@ def load_text(source: str) -> str:
         from pydoc_data.topics import topics
 
         return "\n".join(topics[k] for k in sorted(topics)) + "\n"
+    data = read_regular(source, "text file")
     try:
-        return Path(source).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ParamError(f"text file '{source}' does not exist") from None
+        return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ParamError(f"text file '{source}' is not UTF-8 text ({e.reason})") from None
-    except OSError as e:
-        raise ParamError(f"text file '{source}' cannot be read: {e.strerror or e}") from None
+        raise ParamError(f"text file {shown(source)} is not UTF-8 text ({e.reason})") from None
 
 
 def split_lines(text: str, split: str, test_fraction: float, val_fraction: float) -> str:

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from ..config import ParamError
-from ..config.job import ClusterConf, JobConf, UpdaterConf
+from ..config.job import ClusterConf, JobConf, UpdaterConf, read_job_text
 from ..config.tree import Block, Entry
 from ..params import ParamSet
 from ..updaters import Updater
@@ -73,11 +73,7 @@ def parse_job(text: str, filename: str = "<string>") -> TorchJob:
 
 def load_job(path: str | os.PathLike[str]) -> TorchJob:
     """Read a torch job file (see :func:`parse_job`)."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as e:
-        raise ParamError(f"{path}: cannot read the job file: {e.strerror or e}") from None
-    return parse_job(text, str(path))
+    return parse_job(read_job_text(path), str(path))
 
 
 class _GradFn:

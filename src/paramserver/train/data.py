@@ -26,9 +26,9 @@ contiguous, disjoint shards (``numpy.array_split``: sizes differ by at most one)
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import threading
-import zipfile
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from ..config import ParamError
+from ..paths import require_regular
 
 DIGITS = "digits"
 
@@ -278,13 +279,13 @@ def load_dataset(source: str, *, test_fraction: float = 0.2, split_seed: int = 0
         if base_dir is not None and not path.is_absolute():
             path = Path(base_dir) / path
         try:
-            st = path.stat()
-        except FileNotFoundError:
-            raise ParamError(f"data file '{path}' does not exist") from None
-        except OSError as e:
-            raise ParamError(f"data file '{path}' cannot be read: {e.strerror or e}") from None
-        if path.is_dir():
-            raise ParamError(f"data file '{path}' is a folder, not an .npz file")
+            st = require_regular(path, "data file")  # a pipe or a device is not read
+        except ParamError:
+            if path.is_dir():
+                raise ParamError(f"data file '{path}' is a folder, not an .npz file") from None
+            raise
+        if st is None:
+            raise ParamError(f"data file '{path}' does not exist")
         ident = (str(path.resolve()), st.st_mtime_ns, st.st_size)
     key = (*ident, *options)
     with _cache_lock:
@@ -377,8 +378,11 @@ def _load_npz(path: Path, x_key: str, y_key: str, *splits: tuple[str, str]
     where = f"data file '{path}'"
     try:
         archive = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        raise ParamError(f"{where} cannot be read as an .npz file: {e}") from None
+    # zipfile and numpy raise many types for damaged bytes (BadZipFile, OSError, ValueError,
+    # NotImplementedError for an unknown zip version, ...): all mean unreadable.
+    except Exception as e:
+        raise ParamError(f"{where} cannot be read as an .npz file: {type(e).__name__}: {e}"
+                         ) from None
     if not isinstance(archive, np.lib.npyio.NpzFile):
         raise ParamError(f"{where} holds a single array (.npy); expected an .npz archive "
                          f"with arrays '{x_key}' and '{y_key}' (numpy.savez)")
@@ -386,6 +390,7 @@ def _load_npz(path: Path, x_key: str, y_key: str, *splits: tuple[str, str]
         names = list(archive.files)
 
         def get(key: str) -> np.ndarray:
+            _check_member(archive, key, where)  # its size, before numpy allocates it
             try:
                 return np.asarray(archive[key])
             except ValueError as e:
@@ -393,8 +398,11 @@ def _load_npz(path: Path, x_key: str, y_key: str, *splits: tuple[str, str]
                     raise ParamError(f"{where}: array '{key}' holds Python objects, which "
                                      "are not read (allow_pickle=False)") from None
                 raise ParamError(f"{where}: array '{key}' cannot be read: {e}") from None
-            except (OSError, EOFError, zipfile.BadZipFile) as e:
-                raise ParamError(f"{where}: array '{key}' cannot be read: {e}") from None
+            # zipfile, zlib and numpy's header parser raise many types for damaged bytes
+            # (BadZipFile, zlib.error, EOFError, OSError, ...): all mean unreadable.
+            except Exception as e:
+                raise ParamError(f"{where}: array '{key}' cannot be read: "
+                                 f"{type(e).__name__}: {e}") from None
 
         missing = [k for k in (x_key, y_key) if k not in names]
         if missing:
@@ -421,6 +429,41 @@ def _load_npz(path: Path, x_key: str, y_key: str, *splits: tuple[str, str]
                                  "integers or both be numbers with a fraction")
             out.append((x_test, y_test))
         return (x, y, *out)
+
+
+#: The largest ratio of a member's size to its compressed size (deflate's limit, 1032:1).
+_DEFLATE_RATIO = 1032
+
+
+def _check_member(archive: Any, key: str, where: str) -> None:
+    """Refuse an array of an .npz whose header declares more data than the archive holds
+    (numpy allocates what the header says before it reads a byte), or more than this
+    machine's memory."""
+    from ..params import physical_memory
+
+    name = f"{key}.npy"
+    try:
+        info = archive.zip.getinfo(name)
+        with archive.zip.open(name) as f:
+            version = np.lib.format.read_magic(f)
+            shape, _, dtype = (np.lib.format.read_array_header_1_0(f) if version == (1, 0)
+                               else np.lib.format.read_array_header_2_0(f))
+            header = f.tell()
+    except Exception as e:  # damaged bytes, as in get()
+        raise ParamError(f"{where}: array '{key}' cannot be read: {type(e).__name__}: "
+                         f"{e}") from None
+    if dtype.hasobject:
+        return  # refused by numpy itself (allow_pickle=False)
+    need = math.prod(shape) * dtype.itemsize
+    have = info.file_size - header
+    most = info.compress_size * _DEFLATE_RATIO if info.compress_type else info.compress_size
+    memory = physical_memory()
+    if need != have or info.file_size > most + header:
+        raise ParamError(f"{where}: array '{key}' is damaged (its header says {need:,} bytes "
+                         f"of {dtype} {shape}, the archive holds {have:,})")
+    if memory is not None and need > memory:
+        raise ParamError(f"{where}: array '{key}' holds {need:,} bytes, more than this "
+                         f"machine's memory ({memory:,} bytes)")
 
 
 def _check_xy(where: str, x: np.ndarray, y: np.ndarray, x_key: str, y_key: str

@@ -83,6 +83,17 @@ class JobFile:
                          None)
             raise e.at(where) from None
 
+    def check_outputs(self, allow_outside: bool = False) -> None:
+        """Check where the job's output layers would write, as a run does
+        (:func:`~paramserver.train.workspace.place_outputs`; the workspace is not made),
+        problems placed; afterwards their paths are the files."""
+        from .workspace import job_inputs, place_outputs
+
+        with self.placing():
+            place_outputs(self.job, self.job.workspace_dir, allow_outside=allow_outside,
+                          inputs=[("the job file", self.path),
+                                  *job_inputs(self.job, self.base_dir)])
+
     @contextmanager
     def placing(self) -> Iterator[None]:
         """Re-raise a ParamError of the block with its net problems placed in the file."""

@@ -19,11 +19,14 @@ step shows twice; a new run purges from step 0 (the earlier run's files stay, hi
 killed while it wrote an event leaves that record cut short at the end of its file: the next
 run in the workspace cuts it off (:func:`repair`), so that TensorBoard reads the file to its
 end. The file is opened at the first event: a run refused or failed before it wrote any
-leaves no event file behind.
+leaves no event file behind. A write that fails (a full disk) stops the run with one message
+naming the event file (:func:`paramserver.paths.path_error`), where tensorboardX's own writer
+thread would print a traceback and go on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -36,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from ..params import ParamSet
+from ..paths import path_error
 
 log = logging.getLogger(__name__)
 
@@ -121,10 +125,34 @@ class TensorBoardLog:
     def _write(self, step: int, summary: Any) -> None:
         if self._writer is None:
             self._writer = self._open()
-        self._writer.write_event(self._api.Event(wall_time=time.time(), step=int(step),
-                                                 summary=summary))
+        self._do(self._writer.write_event,
+                 self._api.Event(wall_time=time.time(), step=int(step), summary=summary))
+
+    def _do(self, write: Any, *args: Any) -> None:
+        """A write of the event file: a failure stops the run, the file named, and nothing
+        more is written to it."""
+        try:
+            write(*args)
+        except OSError as e:
+            writer, self._writer = self._writer, None
+            if writer is not None:
+                with contextlib.suppress(OSError):
+                    writer.close()
+            self._api = None  # written no more
+            raise path_error(e, self._path(writer), "TensorBoard event file") from None
+
+    def _path(self, writer: Any) -> Path:
+        name = getattr(writer, "_file_name", None)
+        return Path(name) if name else self.folder
 
     def _open(self) -> Any:
+        try:
+            return self._open_file()
+        except OSError as e:
+            self._api = None
+            raise path_error(e, self.folder, "TensorBoard folder") from None
+
+    def _open_file(self) -> Any:
         self.folder.mkdir(parents=True, exist_ok=True)
         for path, cut in repair(self.folder):
             log.warning("%s: cut off a TensorBoard event cut short at byte %d (the run "
@@ -143,12 +171,15 @@ class TensorBoardLog:
     def flush(self) -> None:
         """Put every event written so far on disk (before a checkpoint: what it covers)."""
         if self._writer is not None:
-            self._writer.flush()
+            self._do(self._writer.flush)
 
     def close(self) -> None:
         writer, self._writer = self._writer, None
         if writer is not None:
-            writer.close()
+            try:
+                writer.close()
+            except OSError as e:
+                raise path_error(e, self._path(writer), "TensorBoard event file") from None
 
 
 class _Api:

@@ -57,6 +57,7 @@ from ..export import TABLE, param_table
 from ..faults import marker
 from ..init import init_params
 from ..params import ParamSet, physical_memory, plan_params
+from ..paths import NoSpaceError
 from ..singa import checkpoints as singa_checkpoints
 from . import algorithms
 from .layers.base import require_torch
@@ -69,6 +70,9 @@ from .tensorboard import TensorBoardLog
 from .workspace import (
     check_workspace,
     earlier_run,
+    job_inputs,
+    no_space,
+    place_outputs,
     remove_earlier_run,
     remove_temporaries,
     set_aside,
@@ -116,6 +120,9 @@ class Trainer:
             (``max_restarts``; on Ray ``placement``, ``server_options``,
             ``worker_options``, ...).
         tensorboard: write TensorBoard event files into ``<workspace>/tensorboard``.
+        allow_outside: let output layers (kCSVOutput, kRecordOutput) write where an absolute
+            path says, outside the workspace (``--allow-outside``; see
+            :func:`~paramserver.train.workspace.place_outputs`).
 
     Every worker builds its own kTrain Net from the job's configuration (sent as JSON, with
     the names of the modules that registered user components), in its thread or its Ray
@@ -131,7 +138,7 @@ class Trainer:
     def __init__(self, job: JobConf, *, progress: bool = True, stream: TextIO | None = None,
                  base_dir: str | os.PathLike[str] | None = None,
                  cluster_options: Mapping[str, Any] | None = None, tensorboard: bool = True,
-                 log_format: str = "paramserver"):
+                 log_format: str = "paramserver", allow_outside: bool = False):
         self.job = job
         if log_format not in LOG_FORMATS:
             raise ParamError(f"Invalid Input: '{log_format}', valid values are: "
@@ -143,6 +150,8 @@ class Trainer:
         require_torch()
         self.tensorboard = tensorboard
         self.workspace = check_workspace(job.workspace_dir)  # before anything is built
+        place_outputs(job, self.workspace, allow_outside=allow_outside,
+                      inputs=job_inputs(job, base_dir))  # before a net writes anything
         self.show = progress
         self.stream = stream
         self.eval_phases = job.eval_phases()
@@ -309,15 +318,18 @@ class Trainer:
                 self.log.plot(self.workspace / "metrics.png", f"{job.name}")
             return TrainResult(start, None, None, time.perf_counter() - t0, self.workspace)
         checkpoints = self._checkpoint_steps(start)
-        board = TensorBoardLog(self.workspace / TENSORBOARD_FOLDER, start, checkpoints,
-                               enabled=self.tensorboard and start < job.train_steps)
-        shown = self.show and self.log_format == "paramserver"
-        with Progress(job.train_steps, start, self.stream, shown) as progress, board, \
-                torch_threads(job.num_openblas_threads):
-            step, test = self._run(start, set(checkpoints), progress, board, fresh=not (
-                resumed and start > job.step))
-        self.log.write()
-        plot = self.log.plot(self.workspace / "metrics.png", f"{job.name}")
+        try:  # a full disk stops the run, saying what it keeps (no_space)
+            board = TensorBoardLog(self.workspace / TENSORBOARD_FOLDER, start, checkpoints,
+                                   enabled=self.tensorboard and start < job.train_steps)
+            shown = self.show and self.log_format == "paramserver"
+            with Progress(job.train_steps, start, self.stream, shown) as progress, board, \
+                    torch_threads(job.num_openblas_threads):
+                step, test = self._run(start, set(checkpoints), progress, board, fresh=not (
+                    resumed and start > job.step))
+            self.log.write()
+            plot = self.log.plot(self.workspace / "metrics.png", f"{job.name}")
+        except NoSpaceError as e:
+            raise no_space(e, self.workspace) from None
         seconds = time.perf_counter() - t0
         files = [self.log.path, plot, board.folder if self.tensorboard else None]
         log.info("done: %d steps in %.1f s; %s", step, seconds,
@@ -498,7 +510,7 @@ class Trainer:
                 f"({earlier.describe(self.workspace)}): give --resume to go on from its "
                 "newest checkpoint, or --overwrite to start afresh (deleting them), or "
                 "another --workspace")
-        removed = remove_earlier_run(earlier, keep=job.checkpoint_path)
+        removed = remove_earlier_run(earlier, keep=job.checkpoint_path, workspace=self.workspace)
         if removed.files:
             log.warning("--overwrite: deleted the earlier run's %s",
                         removed.describe(self.workspace))

@@ -31,6 +31,7 @@ import numpy as np
 
 from ...config import ParamError, Parameter, field
 from ...config.job import LayerConf
+from ...paths import require_regular
 from ...singa.confs import (
     CharRNNConf,
     MnistConf,
@@ -604,7 +605,10 @@ def read_vocab(layer: Layer, path: str | None) -> str:
     if not path:
         raise layer.error("char_rnn_conf vocab_path is not given")
     try:
+        require_regular(path, "vocab_path")  # a pipe or a device is not read
         vocab = Path(path).read_text(encoding="utf-8")
+    except ParamError as e:
+        raise layer.error(str(e)) from None
     except FileNotFoundError:
         raise layer.error(f"vocab_path '{path}' does not exist (make it with paramserver "
                           "data --format text)") from None
@@ -640,7 +644,10 @@ class CharRNNLayer(InputLayer):
         if not c.path:
             raise self.error("char_rnn_conf path is not given")
         try:
+            require_regular(c.path, "path")  # a pipe or a device is not read
             text = Path(c.path).read_text(encoding="utf-8")
+        except ParamError as e:
+            raise self.error(str(e)) from None
         except FileNotFoundError:
             raise self.error(f"path '{c.path}' does not exist (make it with paramserver "
                              "data --format text)") from None

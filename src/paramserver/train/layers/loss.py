@@ -6,11 +6,12 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from ...config.job import LayerConf
+from ...paths import open_output, path_error
 from ...singa.confs import ArgSortConf, EuclideanLossConf, SoftmaxLossConf, StoreConf
 from .base import Layer, LossLayer, label_source, register_layer, require_torch, shape_text
 
@@ -208,7 +209,10 @@ class AccuracyLayer(_TopKLayer):
 
 class OutputLayer(Layer):
     """Writes its source's data (and labels, when the source has them) to a file, in every
-    phase it runs in; relative paths start at the working folder, as SINGA's do."""
+    phase it runs in. A run (``paramserver train``) places the file inside its workspace
+    (:func:`~paramserver.train.workspace.place_outputs`); built alone, a relative path
+    starts at the working folder, as SINGA's did. The file is written through no link, and
+    only if it is a regular file or a new one."""
 
     Config = StoreConf
 
@@ -231,14 +235,19 @@ class OutputLayer(Layer):
         x = src.data.detach().to("cpu").reshape(src.data.shape[0], -1).numpy()
         labels = getattr(src, "labels", None)
         y = None if labels is None else labels.to("cpu").numpy()
-        mode = "a" if self._opened else "w"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.write(x, y, mode)
+        what = f"layer '{self.name}': store_conf path"
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = open_output(self.path, what, append=self._opened)
+            with open(fd, "wb") as f:
+                self.write(x, y, f)
+        except OSError as e:
+            raise path_error(e, self.path, what) from None
         self._opened = True
         self.count += x.shape[0]
         self.data = src.data
 
-    def write(self, x: np.ndarray, y: np.ndarray | None, mode: str) -> None:
+    def write(self, x: np.ndarray, y: np.ndarray | None, f: BinaryIO) -> None:
         raise NotImplementedError
 
 
@@ -248,13 +257,13 @@ class CSVOutputLayer(OutputLayer):
     has labels), then the values, comma-separated (``separator``). The file is started
     anew when the net is built."""
 
-    def write(self, x: np.ndarray, y: np.ndarray | None, mode: str) -> None:
+    def write(self, x: np.ndarray, y: np.ndarray | None, f: BinaryIO) -> None:
         sep = self.own.separator
-        with self.path.open(mode, encoding="utf-8") as f:
-            for k in range(x.shape[0]):
-                values = [repr(float(v)) if x.dtype.kind == "f" else str(int(v))
-                          for v in x[k]]
-                f.write(sep.join(([str(int(y[k]))] if y is not None else []) + values) + "\n")
+        lines = []
+        for k in range(x.shape[0]):
+            values = [repr(float(v)) if x.dtype.kind == "f" else str(int(v)) for v in x[k]]
+            lines.append(sep.join(([str(int(y[k]))] if y is not None else []) + values) + "\n")
+        f.write("".join(lines).encode("utf-8"))
 
 
 @register_layer("kRecordOutput")
@@ -262,15 +271,14 @@ class RecordOutputLayer(OutputLayer):
     """Appends one SINGA record per sample to the kvfile ``store_conf { path }`` (float
     ``data``, the label when the source has labels); keys are the sample numbers."""
 
-    def write(self, x: np.ndarray, y: np.ndarray | None, mode: str) -> None:
+    def write(self, x: np.ndarray, y: np.ndarray | None, f: BinaryIO) -> None:
         from ...singa import stores
 
         records = [(stores.KEY_FORMAT.format(self.count + k),
                     stores.encode_sample(np.asarray(x[k], np.float32),
                                          None if y is None else int(y[k])))
                    for k in range(x.shape[0])]
-        with self.path.open(mode + "b") as f:
-            f.write(stores.encode_kvfile(records, str(self.path)))
+        f.write(stores.encode_kvfile(records, str(self.path)))
 
 
 __all__ = ["AccuracyLayer", "ArgSortLayer", "CSVOutputLayer", "CudnnSoftmaxLossLayer",
