@@ -207,7 +207,9 @@ class _CompileListener(numba.core.event.Listener):
 
     def _tell(self, event: Any, starting: bool) -> None:
         dispatcher = (event.data or {}).get("dispatcher")
-        name = getattr(getattr(dispatcher, "py_func", None), "__qualname__", "a kernel")
+        py_func = getattr(dispatcher, "py_func", None)
+        name = (f"{getattr(py_func, '__module__', '')}:"
+                f"{getattr(py_func, '__qualname__', 'a kernel')}")
         try:
             self.callback(name, starting)
         except Exception:  # a display's trouble never stops a compile
@@ -218,7 +220,8 @@ class _CompileListener(numba.core.event.Listener):
 def reporting(callback: Callable[[str, bool], None]) -> Iterator[None]:
     """While the block runs, call ``callback(name, True)`` when a kernel starts compiling
     (it was not in the cache, or there is none) and ``callback(name, False)`` when it is
-    done, from the thread that compiles."""
+    done, from the thread that compiles. ``name`` is ``module:qualname`` of the function
+    compiled; the functions a kernel calls compile inside its compile (nested calls)."""
     with numba.core.event.install_listener("numba:compile", _CompileListener(callback)):
         yield
 

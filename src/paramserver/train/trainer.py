@@ -54,7 +54,7 @@ from .layers.base import require_torch
 from .metrics import MetricsLog, Row
 from .net import Net
 from .partition import Comm, group_exchange
-from .progress import Progress, Rate
+from .progress import CompileNotice, Progress, Rate
 from .tensorboard import FOLDER as TENSORBOARD_FOLDER
 from .tensorboard import TensorBoardLog
 from .workspace import (
@@ -145,7 +145,8 @@ class Trainer:
                         "parts in memory, in one process, and cluster.backend "
                         f"'{c.backend}' runs every worker in a process of its own; partition "
                         "them on the batch (partition_dim 0), or use the embedded backend")
-            self.params = self._make_params(net)
+            with CompileNotice():  # the initialisers' random fills, on a job's first run
+                self.params = self._make_params(net)
             folder = self.workspace / "checkpoints" / "servers"
             self.cluster = Cluster(job, self.params,
                                    **{"checkpoint_dir": folder, **dict(cluster_options or {})})
@@ -171,6 +172,8 @@ class Trainer:
         self.log = MetricsLog(self.workspace / "metrics.csv")
         self._window: list[list[float]] = []  # train metrics since the last display row
         self.disp_freq = job.disp_freq or default_disp_freq(job.train_steps)
+        #: Seconds this object spent in training steps and in tests and validations.
+        self.seconds = {"steps": 0.0, "tests": 0.0}
 
     def _make_params(self, net: Net) -> ParamSet:
         """The job's Params: initialised from the seed, then (``checkpoint_path``) loaded
@@ -259,14 +262,18 @@ class Trainer:
         checkpoints = self._checkpoint_steps(start)
         board = TensorBoardLog(self.workspace / TENSORBOARD_FOLDER, start, checkpoints,
                                enabled=self.tensorboard and start < job.train_steps)
+        # Steps/s of the display, its log lines and TensorBoard: training steps only (see
+        # progress.Rate), not the first one, nor those during which kernels compile.
+        rate = Rate()
         with Progress(job.train_steps, start, self.stream, self.show) as progress, board, \
-                torch_threads(job.num_openblas_threads):
-            step, test = self._run(start, set(checkpoints), progress, board)
+                torch_threads(job.num_openblas_threads), CompileNotice(rate):
+            step, test = self._run(start, set(checkpoints), progress, board, rate)
         self.log.write()
         plot = self.log.plot(self.workspace / "metrics.png", f"{job.name}")
         seconds = time.perf_counter() - t0
         files = [self.log.path, plot, board.folder if self.tensorboard else None]
-        log.info("done: %d steps in %.1f s; %s", step, seconds,
+        log.info("done: %d steps in %.1f s (training %.1f s, tests %.1f s); %s", step, seconds,
+                 self.seconds["steps"], self.seconds["tests"],
                  ", ".join(str(p) for p in files if p is not None))
         return TrainResult(step, None if test is None else test["loss"],
                            None if test is None else test["accuracy"], seconds,
@@ -280,18 +287,26 @@ class Trainer:
             return self.cluster.run(self._step_fn, steps, start_step=start)
 
     def _run(self, start: int, checkpoints: set[int], progress: Progress,
-             board: TensorBoardLog) -> tuple[int, dict[str, float] | None]:
+             board: TensorBoardLog, rate: Rate) -> tuple[int, dict[str, float] | None]:
         job = self.job
         if start >= job.train_steps and job.train_steps:
             log.info("nothing to do: the job is at step %d of %d", start, job.train_steps)
         window = self._window
         last: dict[str, dict[str, float]] = {}
-        rate = Rate(start)  # steps/s for TensorBoard, whether or not progress is shown
+        rate.skip_next()  # the run's first step is its warm-up
+        # The sums of the window's loss and accuracy: the display's metrics until the first
+        # display step (a resumed run goes on with the window of its checkpoint).
+        sums = [float(np.sum([w[0] for w in window])), float(np.sum([w[1] for w in window]))]
+        displayed = [False]
 
         def on_step(step: int, metrics: list[Mapping[str, Any] | None]) -> None:
+            steps_per_s = rate.add()
             live = [m for m in metrics if m is not None]
-            window.append([float(np.mean([m.get("loss", math.nan) for m in live])),
-                           float(np.mean([m.get("accuracy", math.nan) for m in live]))])
+            row = [float(np.mean([m.get("loss", math.nan) for m in live])),
+                   float(np.mean([m.get("accuracy", math.nan) for m in live]))]
+            window.append(row)
+            sums[0] += row[0]
+            sums[1] += row[1]
             done = step + 1
             marker("step", done)
             shown = due(done, self.disp_freq, job.disp_after)
@@ -299,20 +314,27 @@ class Trainer:
                 loss, acc = (float(v) for v in np.mean(window, axis=0))
                 lr = self.cluster.updater.lr(step)
                 self.log.add(Row(done, "train", loss, acc, lr))
-                progress.update(done, loss, acc, lr, force=True)
-                board.scalars("train", done, {"loss": loss, "accuracy": acc, "lr": lr,
-                                              "steps_per_second": rate.add(done)})
+                progress.update(done, steps_per_s, (loss, acc, lr), force=True)
+                board.scalars("train", done, {"loss": loss, "accuracy": acc, "lr": lr})
+                if steps_per_s is not None:
+                    board.scalars("train", done, {"steps_per_second": steps_per_s})
+                displayed[0] = True
                 if shown:
                     window.clear()  # else kept: a resumed run goes on with the same window
-            elif progress.tty:
-                loss, acc = window[-1]
-                progress.update(done, loss, acc, self.cluster.updater.lr(step))
+                    sums[:] = [0.0, 0.0]
+            elif progress.tty:  # the last display window's means stay until the next one
+                progress.update(done, steps_per_s, None if displayed[0] else (
+                    sums[0] / len(window), sums[1] / len(window),
+                    self.cluster.updater.lr(step)))
 
         step = start
         singa_written = -1
         for stop in self._boundaries(start, board.stops(start)):
             board.before_chunk(step, stop, self.params)
+            t = time.perf_counter()
+            rate.start()
             self.cluster.run(self._step_fn, stop - step, start_step=step, on_step=on_step)
+            self.seconds["steps"] += time.perf_counter() - t
             step = stop
             self._evaluate(step, step == job.train_steps, last, progress, board)
             self.log.write()
@@ -347,6 +369,7 @@ class Trainer:
             t = time.perf_counter()
             result = net.evaluate(steps=steps, phase=phase)
             seconds = time.perf_counter() - t
+            self.seconds["tests"] += seconds
             progress.set_phase("train")
             loss, acc = result.get("loss", math.nan), result.get("accuracy", math.nan)
             last[phase] = {**result, "loss": loss, "accuracy": acc}
