@@ -34,7 +34,8 @@ compiled in each process, not cached. Deleting the folder at any time is safe: w
 is compiled again.
 
 :func:`njit` is ``numba.njit`` with this cache in place of numba's for ``cache=True``;
-:func:`reporting` lets a progress display say when a kernel is being compiled.
+:func:`reporting` lets a progress display say when a kernel is being compiled;
+:func:`threading_layer` starts numba's thread pool and names its layer.
 """
 
 from __future__ import annotations
@@ -242,6 +243,14 @@ def _start_thread_pool() -> None:
         _pool_started = True
 
 
+def threading_layer() -> str:
+    """The name of numba's threading layer (``omp``, ``tbb`` or ``workqueue``), its thread
+    pool started if it was not: found without compiling anything (a parallel function
+    would take a second or two, on a job's first run, to answer the question)."""
+    _start_thread_pool()
+    return str(numba.threading_layer())
+
+
 class _Locator(_CacheLocator):
     """Entries of every kernel in the keyed folder; the key stands for the source stamp."""
 
@@ -313,4 +322,4 @@ def _with_cache(dispatcher: Any, cache: bool) -> Any:
 
 configure()
 
-__all__ = ["CACHE_DIR", "caching", "configure", "njit", "reporting"]
+__all__ = ["CACHE_DIR", "caching", "configure", "njit", "reporting", "threading_layer"]

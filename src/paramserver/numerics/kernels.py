@@ -190,6 +190,16 @@ def _nonfinite_in(g, lo, hi):  # type: ignore[no-untyped-def]
 
 
 @register_jitable
+def _nonfinite_serial(g):  # type: ignore[no-untyped-def]
+    """The number of NaN and Inf in ``g``, in the calling thread: the check of a serial
+    kernel, whose calls hold at most one chunk (so the four streams of
+    :func:`_nonfinite_task` would never run there; leaving them out takes about a third off
+    the kernel's compile, the most of a small job's first run). A function of its own: not
+    inlined beside the update loop, where numba's SSA pass warns about its variables."""
+    return _nonfinite_in(g, 0, g.shape[0])
+
+
+@register_jitable
 def _nonfinite_task(g, c, q, n):  # type: ignore[no-untyped-def]
     """The number of NaN and Inf in chunks ``c``, ``c + q``, ``c + 2q`` and ``c + 3q`` of
     ``g``: task ``c`` of the read-only check (``q`` tasks in all). The four chunks are read
@@ -510,7 +520,7 @@ def _fused_kernel(rule: Callable[..., Any], nstate: int, name: str,
             if parallel:
                 found = _count(g)
             else:  # a serial kernel calls nothing parallel (numba prunes the other branch)
-                found = _nonfinite_here(g)
+                found = _nonfinite_serial(g)
             if found > 0:
                 return found
         clip_low = hyp[0]
@@ -598,7 +608,7 @@ def _blockwise_kernel(rule: Callable[..., Any], nstate: int, name: str,
             if parallel:
                 found = _count(g)
             else:  # a serial kernel calls nothing parallel (numba prunes the other branch)
-                found = _nonfinite_here(g)
+                found = _nonfinite_serial(g)
             if found > 0:
                 return found
         clip_low = hyp[0]
