@@ -232,7 +232,7 @@ def test_a_compile_is_said_and_held_out_of_the_rate(
     assert messages[0] == "compiling update kernels, first run only…"
     assert re.fullmatch(r"compiled update kernels in \d+\.\d s", messages[1])
     assert len(messages) == 2
-    assert progress._kind_of("paramserver.numerics.rng:_chunk32") == "random fills"
+    assert progress._kind_of("paramserver.numerics.rng_kernels:_chunk32") == "random fills"
 
 
 def test_live_display_keeps_its_last_line_and_prints_messages_above(

@@ -112,6 +112,9 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("job", help="the job file (SINGA's text format)")
     check.add_argument("--json", action="store_true", help="print the report (or the "
                        "problems) as JSON on stdout (docs/cli.md describes it)")
+    check.add_argument("--data", action="store_true", help="also read the data the net reads "
+                       "(datasets, SINGA's stores, texts) and check it as training will; "
+                       "without it only what tells the samples' shape is read")
     check.set_defaults(run=_check)
 
     doc = sub.add_parser("doc", parents=[common], help="document the registered components")
@@ -183,7 +186,7 @@ def _check(args: argparse.Namespace) -> int:
 
     try:
         job_file = read_job_file(args.job)
-        net = job_file.build_net()
+        net = job_file.build_net(read_data=args.data)
         job_file.check_params(net)
     except ParamError as e:
         if not args.json:

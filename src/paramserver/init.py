@@ -34,29 +34,32 @@ class Stream:
 
     ``offset`` is the stream position of the first value filled: a fill of a piece of a
     Param (a server's rows of a table) starting at its position gives the values a fill of
-    the whole Param gives there."""
+    the whole Param gives there. With ``check_only`` the fills check their arguments and
+    write nothing (``paramserver check``: numba is not loaded)."""
 
     key: int
     offset: int = 0
+    check_only: bool = False
 
     def uniform(self, out: np.ndarray, low: float = -1.0, high: float = 1.0) -> None:
         """Fill ``out`` with U[low, high)."""
         from .numerics.rng import fill_uniform
 
-        fill_uniform(out, self.key, low, high, offset=self.offset)
+        fill_uniform(out, self.key, low, high, offset=self.offset, check_only=self.check_only)
 
     def normal(self, out: np.ndarray, mean: float = 0.0, std: float = 1.0) -> None:
         """Fill ``out`` with N(mean, std²)."""
         from .numerics.rng import fill_normal
 
-        fill_normal(out, self.key, mean, std, offset=self.offset)
+        fill_normal(out, self.key, mean, std, offset=self.offset, check_only=self.check_only)
 
     def truncated_normal(self, out: np.ndarray, mean: float = 0.0, std: float = 1.0,
                          a: float = -2.0, b: float = 2.0) -> None:
         """Fill ``out`` with N(mean, std²) kept within [mean + a·std, mean + b·std]."""
         from .numerics.rng import fill_truncated_normal
 
-        fill_truncated_normal(out, self.key, mean, std, a, b, offset=self.offset)
+        fill_truncated_normal(out, self.key, mean, std, a, b, offset=self.offset,
+                              check_only=self.check_only)
 
     def numpy(self) -> np.random.Generator:
         """A NumPy generator on the same key, for fills the fast ones do not cover."""
@@ -65,11 +68,12 @@ class Stream:
         return np.random.Generator(np.random.Philox(key=self.key))
 
 
-def stream(seed: int, name: str) -> Stream:
-    """The stream of Param ``name`` in a job seeded with ``seed``."""
+def stream(seed: int, name: str, check_only: bool = False) -> Stream:
+    """The stream of Param ``name`` in a job seeded with ``seed`` (``check_only``: see
+    :class:`Stream`)."""
     from .numerics.rng import param_key
 
-    return Stream(param_key(seed, name))
+    return Stream(param_key(seed, name), check_only=check_only)
 
 
 class ParamGenerator:
@@ -110,7 +114,7 @@ def create_param_generator(x: ParamGenConf | dict[str, Any] | str) -> ParamGener
     return generator
 
 
-def init_params(params: ParamSet, seed: int = 0) -> None:
+def init_params(params: ParamSet, seed: int = 0, *, check_only: bool = False) -> None:
     """Initialise every owner of a ParamSet with its method; the same seed gives the same
     values always.
 
@@ -121,6 +125,9 @@ def init_params(params: ParamSet, seed: int = 0) -> None:
     Args:
         params: the Params; each owner's ``init { }`` configuration chooses its method.
         seed: the job's seed, an int in ``[0, 2**64)``.
+        check_only: check every owner's method against it (its arguments, the Param's
+            shape, a file's tensor) and draw nothing at random: the random fills write
+            nothing and numba is not loaded (``paramserver check``).
     """
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not (
             0 <= seed < 1 << 64):
@@ -130,7 +137,7 @@ def init_params(params: ParamSet, seed: int = 0) -> None:
         key = id(p.conf.init)
         gen = generators.get(key) or create_param_generator(p.conf.init)
         generators[key] = gen
-        gen.fill(p, stream(seed, p.name))
+        gen.fill(p, stream(seed, p.name, check_only))
         p.version = 0
 
 

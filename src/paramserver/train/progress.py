@@ -201,7 +201,7 @@ class Progress:
 
 
 #: What a compile is said to be making, by the module of the function compiled.
-_KINDS = {"paramserver.numerics.rng": "random fills"}
+_KINDS = {"paramserver.numerics.rng_kernels": "random fills"}
 _DEFAULT_KIND = "update kernels"
 
 
