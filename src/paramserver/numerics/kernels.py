@@ -392,6 +392,15 @@ def _abs_bits(x):  # type: ignore[no-untyped-def]
 
 
 @register_jitable
+def _own_bits(x):  # type: ignore[no-untyped-def]
+    """The pattern of non-negative ``x``, its magnitude's. Not the intrinsic itself in a
+    kernel's closure: numba keys a cached kernel by its closure's pickle, and an intrinsic
+    pickles differently in every process (the 8-bit kernels of unsigned state were never
+    found in the cache: compiled again in every process)."""
+    return _bits_of(x)
+
+
+@register_jitable
 def _scale(e):  # type: ignore[no-untyped-def]
     return _float_of(_U(_U(e + 127) << _U(23)))
 
@@ -749,7 +758,7 @@ _RULES: dict[str, Callable[..., Any]] = {
 }
 
 _LOADS: dict[str, Any] = {"int8": _s8_load, "uint8": _u8_load}
-_MAGNITUDE_BITS: dict[str, Any] = {"int8": _abs_bits, "uint8": _bits_of}
+_MAGNITUDE_BITS: dict[str, Any] = {"int8": _abs_bits, "uint8": _own_bits}
 _BIASES = {"int8": _S_BIAS, "uint8": _N_BIAS}
 _STORES: dict[tuple[str, bool], Any] = {
     ("bfloat16", False): _bf16_nearest, ("bfloat16", True): _bf16_stochastic,
