@@ -28,10 +28,9 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-SUITE = Path(__file__).resolve().parent / "kernel_suite.py"
-sys.path.insert(0, str(SUITE.parent))
-import kernel_suite  # noqa: E402
+import kernel_suite  # tests/kernel_suite.py
+
+SUITE = Path(kernel_suite.__file__).resolve()
 
 
 def _env(cache: Path, **extra: str) -> dict[str, str]:
