@@ -84,7 +84,10 @@ class Rate:
             self._time += now - mark
             self._steps += steps
             samples = self._samples
-            samples.append((self._time, self._steps))
+            if len(samples) > 2 and self._time - samples[-2][0] < self.window / 256:
+                samples[-1] = (self._time, self._steps)  # a few hundred samples a window
+            else:
+                samples.append((self._time, self._steps))
             while len(samples) > 2 and self._time - samples[1][0] >= self.window:
                 samples.popleft()
         return self.value
