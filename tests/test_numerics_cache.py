@@ -152,3 +152,31 @@ def test_an_entry_of_other_types_is_never_loaded(tmp_path: Path,
     assert again(np.arange(3.0), 2.0).tolist() == [0.0, 2.0, 4.0]
     assert again(np.arange(3, dtype=np.int32), np.int32(2)).tolist() == [0, 2, 4]
     assert sum(again.stats.cache_misses.values()) == 2
+
+
+def _body(x, k):  # type: ignore[no-untyped-def]
+    return x * k
+
+
+def test_two_builds_of_one_function_keep_their_own_entries(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One body compiled with two sets of options (the global norm's parallel and serial
+    builds): each compiles, and each loads its own entry, whichever ran first."""
+    monkeypatch.setattr(nc, "CACHE_DIR", str(tmp_path))
+    compiled: list[str] = []
+
+    def builds() -> tuple[Any, Any]:
+        return (nc.njit(cache=True, fastmath=True)(_body),
+                nc.njit(cache=True, error_model="numpy")(_body))
+
+    with nc.reporting(lambda name, starting: compiled.append(name) if starting else None):
+        first = builds()
+        for build in first:
+            assert build(np.arange(3.0), 2.0).tolist() == [0.0, 2.0, 4.0]
+        assert compiled.count(f"{__name__}:_body") == 2  # not the other's entry
+        compiled.clear()
+        again = builds()
+        for build in reversed(again):
+            assert build(np.arange(3.0), 2.0).tolist() == [0.0, 2.0, 4.0]
+    assert compiled == []
+    assert [sum(b.stats.cache_hits.values()) for b in again] == [1, 1]

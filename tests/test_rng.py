@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import special, stats
 
-from paramserver.numerics import rng
+from paramserver.numerics import rng_kernels
 from paramserver.numerics.rng import (
     fill_normal,
     fill_truncated_normal,
@@ -45,14 +45,14 @@ def filled(fill, n, dtype=np.float32, key=KEY, offset=0, **kw):
     ],
 )
 def test_philox_known_answers(ctr, key, expected):
-    words = rng._philox_block(*(np.uint64(v) for v in (*ctr, *key)))
+    words = rng_kernels._philox_block(*(np.uint64(v) for v in (*ctr, *key)))
     assert tuple(int(w) for w in words) == expected
 
 
 def block(key, j):
     """The bulk Philox block j of stream ``key``, as four ints."""
     k = (np.uint64(key & 0xFFFFFFFF), np.uint64(key >> 32))
-    return [int(w) for w in rng._philox_block(np.uint64(j & 0xFFFFFFFF), np.uint64(j >> 32),
+    return [int(w) for w in rng_kernels._philox_block(np.uint64(j & 0xFFFFFFFF), np.uint64(j >> 32),
                                               np.uint64(0), np.uint64(0), *k)]
 
 
@@ -248,7 +248,7 @@ def test_truncated_normal_statistics(dtype, a, b):
 def test_ndtri_matches_scipy():
     p = np.concatenate([10.0 ** -np.arange(1, 300, 7.5), np.linspace(0.001, 0.999, 999),
                         1 - 10.0 ** -np.arange(4, 16, 0.5)])
-    ours = np.array([rng._ndtri(v) for v in p])
+    ours = np.array([rng_kernels._ndtri(v) for v in p])
     np.testing.assert_allclose(ours, special.ndtri(p), rtol=1e-12, atol=1e-12)
 
 
@@ -322,13 +322,13 @@ def test_a_float32_job_compiles_only_the_float32_fillers() -> None:
     import subprocess
     import sys
 
-    code = ("import numpy as np\nfrom paramserver.numerics import rng\n"
-            "a = np.empty(rng._CHUNK, np.float32)\n"
+    code = ("import numpy as np\nfrom paramserver.numerics import rng, rng_kernels\n"
+            "a = np.empty(rng_kernels._CHUNK, np.float32)\n"
             "rng.fill_uniform(a, 1)\nrng.fill_normal(a, 2)\n"
-            "print(sorted(rng._fills))\n"
-            "a = np.empty(rng._CHUNK + 1, np.float32)\n"
+            "print(sorted(rng_kernels._fills))\n"
+            "a = np.empty(rng_kernels._CHUNK + 1, np.float32)\n"
             "rng.fill_uniform(a, 1)\nrng.fill_normal(a, 2)\n"
-            "print(sorted(rng._fills))\n")
+            "print(sorted(rng_kernels._fills))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.split("\n")
     assert out[:2] == ["[]", "[(True, False)]"]
@@ -342,7 +342,7 @@ def test_one_chunk_fills_equal_the_parallel_fill(fill, kw, dtype) -> None:
     """A fill of at most ``_CHUNK`` elements runs the chunk filler in the caller's thread;
     a longer one the parallel filler: the same values wherever they meet, at offsets that
     cross chunk boundaries and Philox blocks."""
-    n = rng._CHUNK
+    n = rng_kernels._CHUNK
     whole = filled(fill, 3 * n + 7, dtype, **kw)
     for offset in (0, 1, 3, n - 5, n + 2, 2 * n - 1):
         for size in (1, 5, n - 3, n):

@@ -6,14 +6,20 @@ import io
 import logging
 import re
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from paramserver.checkpoint import checkpoint_name
 from paramserver.cli import main
+from paramserver.cluster import Worker
+from paramserver.cluster.gradfn import build_grad_fn
 from paramserver.config.job import parse_job
+from paramserver.train import progress
+from paramserver.train import trainer as trainer_module
 from paramserver.train.metrics import MetricsLog, Row, accuracy_limits
 from paramserver.train.progress import Progress, Rate
 from paramserver.train.trainer import Trainer, default_disp_freq
@@ -88,15 +94,145 @@ def test_a_job_without_disp_freq_shows_about_ten_lines(tmp_path: Path) -> None:
     assert len(out.getvalue().splitlines()) == 10
 
 
-def test_steps_per_second_is_recent_not_since_the_start() -> None:
-    now = [0.0]
-    rate = Rate(0, window=10.0, clock=lambda: now[0])
+@pytest.fixture
+def now(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The clock of steps/s, set by the test (``now[0]`` seconds)."""
+    clock = [0.0]
+    monkeypatch.setattr(progress, "clock", lambda: clock[0])
+    return clock
+
+
+def test_steps_per_second_is_recent_not_since_the_start(now: list[float]) -> None:
+    rate = Rate(window=10.0)
+    rate.start()
     now[0] = 20.0
-    assert rate.add(10) == pytest.approx(0.5)    # a slow warm-up: 10 steps in 20 s
-    for step in range(20, 200, 10):              # then 10 steps a second
+    assert rate.add(10) == pytest.approx(0.5)    # a slow start: 10 steps in 20 s
+    for _ in range(20, 200, 10):                  # then 10 steps a second
         now[0] += 1.0
-        value = rate.add(step)
+        value = rate.add(10)
     assert value == pytest.approx(10.0)          # not (190 / 38 s) since the start
+
+
+def test_steps_per_second_counts_training_time_only(now: list[float]) -> None:
+    rate = Rate(window=10.0)
+    rate.start()
+    rate.skip_next()                 # the first step: warm-up, not counted
+    now[0] = 30.0
+    assert rate.add() is None        # nothing counted yet: not known
+    for _ in range(5):               # then a step every 0.1 s
+        now[0] += 0.1
+        value = rate.add()
+    assert value == pytest.approx(10.0)
+    now[0] += 60.0                   # a test between two chunks of steps: not training
+    rate.start()
+    now[0] += 0.1
+    assert rate.add() == pytest.approx(10.0)
+    rate.hold(True)                  # a kernel compiles, across two steps
+    now[0] += 5.0
+    rate.add()
+    now[0] += 5.0
+    rate.hold(False)
+    now[0] += 1.0                    # the step in which the compile ended: not counted
+    rate.add()
+    now[0] += 0.1
+    assert rate.add() == pytest.approx(10.0)
+
+
+def test_the_first_rate_shown_is_after_the_warm_up(
+        tmp_path: Path, now: list[float], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gradient function that blocks on the first step (100 s by the clock of steps/s),
+    then takes 1/128 s a step: the first rate shown, in the log lines and TensorBoard, is
+    the fast one (128 steps/s), and so is its ETA. Each step waits until the trainer has
+    taken the one before (its ``step`` marker), so that the clock moves in step order."""
+    reported = [threading.Event() for _ in range(21)]
+    monkeypatch.setattr(trainer_module, "marker",
+                        lambda event, step: reported[int(step)].set())
+    out = io.StringIO()
+    trainer = Trainer(job(tmp_path), stream=out)
+    real = build_grad_fn(trainer._step_fn.to_data())
+
+    def grad_fn(worker: Worker, step: int) -> Any:
+        if step and not reported[step].wait(60):
+            raise RuntimeError(f"step {step - 1} was not reported")
+        now[0] += 100.0 if step == 0 else 1 / 128  # exact in binary
+        return real(worker, step)
+
+    trainer._step_fn = grad_fn  # type: ignore[assignment]
+    trainer.train()
+    lines = out.getvalue().splitlines()
+    assert [LINE.fullmatch(x).group(1) for x in lines] == ["7", "14", "20"]  # type: ignore[union-attr]
+    assert all(" 128 steps/s " in x and x.endswith(" ETA 0:00:00") for x in lines)
+    rates = scalars(events(tmp_path / "tensorboard"), "train/steps_per_second")
+    assert [s for s, _ in rates] == [7, 14, 20]
+    assert [v for _, v in rates] == [128.0] * 3
+
+
+def test_the_terminal_shows_the_means_of_the_last_display_window(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between display steps the live display keeps the mean loss and accuracy of the last
+    display window (the row of metrics.csv); before the first one, the mean of the steps
+    so far."""
+    shown: list[tuple[int, tuple[float, float, float] | None]] = []
+    real = Progress.update
+
+    def update(self: Progress, step: int, rate: float | None,
+               metrics: tuple[float, float, float] | None = None, force: bool = False) -> None:
+        shown.append((step, metrics))
+        real(self, step, rate, metrics, force)
+
+    monkeypatch.setattr(Progress, "update", update)
+    trainer = Trainer(job(tmp_path), stream=Terminal(), tensorboard=False)
+    losses: list[float] = []
+    step_fn = build_grad_fn(trainer._step_fn.to_data())
+
+    def grad_fn(worker: Worker, step: int) -> Any:
+        metrics = step_fn(worker, step)
+        losses.append(float(metrics["loss"]))
+        return metrics
+
+    trainer._step_fn = grad_fn  # type: ignore[assignment]
+    trainer.train()
+    rows = {r[0]: r[2] for r in csv_rows(tmp_path) if r[1] == "train"}
+    assert [s for s, _ in shown] == list(range(1, 21))
+    for step, metrics in shown:
+        if step < 7:
+            assert metrics is not None and metrics[0] == pytest.approx(np.mean(losses[:step]))
+        elif step in rows:
+            assert metrics is not None and metrics[0] == pytest.approx(rows[step])
+        else:
+            assert metrics is None  # the last window's means stay on screen
+
+
+def test_a_compile_is_said_and_held_out_of_the_rate(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        now: list[float]) -> None:
+    """While numba compiles, a log message says so (an update kernel, a random fill), and
+    the rate is held; a kernel loaded from the cache says nothing."""
+    import paramserver.numerics.cache as nc
+
+    monkeypatch.setattr(nc, "CACHE_DIR", str(tmp_path))
+
+    def kernel() -> Any:  # made anew, as a new process would
+        @nc.njit(cache=True)
+        def twice(x):  # type: ignore[no-untyped-def]
+            return 2 * x
+
+        return twice
+
+    rate = Rate()
+    rate.start()
+    with caplog.at_level(logging.INFO, logger="paramserver"), progress.CompileNotice(rate):
+        assert kernel()(2.0) == 4.0
+        now[0] += 1.0
+        assert rate.add() is None  # the step that compiled is not counted
+        assert kernel()(3.0) == 6.0  # loaded from the cache
+        now[0] += 0.5
+        assert rate.add() == 2.0
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages[0] == "compiling update kernels, first run only…"
+    assert re.fullmatch(r"compiled update kernels in \d+\.\d s", messages[1])
+    assert len(messages) == 2
+    assert progress._kind_of("paramserver.numerics.rng_kernels:_chunk32") == "random fills"
 
 
 def test_live_display_keeps_its_last_line_and_prints_messages_above(
@@ -148,14 +284,18 @@ def test_ctrl_c_is_reported_on_a_line_of_its_own(tmp_path: Path,
 def test_progress_off_a_terminal_is_silent_between_display_steps() -> None:
     out = io.StringIO()
     with Progress(10, stream=out) as p:
-        p.update(3, 1.0, 0.5, 0.1)
+        p.update(3, 2.0, (1.0, 0.5, 0.1))
         p.set_phase("test")
-        p.update(5, 1.0, 0.5, 0.1, force=True)
-    assert out.getvalue().startswith("test step  5/10 ( 50%)")
-    assert out.getvalue().count("\n") == 1
+        p.update(5, 2.0, (1.0, 0.5, 0.1), force=True)
+        p.update(6, None, force=True)  # the metrics shown stay; the rate is not known
+    assert out.getvalue().splitlines() == [
+        "test step  5/10 ( 50%)  loss 1.0000  acc 50.00%  lr 0.1  2.0 steps/s  "
+        "elapsed 0:00:00  ETA 0:00:02",
+        "test step  6/10 ( 60%)  loss 1.0000  acc 50.00%  lr 0.1  - steps/s  "
+        "elapsed 0:00:00  ETA -:--:--"]
     quiet = io.StringIO()
     with Progress(10, stream=quiet, enabled=False) as p:
-        p.update(5, 1.0, 0.5, 0.1, force=True)
+        p.update(5, 1.0, (1.0, 0.5, 0.1), force=True)
     assert quiet.getvalue() == ""
 
 

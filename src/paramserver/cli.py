@@ -171,6 +171,9 @@ def _parser() -> argparse.ArgumentParser:
                        "problems) as JSON on stdout (docs/cli.md describes it)")
     check.add_argument("--allow-outside", action="store_true",
                        help="as train's: output layers may write outside the workspace")
+    check.add_argument("--data", action="store_true", help="also read the data the net reads "
+                       "(datasets, SINGA's stores, texts) and check it as training will; "
+                       "without it only what tells the samples' shape is read")
     check.set_defaults(run=_check)
 
     doc = sub.add_parser("doc", parents=[common], help="document the registered components")
@@ -260,7 +263,7 @@ def _check(args: argparse.Namespace) -> int:
     with paused_gc():
         try:
             job_file = read_job_file(args.job, args.settings)
-            net = job_file.build_net()
+            net = job_file.build_net(read_data=args.data)
             loaded = job_file.check_params(net)
             job_file.check_outputs(args.allow_outside)
         except ParamError as e:

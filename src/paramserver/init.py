@@ -35,29 +35,32 @@ class Stream:
 
     ``offset`` is the stream position of the first value filled: a fill of a piece of a
     Param (a server's rows of a table) starting at its position gives the values a fill of
-    the whole Param gives there."""
+    the whole Param gives there. With ``check_only`` the fills check their arguments and
+    write nothing (``paramserver check``: numba is not loaded)."""
 
     key: int
     offset: int = 0
+    check_only: bool = False
 
     def uniform(self, out: np.ndarray, low: float = -1.0, high: float = 1.0) -> None:
         """Fill ``out`` with U[low, high)."""
         from .numerics.rng import fill_uniform
 
-        fill_uniform(out, self.key, low, high, offset=self.offset)
+        fill_uniform(out, self.key, low, high, offset=self.offset, check_only=self.check_only)
 
     def normal(self, out: np.ndarray, mean: float = 0.0, std: float = 1.0) -> None:
         """Fill ``out`` with N(mean, std²)."""
         from .numerics.rng import fill_normal
 
-        fill_normal(out, self.key, mean, std, offset=self.offset)
+        fill_normal(out, self.key, mean, std, offset=self.offset, check_only=self.check_only)
 
     def truncated_normal(self, out: np.ndarray, mean: float = 0.0, std: float = 1.0,
                          a: float = -2.0, b: float = 2.0) -> None:
         """Fill ``out`` with N(mean, std²) kept within [mean + a·std, mean + b·std]."""
         from .numerics.rng import fill_truncated_normal
 
-        fill_truncated_normal(out, self.key, mean, std, a, b, offset=self.offset)
+        fill_truncated_normal(out, self.key, mean, std, a, b, offset=self.offset,
+                              check_only=self.check_only)
 
     def numpy(self) -> np.random.Generator:
         """A NumPy generator on the same key, for fills the fast ones do not cover."""
@@ -66,11 +69,12 @@ class Stream:
         return np.random.Generator(np.random.Philox(key=self.key))
 
 
-def stream(seed: int, name: str) -> Stream:
-    """The stream of Param ``name`` in a job seeded with ``seed``."""
+def stream(seed: int, name: str, check_only: bool = False) -> Stream:
+    """The stream of Param ``name`` in a job seeded with ``seed`` (``check_only``: see
+    :class:`Stream`)."""
     from .numerics.rng import param_key
 
-    return Stream(param_key(seed, name))
+    return Stream(param_key(seed, name), check_only=check_only)
 
 
 class ParamGenerator:
@@ -111,7 +115,7 @@ def create_param_generator(x: ParamGenConf | dict[str, Any] | str) -> ParamGener
     return generator
 
 
-def init_params(params: ParamSet, seed: int = 0) -> None:
+def init_params(params: ParamSet, seed: int = 0, *, check_only: bool = False) -> None:
     """Initialise every owner of a ParamSet with its method; the same seed gives the same
     values always.
 
@@ -126,6 +130,9 @@ def init_params(params: ParamSet, seed: int = 0) -> None:
     Args:
         params: the Params; each owner's ``init { }`` configuration chooses its method.
         seed: the job's seed, an int in ``[0, 2**64)``.
+        check_only: check every owner's method against it (its arguments, the Param's
+            shape, a file's tensor) and draw nothing at random: the random fills write
+            nothing and numba is not loaded (``paramserver check``).
     """
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not (
             0 <= seed < 1 << 64):
@@ -156,10 +163,13 @@ def init_params(params: ParamSet, seed: int = 0) -> None:
             gen = generators[method] = create_param_generator(first.init_conf)
         if table or not _draws(type(gen)):
             for i in group:  # a method of its own fill (or a table, which may not be held)
-                gen.fill(owners[i], Stream(int(keys[i])))
+                gen.fill(owners[i], Stream(int(keys[i]), check_only=check_only))
+        elif check_only:  # one of the group checks them all (one method, one shape)
+            gen.fill(first, Stream(int(keys[group[0]]), check_only=True))
         else:
             draws.add(group, cast(_Drawn, gen).draw(first))
-    draws.fill(params.values, params.offsets, keys)
+    if not check_only:
+        draws.fill(params.values, params.offsets, keys)
     params.set_versions(0)
 
 

@@ -42,13 +42,9 @@ def kernel_guard() -> contextlib.AbstractContextManager[Any]:
     launch lock there, else a shared empty context (this is on every update call)."""
     global _guarded
     if _guarded is None:
-        import numba
+        from ..numerics.cache import threading_layer
 
-        from ..numerics import sums
-
-        sums.add(np.zeros(1), np.zeros(1), np.zeros(1))  # any launch picks the layer
-
-        _guarded = numba.threading_layer() == "workqueue"
+        _guarded = threading_layer() == "workqueue"
     return _launch_lock if _guarded else _UNGUARDED
 
 

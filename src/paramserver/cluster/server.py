@@ -69,7 +69,6 @@ from ..checkpoint import (
 )
 from ..config import ParamError
 from ..config.job import ClusterConf
-from ..numerics.norm import clip_factor
 from ..updaters import Updater
 from .compression import decode, decode_ids
 from .errors import ClusterError
@@ -524,7 +523,12 @@ class Server:
             grads, total, finite, tables, scale = self._gather(rnd, group)
         if not finite:  # refused before anything is written
             raise ClusterError(self._nonfinite_message(rnd, total, tables, group))
-        factor = 1.0 if norm is None else clip_factor(norm, self.updater.conf.clip_norm)
+        if norm is None:
+            factor = 1.0
+        else:
+            from ..numerics.norm import clip_factor  # numba: loaded on the first update
+
+            factor = clip_factor(norm, self.updater.conf.clip_norm)
         if total is not None:
             # One gradient under 'error' is read first in the update's own kernel call,
             # which writes nothing when it holds NaN or Inf (unless its worker checked it:

@@ -5,7 +5,8 @@
 - :mod:`.kernels`: the dense update kernels, one factory and one launch for every rule;
 - :mod:`.rows`: the row-sparse update kernels of tables;
 - :mod:`.quant`: the bfloat16 and 8-bit codecs of updater state, with their NumPy reference;
-- :mod:`.rng`: the counter-based random fills of initialisation;
+- :mod:`.rng`: the counter-based random fills of initialisation (their keys and arguments;
+  :mod:`.rng_kernels` their compiled fillers);
 - :mod:`.norm`: the global gradient norm;
 - :mod:`.sums`: the cluster's elementwise sum of gradients.
 

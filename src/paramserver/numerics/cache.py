@@ -1,7 +1,7 @@
 """Where paramserver's compiled kernels are kept, how they are keyed, locked, checked and refused.
 
 numba compiles a kernel on its first call and, with ``cache=True``, keeps the machine code on
-disk for the next process. Its own cache has three traps this module closes:
+disk for the next process. Its own cache has four traps this module closes:
 
 1. **A cached function that calls a parallel one needs numba's thread pool.** numba starts its
    threading layer when it compiles or loads a *parallel* function. A serial kernel that calls
@@ -16,7 +16,12 @@ disk for the next process. Its own cache has three traps this module closes:
    on the cache folder (``fcntl.flock``), every read a shared one, and an entry whose
    signature is not the one asked for, or that cannot be read back, is ignored and compiled
    anew -- never loaded.
-3. **A cache that outlives its source.** numba keys an entry by the modification time and
+3. **Two builds of one function.** numba names a function's entries by its name and keys
+   them by its types and the hash of its code, not by its compile options: a parallel and a
+   serial build of one body (the global norm's) found each other's entries, and the
+   parallel build ran the serial code (or the other way round, by which ran first). Here the
+   key holds the options (``parallel``, ``fastmath``, ``error_model``, ...) too.
+4. **A cache that outlives its source.** numba keys an entry by the modification time and
    size of the one file that defines the function, though the kernels are built from
    functions of several files (the codecs of :mod:`.quant` are compiled into the update
    kernels), and an installed wheel's files may keep their times across versions. Here the
@@ -34,7 +39,8 @@ compiled in each process, not cached. Deleting the folder at any time is safe: w
 is compiled again.
 
 :func:`njit` is ``numba.njit`` with this cache in place of numba's for ``cache=True``;
-:func:`reporting` lets a progress display say when a kernel is being compiled.
+:func:`reporting` lets a progress display say when a kernel is being compiled;
+:func:`threading_layer` starts numba's thread pool and names its layer.
 """
 
 from __future__ import annotations
@@ -207,7 +213,9 @@ class _CompileListener(numba.core.event.Listener):
 
     def _tell(self, event: Any, starting: bool) -> None:
         dispatcher = (event.data or {}).get("dispatcher")
-        name = getattr(getattr(dispatcher, "py_func", None), "__qualname__", "a kernel")
+        py_func = getattr(dispatcher, "py_func", None)
+        name = (f"{getattr(py_func, '__module__', '')}:"
+                f"{getattr(py_func, '__qualname__', 'a kernel')}")
         try:
             self.callback(name, starting)
         except Exception:  # a display's trouble never stops a compile
@@ -218,7 +226,8 @@ class _CompileListener(numba.core.event.Listener):
 def reporting(callback: Callable[[str, bool], None]) -> Iterator[None]:
     """While the block runs, call ``callback(name, True)`` when a kernel starts compiling
     (it was not in the cache, or there is none) and ``callback(name, False)`` when it is
-    done, from the thread that compiles."""
+    done, from the thread that compiles. ``name`` is ``module:qualname`` of the function
+    compiled; the functions a kernel calls compile inside its compile (nested calls)."""
     with numba.core.event.install_listener("numba:compile", _CompileListener(callback)):
         yield
 
@@ -237,6 +246,14 @@ def _start_thread_pool() -> None:
 
         parallel._launch_threads()
         _pool_started = True
+
+
+def threading_layer() -> str:
+    """The name of numba's threading layer (``omp``, ``tbb`` or ``workqueue``), its thread
+    pool started if it was not: found without compiling anything (a parallel function
+    would take a second or two, on a job's first run, to answer the question)."""
+    _start_thread_pool()
+    return str(numba.threading_layer())
 
 
 class _Locator(_CacheLocator):
@@ -268,9 +285,17 @@ class _Impl(CompileResultCacheImpl):
 
 
 class _KernelCache(FunctionCache):
-    """numba's function cache in the keyed folder, locked, with its entries checked."""
+    """numba's function cache in the keyed folder, locked, with its entries checked, and
+    keyed by the dispatcher's compile options too (trap 3 of the module docstring)."""
 
     _impl_class = _Impl
+
+    def __init__(self, py_func: Any, options: dict[str, Any]) -> None:
+        super().__init__(py_func)
+        self._options = repr(sorted(options.items()))
+
+    def _index_key(self, sig: Any, codegen: Any) -> Any:
+        return (*super()._index_key(sig, codegen), self._options)
 
     def load_overload(self, sig: Any, target_context: Any) -> Any:
         _start_thread_pool()
@@ -304,10 +329,10 @@ def njit(*args: Any, **options: Any) -> Callable[..., Any]:
 
 def _with_cache(dispatcher: Any, cache: bool) -> Any:
     if cache and CACHE_DIR is not None:
-        dispatcher._cache = _KernelCache(dispatcher.py_func)
+        dispatcher._cache = _KernelCache(dispatcher.py_func, dispatcher.targetoptions)
     return dispatcher
 
 
 configure()
 
-__all__ = ["CACHE_DIR", "caching", "configure", "njit", "reporting"]
+__all__ = ["CACHE_DIR", "caching", "configure", "njit", "reporting", "threading_layer"]

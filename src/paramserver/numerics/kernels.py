@@ -258,6 +258,16 @@ def _nonfinite_in(g, lo, hi):  # type: ignore[no-untyped-def]
 
 
 @register_jitable
+def _nonfinite_serial(g):  # type: ignore[no-untyped-def]
+    """The number of NaN and Inf in ``g``, in the calling thread: the check of a serial
+    kernel, whose calls hold at most one chunk (so the four streams of
+    :func:`_nonfinite_task` would never run there; leaving them out takes about a third off
+    the kernel's compile, the most of a small job's first run). A function of its own: not
+    inlined beside the update loop, where numba's SSA pass warns about its variables."""
+    return _nonfinite_in(g, 0, g.shape[0])
+
+
+@register_jitable
 def _nonfinite_task(g, c, q, n):  # type: ignore[no-untyped-def]
     """The number of NaN and Inf in chunks ``c``, ``c + q``, ``c + 2q`` and ``c + 3q`` of
     ``g``: task ``c`` of the read-only check (``q`` tasks in all). The four chunks are read
@@ -450,6 +460,15 @@ def _abs_bits(x):  # type: ignore[no-untyped-def]
 
 
 @register_jitable
+def _own_bits(x):  # type: ignore[no-untyped-def]
+    """The pattern of non-negative ``x``, its magnitude's. Not the intrinsic itself in a
+    kernel's closure: numba keys a cached kernel by its closure's pickle, and an intrinsic
+    pickles differently in every process (the 8-bit kernels of unsigned state were never
+    found in the cache: compiled again in every process)."""
+    return _bits_of(x)
+
+
+@register_jitable
 def _scale(e):  # type: ignore[no-untyped-def]
     return _float_of(_U(_U(e + 127) << _U(23)))
 
@@ -580,7 +599,7 @@ def _fused_kernel(rule: Callable[..., Any], nstate: int, name: str,
             if parallel:
                 found = _count(g)
             else:  # a serial kernel calls nothing parallel (numba prunes the other branch)
-                found = _nonfinite_here(g)
+                found = _nonfinite_serial(g)
             if found > 0:
                 return found
         clip_low = hyp[0]
@@ -680,7 +699,7 @@ def _blockwise_kernel(rule: Callable[..., Any], nstate: int, name: str,
             if parallel:
                 found = _count(g)
             else:  # a serial kernel calls nothing parallel (numba prunes the other branch)
-                found = _nonfinite_here(g)
+                found = _nonfinite_serial(g)
             if found > 0:
                 return found
         clip_low = hyp[0]
@@ -846,7 +865,7 @@ _RULES: dict[str, Callable[..., Any]] = {
 }
 
 _LOADS: dict[str, Any] = {"int8": _s8_load, "uint8": _u8_load}
-_MAGNITUDE_BITS: dict[str, Any] = {"int8": _abs_bits, "uint8": _bits_of}
+_MAGNITUDE_BITS: dict[str, Any] = {"int8": _abs_bits, "uint8": _own_bits}
 _BIASES = {"int8": _S_BIAS, "uint8": _N_BIAS}
 _STORES: dict[tuple[str, bool], Any] = {
     ("bfloat16", False): _bf16_nearest, ("bfloat16", True): _bf16_stochastic,

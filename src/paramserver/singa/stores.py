@@ -25,6 +25,7 @@ Every problem with a file is a ParamError that names it. Nothing read is execute
 from __future__ import annotations
 
 import math
+import mmap
 import os
 import struct
 from collections.abc import Iterable, Sequence
@@ -57,10 +58,18 @@ def kvfile_path(path: str | os.PathLike[str]) -> Path:
     return p / SHARD_FILE if p.is_dir() else p
 
 
-def _read_bytes(path: Path, what: str) -> bytes:
-    require_regular(path, what)  # a pipe or a device (/dev/zero) is not read
+def _read_bytes(path: Path, what: str, whole: bool = True) -> Any:
+    """The bytes of a file; without ``whole``, a read-only memory map of it (only the bytes
+    looked at are read: a store's first records). A pipe or a device (/dev/zero) is not
+    read."""
+    require_regular(path, what)
     try:
-        return path.read_bytes()
+        if whole:
+            return path.read_bytes()
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                return b""
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     except FileNotFoundError:
         raise ParamError(f"{what} '{path}' does not exist") from None
     except IsADirectoryError:
@@ -69,11 +78,13 @@ def _read_bytes(path: Path, what: str) -> bytes:
         raise ParamError(f"{what} '{path}' cannot be read: {e.strerror or e}") from None
 
 
-def decode_kvfile(data: bytes, where: str = "kvfile") -> list[tuple[bytes, bytes]]:
-    """The ``(key, value)`` records of the bytes of a kvfile, in order."""
+def decode_kvfile(data: Any, where: str = "kvfile", limit: int | None = None
+                  ) -> list[tuple[bytes, bytes]]:
+    """The ``(key, value)`` records of the bytes of a kvfile (bytes or a memory map), in
+    order; the first ``limit`` only, when given."""
     out: list[tuple[bytes, bytes]] = []
     pos, n = 0, len(data)
-    while pos < n:
+    while pos < n and (limit is None or len(out) < limit):
         start = pos
         fields = []
         for part in ("key", "value"):
@@ -111,10 +122,12 @@ def encode_kvfile(records: Iterable[tuple[bytes | str, bytes]], where: str = "kv
     return b"".join(parts)
 
 
-def read_kvfile(path: str | os.PathLike[str]) -> list[tuple[bytes, bytes]]:
-    """The records of a kvfile store (a file, or a folder holding ``shard.dat``)."""
+def read_kvfile(path: str | os.PathLike[str], limit: int | None = None
+                ) -> list[tuple[bytes, bytes]]:
+    """The records of a kvfile store (a file, or a folder holding ``shard.dat``); the first
+    ``limit`` only, when given (the rest of the file is not read)."""
     file = kvfile_path(path)
-    return decode_kvfile(_read_bytes(file, "kvfile store"), str(file))
+    return decode_kvfile(_read_bytes(file, "kvfile store", limit is None), str(file), limit)
 
 
 def write_kvfile(path: str | os.PathLike[str], records: Iterable[tuple[bytes | str, bytes]]
@@ -123,9 +136,16 @@ def write_kvfile(path: str | os.PathLike[str], records: Iterable[tuple[bytes | s
     return write_atomically(path, encode_kvfile(records, str(path)))
 
 
-def read_textfile(path: str | os.PathLike[str]) -> list[str]:
-    """The lines of a textfile store (SINGA reads them with ``getline``)."""
-    data = _read_bytes(Path(path), "textfile store")
+def read_textfile(path: str | os.PathLike[str], limit: int | None = None) -> list[str]:
+    """The lines of a textfile store (SINGA reads them with ``getline``); the first
+    ``limit`` only, when given (the rest of the file is not read)."""
+    data = _read_bytes(Path(path), "textfile store", limit is None)
+    if limit is not None:  # the bytes up to the end of line ``limit``
+        end = 0
+        for _ in range(limit):
+            at = data.find(b"\n", end)
+            end = len(data) if at < 0 else at + 1
+        data = bytes(data[:end])
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -220,14 +240,17 @@ def write_records(path: str | os.PathLike[str], samples: Samples, backend: str =
 
 def read_records(path: str | os.PathLike[str], backend: str = "kvfile", *,
                  separator: str = ",", has_label: bool = True,
-                 shape: Sequence[int] | None = None) -> Samples:
+                 shape: Sequence[int] | None = None, limit: int | None = None) -> Samples:
     """The samples of a SINGA store (see :func:`write_records`); every record must have the
-    same shape and kind (pixel or data)."""
+    same shape and kind (pixel or data). ``limit``: the first records only (the rest of
+    the store is not read)."""
     if backend == "textfile":
-        return read_csv(path, separator=separator, has_label=has_label, shape=shape)
+        return read_csv(path, separator=separator, has_label=has_label, shape=shape,
+                        limit=limit)
     file = _store_file(path, backend)
-    records = (read_kvfile(file) if backend == "kvfile"
-               else decode_kvfile(_read_bytes(file, "DataShard"), str(file)))
+    records = (read_kvfile(file, limit) if backend == "kvfile"
+               else decode_kvfile(_read_bytes(file, "DataShard", limit is None), str(file),
+                                  limit))
     if not records:
         raise ParamError(f"store '{file}' holds no records")
     xs: list[np.ndarray] = []
@@ -287,10 +310,10 @@ def write_csv(path: str | os.PathLike[str], samples: Samples, separator: str = "
 
 
 def read_csv(path: str | os.PathLike[str], separator: str = ",", has_label: bool = True,
-             shape: Sequence[int] | None = None) -> Samples:
+             shape: Sequence[int] | None = None, limit: int | None = None) -> Samples:
     """The samples of SINGA's CSV store: float32 values (and int labels, or zeros without
-    ``has_label``); every line must have as many values."""
-    lines = read_textfile(path)
+    ``has_label``); every line must have as many values. ``limit``: the first lines only."""
+    lines = read_textfile(path, limit)
     if not lines:
         raise ParamError(f"CSV store '{path}' holds no records")
     xs: list[np.ndarray] = []
@@ -345,9 +368,9 @@ def read_mean(path: str | os.PathLike[str], backend: str = "kvfile") -> np.ndarr
     """The values of a mean file (see :func:`write_mean`; for ``shard``, a file whose name
     ends with ``binaryproto`` is Caffe's BlobProto, as SINGA reads it)."""
     if backend == "textfile":
-        return read_csv(path, has_label=False).x[0]
+        return read_csv(path, has_label=False, limit=1).x[0]
     if backend == "kvfile":
-        records = read_kvfile(path)
+        records = read_kvfile(path, 1)
         if not records:
             raise ParamError(f"mean file '{path}' holds no records")
         x, _ = decode_sample(records[0][1], where=f"mean file '{path}'")

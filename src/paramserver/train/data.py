@@ -12,6 +12,9 @@ Sources:
   ``x_test`` and ``y_test`` these are the test split and ``test_fraction`` is not used; so
   for ``x_val`` and ``y_val``, the validation split, and ``val_fraction``.
 
+:func:`describe_dataset` tells a dataset's layout (sample shape, type, training samples)
+without reading its values: what ``paramserver check`` builds a net from.
+
 Everything random is a pure function of a seed and a few tags (:func:`derive_rng`): the
 split of a dataset, the order of each epoch, so a run is the same every time, and a worker
 can compute its share of any step's batch without talking to the others.
@@ -263,30 +266,11 @@ def load_dataset(source: str, *, test_fraction: float = 0.2, split_seed: int = 0
     Raises:
         ParamError: naming the file and what is wrong with it.
     """
-    if not 0.0 <= test_fraction < 1.0:
-        raise ParamError(f"test_fraction must be in [0, 1), got {test_fraction}")
-    if not 0.0 <= val_fraction < 1.0 or test_fraction + val_fraction >= 1.0:
-        raise ParamError(f"val_fraction must be in [0, 1) and leave training samples with "
-                         f"test_fraction {test_fraction:g}, got {val_fraction}")
+    _check_fractions(test_fraction, val_fraction)
     dt = np.dtype(dtype)
     options = (float(test_fraction), int(split_seed), bool(normalize), x_key, y_key,
                x_test_key, y_test_key, dt.str, float(val_fraction), x_val_key, y_val_key)
-    if source == DIGITS:
-        ident: tuple[Any, ...] = (DIGITS,)
-        path = None
-    else:
-        path = Path(source)
-        if base_dir is not None and not path.is_absolute():
-            path = Path(base_dir) / path
-        try:
-            st = require_regular(path, "data file")  # a pipe or a device is not read
-        except ParamError:
-            if path.is_dir():
-                raise ParamError(f"data file '{path}' is a folder, not an .npz file") from None
-            raise
-        if st is None:
-            raise ParamError(f"data file '{path}' does not exist")
-        ident = (str(path.resolve()), st.st_mtime_ns, st.st_size)
+    path, ident = _source_file(source, base_dir)
     key = (*ident, *options)
     with _cache_lock:
         cached = _cache.get(key)
@@ -325,6 +309,86 @@ def load_dataset(source: str, *, test_fraction: float = 0.2, split_seed: int = 0
     return dataset
 
 
+@dataclass(frozen=True)
+class DataLayout:
+    """What a dataset holds, told without reading its values (``paramserver check``).
+
+    Attributes:
+        source: ``"digits"`` or the file's path.
+        sample_shape: the shape of one sample's features.
+        integer_input: whether the features are integers (ids for kEmbedding).
+        num_train: the samples of the training split.
+        num_classes: one more than the largest label, where known without the labels
+            (the digits' 10), else None.
+    """
+
+    source: str
+    sample_shape: tuple[int, ...]
+    integer_input: bool
+    num_train: int
+    num_classes: int | None
+
+
+def describe_dataset(source: str, *, test_fraction: float = 0.2, x_key: str = "x",
+                     y_key: str = "y", x_test_key: str = "x_test", y_test_key: str = "y_test",
+                     base_dir: str | os.PathLike[str] | None = None,
+                     val_fraction: float = 0.0, x_val_key: str = "x_val",
+                     y_val_key: str = "y_val") -> DataLayout:
+    """The layout of the dataset :func:`load_dataset` would load with these arguments, read
+    without its values: the digits' are known, an ``.npz`` file's come from the headers of
+    its arrays (names, shapes, types: the checks of :func:`load_dataset` that need no values).
+
+    Raises:
+        ParamError: naming the file and what is wrong with it.
+    """
+    _check_fractions(test_fraction, val_fraction)
+    path, _ = _source_file(source, base_dir)
+    if path is None:
+        n = DIGITS_SAMPLES
+        shape: tuple[int, ...] = (DIGITS_FEATURES,)
+        integer, classes, given = False, DIGITS_CLASSES, (False, False)
+    else:
+        x, _, (x_test, _), (x_val, _) = _load_npz(
+            path, x_key, y_key, (x_test_key, y_test_key), (x_val_key, y_val_key), read=False)
+        n, shape = x.shape[0], tuple(x.shape[1:])
+        integer, classes = bool(np.issubdtype(x.dtype, np.integer)), None
+        given = (x_test is not None, x_val is not None)
+    n_test, n_val = (0 if given[0] else _split_size(n, test_fraction),
+                     0 if given[1] else _split_size(n, val_fraction))
+    if n - n_test - n_val <= 0:
+        raise ParamError(f"{path or DIGITS}: test_fraction {test_fraction:g} and val_fraction "
+                         f"{val_fraction:g} leave no training samples of {n}")
+    return DataLayout(str(path or DIGITS), shape, integer, n - n_test - n_val, classes)
+
+
+def _check_fractions(test_fraction: float, val_fraction: float) -> None:
+    if not 0.0 <= test_fraction < 1.0:
+        raise ParamError(f"test_fraction must be in [0, 1), got {test_fraction}")
+    if not 0.0 <= val_fraction < 1.0 or test_fraction + val_fraction >= 1.0:
+        raise ParamError(f"val_fraction must be in [0, 1) and leave training samples with "
+                         f"test_fraction {test_fraction:g}, got {val_fraction}")
+
+
+def _source_file(source: str, base_dir: str | os.PathLike[str] | None
+                 ) -> tuple[Path | None, tuple[Any, ...]]:
+    """The file of ``source`` (None for the digits), checked to be there, and what
+    identifies its contents (for the cache of loaded datasets)."""
+    if source == DIGITS:
+        return None, (DIGITS,)
+    path = Path(source)
+    if base_dir is not None and not path.is_absolute():
+        path = Path(base_dir) / path
+    try:
+        st = require_regular(path, "data file")  # a pipe or a device is not read
+    except ParamError:
+        if path.is_dir():
+            raise ParamError(f"data file '{path}' is a folder, not an .npz file") from None
+        raise
+    if st is None:
+        raise ParamError(f"data file '{path}' does not exist")
+    return path, (str(path.resolve()), st.st_mtime_ns, st.st_size)
+
+
 def split_indices(n: int, test_fraction: float, seed: int, val_fraction: float = 0.0
                   ) -> Any:
     """Indices of the training and the test split (and, with ``val_fraction``, of the
@@ -339,18 +403,22 @@ def split_indices(n: int, test_fraction: float, seed: int, val_fraction: float =
     return (train, test) if not val_fraction else (train, test, val)
 
 
+def _split_size(n: int, fraction: float) -> int:
+    """The samples of ``n`` that a split of ``fraction`` takes (at least one of two)."""
+    k = round(n * fraction)
+    return 1 if fraction > 0 and k == 0 and n > 1 else k
+
+
 def _split3(n: int, test_fraction: float, seed: int, val_fraction: float
             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    def count(fraction: float) -> int:
-        k = round(n * fraction)
-        return 1 if fraction > 0 and k == 0 and n > 1 else k
-
-    n_test, n_val = count(test_fraction), count(val_fraction)
+    n_test, n_val = _split_size(n, test_fraction), _split_size(n, val_fraction)
     perm = derive_rng(seed, "data", "split").permutation(n)
     test, val = np.sort(perm[:n_test]), np.sort(perm[n_test:n_test + n_val])
     return np.sort(perm[n_test + n_val:]), test, val
 
 
+#: The digits: samples, features and classes (a fixed dataset, shipped with paramserver).
+DIGITS_SAMPLES, DIGITS_FEATURES, DIGITS_CLASSES = 1797, 64, 10
 #: The digits, as scikit-learn's ``load_digits`` gives them (uint8 ``x`` and ``y``).
 DIGITS_FILE = Path(__file__).with_name("digits.npz")
 
@@ -371,10 +439,38 @@ def _load_digits(normalize: bool) -> tuple[np.ndarray, np.ndarray]:
 Pair = tuple[np.ndarray | None, np.ndarray | None]
 
 
-def _load_npz(path: Path, x_key: str, y_key: str, *splits: tuple[str, str]
-              ) -> tuple[Any, ...]:
+@dataclass(frozen=True)
+class _Header:
+    """An array of an ``.npz`` file as its header tells it: shape and type, no values."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
+def _read_header(archive: Any, key: str) -> _Header:
+    """The header of array ``key`` of an open ``.npz`` archive (its values not read)."""
+    from numpy.lib import format as npy
+
+    with archive.zip.open(f"{key}.npy") as f:
+        version = npy.read_magic(f)
+        read = {(1, 0): npy.read_array_header_1_0, (2, 0): npy.read_array_header_2_0}.get(
+            version)
+        if read is None:  # a later version: numpy's own reader of any version
+            shape, _, dtype = npy._read_array_header(f, version)  # type: ignore[attr-defined]
+        else:
+            shape, _, dtype = read(f)
+    return _Header(tuple(int(d) for d in shape), np.dtype(dtype))
+
+
+def _load_npz(path: Path, x_key: str, y_key: str, *splits: tuple[str, str],
+              read: bool = True) -> tuple[Any, ...]:
     """``x, y`` and, for each ``(x_key, y_key)`` of ``splits``, that pair of arrays (or
-    ``(None, None)`` when the file does not hold it), checked."""
+    ``(None, None)`` when the file does not hold it), checked; without ``read``, their
+    headers (:class:`_Header`), checked as far as shapes and types go."""
     where = f"data file '{path}'"
     try:
         archive = np.load(path, allow_pickle=False)
@@ -389,9 +485,11 @@ def _load_npz(path: Path, x_key: str, y_key: str, *splits: tuple[str, str]
     with archive:
         names = list(archive.files)
 
-        def get(key: str) -> np.ndarray:
+        def get(key: str) -> Any:
             _check_member(archive, key, where)  # its size, before numpy allocates it
             try:
+                if not read:
+                    return _read_header(archive, key)
                 return np.asarray(archive[key])
             except ValueError as e:
                 if "allow_pickle" in str(e):
@@ -466,19 +564,20 @@ def _check_member(archive: Any, key: str, where: str) -> None:
                          f"machine's memory ({memory:,} bytes)")
 
 
-def _check_xy(where: str, x: np.ndarray, y: np.ndarray, x_key: str, y_key: str
-              ) -> tuple[np.ndarray, np.ndarray]:
-    """Features and labels, checked: samples along axis 0, labels non-negative integers."""
+def _check_xy(where: str, x: Any, y: Any, x_key: str, y_key: str) -> tuple[Any, Any]:
+    """Features and labels, checked: samples along axis 0, labels non-negative integers.
+    Headers (:class:`_Header`) are checked as far as shapes and types go."""
+    values = isinstance(x, np.ndarray) and isinstance(y, np.ndarray)
     if x.dtype == np.bool_:
-        x = x.astype(np.float64)
+        x = x.astype(np.float64) if values else _Header(x.shape, np.dtype(np.float64))
     if not (np.issubdtype(x.dtype, np.integer) or np.issubdtype(x.dtype, np.floating)):
         raise ParamError(f"{where}: '{x_key}' must hold numbers, not {x.dtype}")
     if x.ndim < 1 or x.shape[0] == 0:
         raise ParamError(f"{where}: '{x_key}' has no samples (shape {x.shape})")
-    if np.issubdtype(x.dtype, np.floating) and not np.isfinite(x).all():
+    if values and np.issubdtype(x.dtype, np.floating) and not np.isfinite(x).all():
         raise ParamError(f"{where}: '{x_key}' holds NaN or infinite values")
     if y.ndim == 2 and y.shape[1] == 1:
-        y = y[:, 0]
+        y = y[:, 0] if values else _Header(y.shape[:1], y.dtype)
     if y.ndim != 1:
         raise ParamError(f"{where}: '{y_key}' must be 1-D (one class label per sample), "
                          f"not of shape {y.shape}")
@@ -486,10 +585,12 @@ def _check_xy(where: str, x: np.ndarray, y: np.ndarray, x_key: str, y_key: str
         raise ParamError(f"{where}: '{x_key}' has {x.shape[0]} samples but '{y_key}' "
                          f"{y.shape[0]} labels")
     if np.issubdtype(y.dtype, np.floating):
-        if not (np.isfinite(y).all() and (y == np.round(y)).all()):
+        if values and not (np.isfinite(y).all() and (y == np.round(y)).all()):
             raise ParamError(f"{where}: '{y_key}' must hold whole class labels 0, 1, 2, ...")
     elif not np.issubdtype(y.dtype, np.integer):
         raise ParamError(f"{where}: '{y_key}' must hold integer class labels, not {y.dtype}")
+    if not values:
+        return x, y
     if y.size and y.min() < 0:
         raise ParamError(f"{where}: '{y_key}' holds a negative label ({y.min():g}); labels "
                          "are 0, 1, 2, ...")
@@ -503,5 +604,5 @@ def clear_cache() -> None:
         _cache.clear()
 
 
-__all__ = ["DIGITS", "Batch", "Dataset", "clear_cache", "derive_rng", "load_dataset",
-           "split_indices"]
+__all__ = ["DIGITS", "Batch", "DataLayout", "Dataset", "clear_cache", "derive_rng",
+           "describe_dataset", "load_dataset", "split_indices"]

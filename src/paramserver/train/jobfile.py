@@ -47,23 +47,26 @@ class JobFile:
         """The folder relative data paths start from: the job file's."""
         return self.path.parent
 
-    def build_net(self) -> Net:
+    def build_net(self, read_data: bool = True) -> Net:
         """The job's net (the kTrain net, and the kTest and kVal nets when the job tests or
         validates), its problems placed at their layers. What the job needs and paramserver
-        does not build yet (layer types, algorithms) is refused first, all of it at once."""
+        does not build yet (layer types, algorithms) is refused first, all of it at once.
+        Without ``read_data`` the net is built to be checked: its data is not read (see
+        :class:`~paramserver.train.net.Net`)."""
         unbuilt = self.job.unbuilt()
         if unbuilt:
             raise unbuilt_error(unbuilt)
         with self.placing():
             net = Net(self.job.neuralnet, seed=self.job.seed, base_dir=self.base_dir,
-                      phases=("kTrain", *self.job.eval_phases()))
+                      phases=("kTrain", *self.job.eval_phases()), read_data=read_data)
             if self.job.train_steps > self.job.step:
                 net.check_trainable(self.job.train_one_batch.alg)
             return net
 
     def check_params(self, net: Net) -> set[str]:
-        """Make and initialise the net's Params as training would (an init method that does
-        not fit its Param, a kFromFile file that lacks a tensor), and read the SINGA
+        """Make the net's Params and check their initialisation as training would (an init
+        method that does not fit its Param, a kFromFile file that lacks a tensor; the random
+        fills check their arguments and draw nothing: no numba), and read the SINGA
         checkpoints of ``checkpoint_path`` (a file that is missing or not one, a Param whose
         size differs), problems placed. Returns the names of the Params those checkpoints
         give values (their ``init`` is not used).
@@ -74,7 +77,7 @@ class JobFile:
         with self.placing():
             plan = plan_params(net.param_specs())
             if plan.nbytes(net.dtype) <= CHECK_MEMORY:
-                init_params(ParamSet(plan, net.dtype), self.job.seed)
+                init_params(ParamSet(plan, net.dtype), self.job.seed, check_only=True)
         try:
             return set(singa_checkpoints.saved_params(
                 self.job.checkpoint_path, {s.name: s.shape for s in plan.owners}))
@@ -345,7 +348,7 @@ def _net_problems(tree: Block, base_dir: Path) -> list[Problem]:
     if netconf.unbuilt():
         return []  # reported whole once the file reads
     try:
-        Net(netconf, seed=0, base_dir=base_dir, phases=("kTrain",))
+        Net(netconf, seed=0, base_dir=base_dir, phases=("kTrain",), read_data=False)
     except ParamError as e:
         return place_net_problems(e, tree).problems
     return []

@@ -107,6 +107,10 @@ class Net:
         phases: the phases to build nets for, the main one first (default ``kTrain`` and
             ``kTest``); any spelling of SINGA's Phase (``"train"``, ``"kVal"``, ``4``).
         device: the torch device to compute on (``"cuda:0"``); None: the CPU.
+        comm: the exchange of the workers of a group (layers partitioned on the features).
+        read_data: False builds the net to be checked, not run: input layers tell their
+            data's layout (sample shape, type) without reading its values (an ``.npz``
+            file's array headers, a store's first record), and it cannot feed batches.
 
     Raises:
         ParamError: for layer types not built yet (all of them named), an unknown, later or
@@ -124,8 +128,9 @@ class Net:
     def __init__(self, netconf: NetConf | dict[str, Any] | str, seed: int = 0,
                  dtype: Any = np.float32, *, base_dir: str | os.PathLike[str] | None = None,
                  phases: Sequence[str] = ("kTrain", "kTest"), device: Any = None,
-                 comm: Comm | None = None):
+                 comm: Comm | None = None, read_data: bool = True):
         self.conf: NetConf = conf_from(NetConf, netconf, "neuralnet")
+        self.read_data = read_data
         self.seed = int(seed)
         self.dtype = np.dtype(dtype)
         if self.dtype not in _DTYPES:
@@ -251,6 +256,7 @@ class Net:
         layer.name = node.name
         layer.unroll_index = node.index
         layer.device = self.device
+        layer.read_data = self.read_data
         layer.setup()
         return layer
 

@@ -64,7 +64,7 @@ from .layers.base import require_torch
 from .metrics import MetricsLog, Row
 from .net import Net
 from .partition import Comm, group_exchange
-from .progress import Progress, Rate
+from .progress import CompileNotice, Progress, Rate
 from .tensorboard import FOLDER as TENSORBOARD_FOLDER
 from .tensorboard import TensorBoardLog
 from .workspace import (
@@ -173,7 +173,8 @@ class Trainer:
                         "parts in memory, in one process, and cluster.backend "
                         f"'{c.backend}' runs every worker in a process of its own; partition "
                         "them on the batch (partition_dim 0), or use the embedded backend")
-            self.params = self._make_params(net)
+            with CompileNotice():  # the initialisers' random fills, on a job's first run
+                self.params = self._make_params(net)
             folder = self.workspace / "checkpoints" / "servers"
             self.cluster = Cluster(job, self.params,
                                    **{"checkpoint_dir": folder, **dict(cluster_options or {})})
@@ -200,6 +201,8 @@ class Trainer:
         self._window: list[dict[str, float]] = []  # train metrics since the last display row
         self.disp_freq = job.disp_freq or default_disp_freq(job.train_steps)
         self._interrupted = threading.Event()
+        #: Seconds this object spent in training steps and in tests and validations.
+        self.seconds = {"steps": 0.0, "tests": 0.0}
 
     def _make_params(self, net: Net) -> ParamSet:
         """The job's Params: initialised from the seed, then (``checkpoint_path``) loaded
@@ -322,17 +325,21 @@ class Trainer:
             board = TensorBoardLog(self.workspace / TENSORBOARD_FOLDER, start, checkpoints,
                                    enabled=self.tensorboard and start < job.train_steps)
             shown = self.show and self.log_format == "paramserver"
+            # Steps/s of the display, its log lines and TensorBoard: training steps only
+            # (see progress.Rate), not the first one, nor those during which kernels compile.
+            rate = Rate()
             with Progress(job.train_steps, start, self.stream, shown) as progress, board, \
-                    torch_threads(job.num_openblas_threads):
-                step, test = self._run(start, set(checkpoints), progress, board, fresh=not (
-                    resumed and start > job.step))
+                    torch_threads(job.num_openblas_threads), CompileNotice(rate):
+                step, test = self._run(start, set(checkpoints), progress, board, rate,
+                                       fresh=not (resumed and start > job.step))
             self.log.write()
             plot = self.log.plot(self.workspace / "metrics.png", f"{job.name}")
         except NoSpaceError as e:
             raise no_space(e, self.workspace) from None
         seconds = time.perf_counter() - t0
         files = [self.log.path, plot, board.folder if self.tensorboard else None]
-        log.info("done: %d steps in %.1f s; %s", step, seconds,
+        log.info("done: %d steps in %.1f s (training %.1f s, tests %.1f s); %s", step, seconds,
+                 self.seconds["steps"], self.seconds["tests"],
                  ", ".join(str(p) for p in files if p is not None))
         return TrainResult(step, None if test is None else test["loss"],
                            None if test is None else test["accuracy"], seconds,
@@ -346,15 +353,18 @@ class Trainer:
             return self.cluster.run(self._step_fn, steps, start_step=start)
 
     def _run(self, start: int, checkpoints: set[int], progress: Progress,
-             board: TensorBoardLog, fresh: bool) -> tuple[int, dict[str, float] | None]:
+             board: TensorBoardLog, rate: Rate, fresh: bool
+             ) -> tuple[int, dict[str, float] | None]:
         job = self.job
         if start >= job.train_steps and job.train_steps:
             log.info("nothing to do: the job is at step %d of %d", start, job.train_steps)
         window = self._window
         last: dict[str, dict[str, float]] = {}
-        rate = Rate(start)  # steps/s for TensorBoard, whether or not progress is shown
+        rate.skip_next()  # the run's first step is its warm-up
+        displayed = [False]
 
         def on_step(step: int, metrics: list[Mapping[str, Any] | None]) -> None:
+            steps_per_s = rate.add()
             window.append(mean_metrics([m for m in metrics if m is not None]))
             done = step + 1
             marker("step", done)
@@ -364,18 +374,25 @@ class Trainer:
                 loss, acc = means.pop("loss", math.nan), means.pop("accuracy", math.nan)
                 lr = self.cluster.updater.lr(step)
                 self.log.add(Row(done, "train", loss, acc, lr, means))
-                progress.update(done, loss, acc, lr, force=True, extra=means)
+                progress.update(done, steps_per_s, (loss, acc, lr), force=True, extra=means)
                 if self.log_format == "singa":
                     log.info("%s", singa_line("Train", done, {"loss": loss, "accuracy": acc,
                                                               **means}))
-                board.scalars("train", done, {"loss": loss, "accuracy": acc, "lr": lr, **means,
-                                              "steps_per_second": rate.add(done)})
+                scalars = {"loss": loss, "accuracy": acc, "lr": lr, **means}
+                if steps_per_s is not None:
+                    scalars["steps_per_second"] = steps_per_s
+                board.scalars("train", done, scalars)
+                displayed[0] = True
                 if shown:
                     window.clear()  # else kept: a resumed run goes on with the same window
-            elif progress.tty:
-                now = window[-1]
-                progress.update(done, now.get("loss", math.nan),
-                                now.get("accuracy", math.nan), self.cluster.updater.lr(step))
+            elif progress.tty:  # the last display window's means stay until the next one
+                if displayed[0]:
+                    progress.update(done, steps_per_s)
+                else:  # before the first display step: the mean of the steps so far
+                    means = mean_metrics(window)
+                    progress.update(done, steps_per_s, (
+                        means.pop("loss", math.nan), means.pop("accuracy", math.nan),
+                        self.cluster.updater.lr(step)), extra=means)
 
         step = start
         if job.train_steps == 0 and start == 0:  # a job that only tests (-test): once
@@ -387,7 +404,10 @@ class Trainer:
         events = set(self._boundaries(start, board.stops(start)))
         for stop in sorted(events | self._pauses(start)):
             board.before_chunk(step, stop, self.params)
+            t = time.perf_counter()
+            rate.start()
             self.cluster.run(self._step_fn, stop - step, start_step=step, on_step=on_step)
+            self.seconds["steps"] += time.perf_counter() - t
             step = stop
             stopped = self._interrupted.is_set() and step < job.train_steps
             if step not in events and not stopped:
@@ -424,6 +444,7 @@ class Trainer:
             t = time.perf_counter()
             result = net.evaluate(steps=steps, phase=phase)
             seconds = time.perf_counter() - t
+            self.seconds["tests"] += seconds
             progress.set_phase("train")
             loss, acc = result.get("loss", math.nan), result.get("accuracy", math.nan)
             last[phase] = {**result, "loss": loss, "accuracy": acc}

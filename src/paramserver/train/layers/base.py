@@ -162,6 +162,9 @@ class Layer:
         self.training = False
         self.unroll_index = 0
         self.device: Any = None
+        #: False when the net is built to be checked (``paramserver check``): input layers
+        #: then tell their data's layout without reading its values (set before setup).
+        self.read_data = True
         self._graph: tuple[list[Any], Any] | None = None
 
     # -- set-up -----------------------------------------------------------------------------

@@ -4,8 +4,10 @@ Every input layer answers the same questions, so the net and the trainer drive a
 alike: :meth:`InputLayer.batch` (worker ``rank``'s share of a step's batch, a pure function
 of the seed and the step, so a resumed run reads what a straight one would),
 :meth:`InputLayer.feed` and :meth:`InputLayer.eval_batches` (the batches a test or a
-validation reads). Data files are read whole when the net is built, so that ``paramserver
-check`` reports a missing or malformed file before training starts.
+validation reads). Data files are read whole when the net is built for a run, so that a
+missing or malformed file is reported before training starts; a net built to be checked
+(``read_data`` False: ``paramserver check`` without ``--data``) reads no data, only what
+tells the samples' shape (an ``.npz`` file's array headers, a store's first record).
 
 * ``kData`` (paramserver's): the 8x8 digits (shipped with paramserver) or an ``.npz`` file,
   shuffled each epoch.
@@ -41,7 +43,7 @@ from ...singa.confs import (
     ShardConf,
     StoreConf,
 )
-from ..data import Batch, Dataset, derive_rng, load_dataset
+from ..data import Batch, DataLayout, Dataset, derive_rng, describe_dataset, load_dataset
 from .base import Layer, as_tensor, register_layer, require_torch, shape_text, torch_dtype
 
 
@@ -171,31 +173,37 @@ class DataLayer(InputLayer):
     def __init__(self, conf: LayerConf, srcs: Sequence[Layer] = (), **kwargs: Any):
         super().__init__(conf, srcs, **kwargs)
         self._dataset: Dataset | None = None
+        self._layout: DataLayout | None = None
 
     def setup(self) -> None:
         super().setup()
         c = self.own
+        where = dict(test_fraction=c.test_fraction, x_key=c.x_key, y_key=c.y_key,
+                     x_test_key=c.x_test_key, y_test_key=c.y_test_key, base_dir=self.base_dir,
+                     val_fraction=c.val_fraction, x_val_key=c.x_val_key, y_val_key=c.y_val_key)
         try:
-            ds = load_dataset(c.source, test_fraction=c.test_fraction,
-                              split_seed=self.seed if c.split_seed is None else c.split_seed,
-                              normalize=c.normalize, x_key=c.x_key, y_key=c.y_key,
-                              x_test_key=c.x_test_key, y_test_key=c.y_test_key,
-                              dtype=self.dtype, base_dir=self.base_dir,
-                              val_fraction=c.val_fraction, x_val_key=c.x_val_key,
-                              y_val_key=c.y_val_key)
+            if self.read_data:
+                ds = self._dataset = load_dataset(
+                    c.source, split_seed=self.seed if c.split_seed is None else c.split_seed,
+                    normalize=c.normalize, dtype=self.dtype, **where)
+                layout = DataLayout(ds.source, ds.sample_shape, ds.integer_input,
+                                    ds.num_train, ds.num_classes)
+            else:
+                layout = describe_dataset(c.source, **where)
         except ParamError as e:
             raise _problems_at(self, e) from None
-        if ds.num_train < c.batchsize:
+        if layout.num_train < c.batchsize:
             raise self.error(f"batchsize {c.batchsize} is larger than the training split "
-                             f"({ds.num_train} samples of {ds.source})")
-        self._dataset = ds
-        self.out_shape = ds.sample_shape
-        self.int_output = ds.integer_input
+                             f"({layout.num_train} samples of {layout.source})")
+        self._layout = layout
+        self.out_shape = layout.sample_shape
+        self.int_output = layout.integer_input
 
     @property
     def dataset(self) -> Dataset:
         if self._dataset is None:
-            raise self.error("is not set up yet")
+            raise self.error("is not set up yet" if self._layout is None else
+                             "was built to be checked, without reading its data")
         return self._dataset
 
     @property
@@ -207,10 +215,12 @@ class DataLayer(InputLayer):
         return self.dataset.steps_per_epoch(self.batchsize)
 
     def num_classes(self) -> int | None:
+        if self._dataset is None:  # built to be checked: known for the digits only
+            return self._layout.num_classes if self._layout is not None else None
         return self.dataset.num_classes
 
     def id_range(self) -> tuple[int, int] | None:
-        return self.dataset.id_range()
+        return self._dataset.id_range() if self._dataset is not None else None
 
     def batch(self, step: int, rank: int = 0, num_workers: int = 1) -> Batch:
         try:
@@ -251,8 +261,10 @@ _stores: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
 _stores_lock = threading.Lock()
 
 
-def _read_store(path: Path, backend: str, separator: str, has_label: bool) -> Any:
-    """The samples of a store, shared by the layers (and workers) that read the same file."""
+def _read_store(path: Path, backend: str, separator: str, has_label: bool,
+                limit: int | None = None) -> Any:
+    """The samples of a store, shared by the layers (and workers) that read the same file;
+    the first ``limit`` only, when given."""
     from ...singa import stores
 
     file = stores.kvfile_path(path) if backend == "kvfile" else (
@@ -264,12 +276,14 @@ def _read_store(path: Path, backend: str, separator: str, has_label: bool) -> An
                          "data, see docs/singa.md)") from None
     except OSError as e:
         raise ParamError(f"data store '{path}' cannot be read: {e.strerror or e}") from None
-    key = (str(file.resolve()), st.st_mtime_ns, st.st_size, backend, separator, has_label)
+    key = (str(file.resolve()), st.st_mtime_ns, st.st_size, backend, separator, has_label,
+           limit)
     with _stores_lock:
         if key in _stores:
             _stores.move_to_end(key)
             return _stores[key]
-    samples = stores.read_records(path, backend, separator=separator, has_label=has_label)
+    samples = stores.read_records(path, backend, separator=separator, has_label=has_label,
+                                  limit=limit)
     samples.x.setflags(write=False)
     with _stores_lock:
         _stores[key] = samples
@@ -312,8 +326,9 @@ class StoreInputLayer(InputLayer):
         if backend not in ("kvfile", "textfile", "shard"):
             raise self.error(f"store_conf backend '{backend}' is not one of SINGA's: "
                              "'kvfile', 'textfile'")
-        try:
-            samples = _read_store(path, backend, separator, has_label)
+        try:  # built to be checked: the first record, for the samples' shape
+            samples = _read_store(path, backend, separator, has_label,
+                                  None if self.read_data else 1)
         except ParamError as e:
             raise _problems_at(self, e) from None
         x = samples.x
@@ -347,6 +362,8 @@ class StoreInputLayer(InputLayer):
         return max(self.x.shape[0] // self.batchsize, 1)
 
     def num_classes(self) -> int | None:
+        if not self.read_data:
+            return None  # built to be checked: the labels were not read
         return int(self.y.max()) + 1 if self.y.size else 0
 
     def batch(self, step: int, rank: int = 0, num_workers: int = 1) -> Batch:
@@ -643,6 +660,15 @@ class CharRNNLayer(InputLayer):
         self.vocab = read_vocab(self, c.vocab_path)
         if not c.path:
             raise self.error("char_rnn_conf path is not given")
+        self.unroll_len = int(c.unroll_len)
+        self.out_shape = (self.unroll_len + 1,)
+        self.int_output = True
+        if not self.read_data:  # built to be checked: the text is not read
+            if not Path(c.path).exists():
+                raise self.error(f"path '{c.path}' does not exist (make it with paramserver "
+                                 "data --format text)")
+            self.ids, self.part, self.per_epoch = np.zeros(0, np.int64), 0, 1
+            return
         try:
             require_regular(c.path, "path")  # a pipe or a device is not read
             text = Path(c.path).read_text(encoding="utf-8")
@@ -659,14 +685,11 @@ class CharRNNLayer(InputLayer):
             raise self.error(f"'{c.path}' holds characters that are not in the vocabulary "
                              f"'{c.vocab_path}': {unknown[:5]}")
         self.ids = np.array([index[ch] for ch in text], np.int64)
-        self.unroll_len = int(c.unroll_len)
         self.part = len(text) // int(c.batchsize)
         if self.part <= self.unroll_len:
             raise self.error(f"the text has {len(text)} characters: too few for batchsize "
                              f"{c.batchsize} instances of unroll_len {self.unroll_len} + 1")
         self.per_epoch = (self.part - 1 - self.unroll_len) // self.unroll_len + 1
-        self.out_shape = (self.unroll_len + 1,)
-        self.int_output = True
 
     @property
     def batchsize(self) -> int:
