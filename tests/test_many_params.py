@@ -26,7 +26,7 @@ from paramserver import (
 from paramserver.config.components import param_generators
 from paramserver.config.job import ParamConf
 from paramserver.init import ParamGenerator, register_param_generator, stream
-from paramserver.numerics.rng import _CHUNK
+from paramserver.numerics.rng_kernels import _CHUNK
 from paramserver.params import ParamSpec
 
 N = 100_000
