@@ -176,9 +176,10 @@ def test_the_terminal_shows_the_means_of_the_last_display_window(
     real = Progress.update
 
     def update(self: Progress, step: int, rate: float | None,
-               metrics: tuple[float, float, float] | None = None, force: bool = False) -> None:
+               metrics: tuple[float, float, float] | None = None, force: bool = False,
+               extra: Any = None) -> None:
         shown.append((step, metrics))
-        real(self, step, rate, metrics, force)
+        real(self, step, rate, metrics, force, extra)
 
     monkeypatch.setattr(Progress, "update", update)
     trainer = Trainer(job(tmp_path), stream=Terminal(), tensorboard=False)
