@@ -1,0 +1,537 @@
+"""Synchronous steps over Ray Compiled Graphs: a step's exchange through shared memory.
+
+An ordinary Ray actor call costs a millisecond or more of scheduling and object-store
+traffic; a training step of a small model is shorter than that. For the steps of a
+*synchronous* run — every server group serving one worker group, whose workers each push
+one update per server per step and wait for its reply — the graph of calls is the same at
+every step, so it is compiled once (``ray.dag``, ``experimental_compile``): Ray then keeps a
+loop running in every actor and moves each message through a shared-memory channel
+(between nodes, a channel Ray copies across), with no scheduling per call.
+
+The graph of one step (``step`` is its input)::
+
+    worker w:  compute(step)      gradient function, push: one packed Update per server
+    server s:  take(update of w)  for each worker of its group, in worker order (held)
+               answer(...)        the held updates to the Server at once; its replies
+    worker w:  adopt(replies)     the new values; the step's outcome (the graph's output)
+
+The step's messages and code are those of the other path: :func:`~.driver.gradients`, the
+:class:`~.worker.Worker` stub's push and collect (through a :class:`Relay`, which holds its
+updates for the graph and resolves their replies from it), the :class:`~.server.Server`'s
+handler, :func:`~.driver.done` and :func:`~.driver.failure`. A server takes a step's
+updates all at once, so a step that stops midway (a worker gone) left nothing on it.
+
+:class:`CompiledSteps` is the driver's side: it runs a part of a run, a few steps in flight
+(the driver's own round trip is off the critical path), delivers the outcomes, and stands
+in for what the other path's workers do on their own: a worker's wait that exceeds the
+cluster's timeout is reported as the worker would report it. A step that fails in a
+worker (its gradient function raises, a non-finite gradient) halts every worker at that
+step, as a run stops; a worker that leaves (``on_worker_failure: continue``) takes no part
+from then on. When an actor dies, Ray tears the graph down: the dead workers are reported,
+a lost server is a lost server (the driver brings the servers back from their checkpoints,
+and the next part compiles a new graph), and under ``continue`` the other workers finish
+the part on the ordinary path of actor calls (:mod:`~paramserver.cluster.ray_backend`).
+
+Asynchronous runs (worker groups sharing a server group), the updater's ``clip_norm`` (a
+second exchange per step), row-sparse tables (rows pulled during a step) and key-value
+stores use the ordinary path.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import warnings
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayChannelError, RaySystemError
+
+from ..config.job import ClusterConf
+from ..params import ParamSet
+from ..updaters import Updater
+from .driver import DONE, ENDED, ERROR, LEFT, Outcome, done, failure, gradients
+from .errors import ClusterError
+from .gradfn import GradFnCache
+from .messages import Address, Reply, Request, Update
+from .ray_transport import RayTransport, ask_waiting_for, picklable
+from .ray_wire import pack, unpack
+from .server import Server
+from .transport import Pending
+from .worker import Worker
+
+Deliver = Callable[[Outcome], None]
+
+
+def compiled_reason(conf: ClusterConf, params: ParamSet, updater: Updater | None,
+                    keys: bool) -> str | None:
+    """Why a cluster's steps cannot run over a compiled graph, or None when they can."""
+    if keys or updater is None:
+        return "a key-value store's clients push and pull as they go"
+    if conf.nworker_groups != conf.nserver_groups:
+        return "worker groups share a server group (asynchronous)"
+    if updater.conf.clip_norm > 0:
+        return "clip_norm adds a second exchange to a step"
+    if params.tables:
+        return "row-sparse tables pull their rows during a step"
+    return None
+
+
+# -- a worker actor's side --------------------------------------------------------------------
+
+class Relay:
+    """A worker's transport in compiled steps: while it holds (during a push), an
+    :class:`Update` is packed and held for the graph, and its :class:`Pending` is resolved
+    by :meth:`WorkerStages.adopt`; every other message (the first pull, a leave) goes
+    through the ordinary actor calls."""
+
+    def __init__(self, inner: RayTransport):
+        self.inner = inner
+        self.holding = False
+        self.held: list[bytes] = []
+
+    def send(self, to: Address, request: Request, what: str) -> Pending:
+        if not (self.holding and isinstance(request, Update)):
+            return self.inner.send(to, request, what)
+        data = pack(request, limit=None)
+        assert data is not None  # an update holds arrays and numbers only
+        handle, name = self.inner.handles[to], self.inner.names[to]
+        self.held.append(data)
+        return Pending(what, lambda: ask_waiting_for(handle, name), to)
+
+    def abort(self, reason: str) -> None:
+        self.inner.abort(reason)
+
+
+def channels_carry_bytes() -> None:
+    """Tell Ray that this actor's channels carry no torch tensors: Ray would otherwise import
+    torch (seconds, and a few hundred MB) in every actor when its loop of a graph starts,
+    only to look for GPUs to move tensors with. Our messages are bytes; this setting changes
+    nothing else (Ray keeps it in a private field of its channel context: skipped if Ray
+    no longer has it)."""
+    from ray.experimental.channel.common import ChannelContext
+
+    context = ChannelContext.get_current()
+    if getattr(context, "_torch_available", True) is None:
+        context._torch_available = False
+
+
+class WorkerStages:
+    """What a worker actor does in the compiled graph (see the module docstring).
+
+    Attributes:
+        out: the worker takes no part in the steps (not begun, gone, or halted by a failed
+            step): ``compute`` sends nothing and ``adopt`` reports nothing.
+    """
+
+    def __init__(self, worker: Worker, relay: Relay, fns: GradFnCache, servers: int):
+        self.worker = worker
+        self.relay = relay
+        self.fns = fns
+        self.grad_fn: Callable[..., Any] | None = None
+        self.out = True
+        self.stopped: Outcome | None = None  # compute's failure, reported by adopt
+        self.step = -1
+        self.metrics: Any = None
+        self.notes: list[tuple[str, str]] = []
+        self.pendings: list[Pending] = []
+        self.since: float | None = None  # when its push began to wait for the replies
+        self.last: tuple[int, tuple[Any, ...]] | None = None  # its last outcome, as data
+        self.servers = servers  # of its group, with something to hold: compute's outputs
+
+    def begin(self, first: int, fn: Any, live: bool) -> tuple[Any, ...] | None:
+        """Before a part: the gradient function and the first pull (the servers were put or
+        restored); an error's outcome, or None."""
+        self.out, self.stopped, self.pendings, self.since, self.last = True, None, [], None, None
+        if not live:
+            return None
+        try:
+            self.grad_fn = self.fns.get(fn)
+            self.worker.pull(first)
+        except Exception as e:
+            return _as_data(failure(self.worker, first, e))
+        self.out = False
+        return None
+
+    def _nothing(self) -> Any:
+        return None if self.servers == 1 else (None,) * self.servers
+
+    def compute(self, step: int) -> Any:
+        """The gradient function and the push: one packed update per server (None: none).
+        Step -1 does nothing (it starts the graph's loops)."""
+        if self.out or step < 0:
+            return self._nothing()
+        w = self.worker
+        assert self.grad_fn is not None
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            metrics, stopped = gradients(w, self.grad_fn, step)
+            if stopped is None:
+                self.relay.holding = True
+                try:
+                    self.pendings = w.push(step)
+                except Exception as e:
+                    stopped = failure(w, step, e)
+                finally:
+                    self.relay.holding = False
+        held, self.relay.held = self.relay.held, []
+        notes = [(c.category.__name__, str(c.message)) for c in caught]
+        if stopped is not None:
+            stopped.notes += notes
+            self.stopped, self.out = stopped, True
+            return self._nothing()
+        self.step, self.metrics, self.notes, self.since = step, metrics, notes, time.monotonic()
+        return held[0] if len(held) == 1 else tuple(held)
+
+    def adopt(self, *answers: tuple[bytes | None, ...] | None) -> tuple[Any, ...] | None:
+        """The servers' replies to this worker's updates (each server answers every worker of
+        its group); the step's outcome as data, or None (no part in it)."""
+        if self.stopped is not None:
+            stopped, self.stopped = self.stopped, None
+            return self._keep(stopped.step, _as_data(stopped))
+        if self.out:
+            return None
+        w, step = self.worker, self.step
+        self.since = None
+        mine = [a[w.index] if a is not None else None for a in answers]
+        if any(m is None for m in mine):  # the step stopped in another worker
+            self.out = True
+            return None
+        for pending, data in zip(self.pendings, mine, strict=True):
+            assert data is not None
+            pending.resolve(unpack(data))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                w.collect(self.pendings, step)
+                outcome = done(w, step, self.metrics)
+            except Exception as e:
+                outcome = failure(w, step, e)
+                self.out = True
+        outcome.notes = [*self.notes, *outcome.notes,
+                         *((c.category.__name__, str(c.message)) for c in caught)]
+        return self._keep(step, _as_data(outcome))
+
+    def _keep(self, step: int, data: tuple[Any, ...]) -> tuple[Any, ...]:
+        self.last = (step, data)
+        return data
+
+    def settle(self, step: int) -> tuple[Any, ...] | None:
+        """After the graph broke: this worker's outcome of ``step``, when its servers had
+        answered it (``adopt`` may not have run: the values come with the next pull)."""
+        if self.last is not None and self.last[0] == step:
+            return self.last[1]
+        if self.step == step and self.since is not None:
+            self.since = None
+            return _as_data(done(self.worker, step, self.metrics))
+        return None
+
+    def overdue(self, timeout: float) -> tuple[int, str] | None:
+        """When its push has waited ``timeout`` for the replies: the step, and the timeout's
+        message as the worker's own wait would give it."""
+        since, pendings = self.since, self.pendings
+        if since is None or not pendings or time.monotonic() - since < timeout:
+            return None
+        step = self.step
+        return step, str(pendings[0]._timeout(timeout, f"{self.worker.name} at step {step}"))
+
+
+def _as_data(outcome: Outcome) -> tuple[Any, ...]:
+    outcome.cause = picklable(outcome.cause)
+    return outcome.to_data()
+
+
+# -- a server actor's side --------------------------------------------------------------------
+
+class ServerStages:
+    """What a server actor does in the compiled graph: take the updates of its group's
+    workers (held), then hand them to the :class:`Server` at once and answer each.
+
+    Args:
+        server: the server.
+        call: runs the handler under the actor's lock (as its ordinary requests are).
+        nworkers: workers per group.
+    """
+
+    def __init__(self, server: Server, call: Callable[[Callable[[], None]], None],
+                 nworkers: int):
+        self.server = server
+        self.call = call
+        self.nworkers = nworkers
+        self.held: dict[int, Update] = {}
+        self.answered = -1  # the last step it answered in the graph
+
+    def take(self, data: bytes | None) -> None:
+        if data is not None:
+            update = unpack(data)
+            self.held[update.worker] = update
+
+    def answer(self, *_: None) -> tuple[bytes | None, ...]:
+        """The held updates, in worker order, to the server; each worker's packed reply
+        (None: it sent nothing, or the step did not complete)."""
+        held, self.held = self.held, {}
+        replies: dict[int, bytes] = {}
+        packed: dict[int, bytes] = {}  # the replies of one state are one object
+
+        def reply_to(worker: int) -> Callable[[Reply], None]:
+            def reply(answer: Reply) -> None:
+                data = packed.get(id(answer))
+                if data is None:
+                    data = pack(answer, limit=None)
+                    assert data is not None, type(answer).__name__
+                    packed[id(answer)] = data
+                replies[worker] = data
+            return reply
+
+        def hand() -> None:
+            for worker, update in sorted(held.items()):
+                self.server.handle(update, reply_to(worker))
+
+        self.call(hand)
+        if held and replies.keys() >= held.keys():
+            self.answered = next(iter(held.values())).step
+        return tuple(replies.get(i) for i in range(self.nworkers))
+
+    def begin(self) -> None:
+        """Before a part: forget updates held by a graph that broke midway."""
+        self.held = {}
+
+    def waiting_for(self) -> str:
+        held = dict(self.held)
+        if not held:
+            return self.server.waiting_for()
+        group, step = self.server.group, next(iter(held.values())).step
+        return self.server.waiting_for({group: (step, held.keys())})
+
+
+# -- the driver's side ------------------------------------------------------------------------
+
+class _QuietCancel(logging.Filter):
+    """Ray logs, with its traceback, every actor it could not cancel while it tears a graph
+    down — which it does itself when an actor of the graph died. The driver reports the
+    dead actor in its own words; this drops those records only."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        dead = record.exc_info is not None and isinstance(record.exc_info[1], RayActorError)
+        return not (dead and record.getMessage().startswith("Error cancelling"))
+
+
+logging.getLogger("ray.dag.compiled_dag_node").addFilter(_QuietCancel())
+
+
+class CompiledSteps:
+    """The compiled graph of a synchronous step over the live actors; see the module
+    docstring.
+
+    Args:
+        workers: the live workers (``RemoteWorker``: ``group``, ``index``, ``rank``,
+            ``name``, ``actor``).
+        servers: the server actors (with something to hold) by address.
+        names: every server's name.
+        conf: the cluster configuration.
+        message_bytes: the size of the largest message (a server's range of the values):
+            the channels' first size (Ray grows one that a message outgrows).
+        dead: says how a worker actor died (``(worker, step, exception)`` → its outcome).
+        lost: the servers lost since the graph was made (``[]``: none).
+    """
+
+    #: Steps in flight at once: the inputs of the next steps wait in the graph while one
+    #: runs, so that the workers never wait for this process (on a busy machine it may
+    #: take the outcomes a few steps late). Ray keeps as many buffers per channel.
+    depth = 8
+
+    def __init__(self, workers: Sequence[Any], servers: Mapping[Address, Any],
+                 names: Mapping[Address, str], conf: ClusterConf, message_bytes: int,
+                 dead: Callable[[Any, int, BaseException], Outcome],
+                 lost: Callable[[], list[Address]]):
+        from ray.dag import InputNode, MultiOutputNode
+
+        self.workers = list(workers)
+        self.servers = dict(servers)
+        self.names = dict(names)
+        self.conf = conf
+        self._dead = dead
+        self._lost = lost
+        self.broken = False
+        channels_carry_bytes()
+        nsg = conf.nserver_groups
+        order = sorted(self.servers)  # by group, then index: the workers' layout order
+        with InputNode() as step:
+            pushes: dict[tuple[int, Address], Any] = {}
+            for w in self.workers:
+                mine = [a for a in order if a[0] == w.group % nsg]
+                out = (w.actor.compute.options(num_returns=len(mine)).bind(step)
+                       if len(mine) > 1 else (w.actor.compute.bind(step),))
+                pushes.update(((w.rank, a), o) for a, o in zip(mine, out, strict=True))
+            answers = {}
+            for a in order:
+                group = [w for w in self.workers if w.group % nsg == a[0]]
+                h = self.servers[a]
+                answers[a] = h.answer.bind(*[h.take.bind(pushes[(w.rank, a)]) for w in group])
+            outputs = [w.actor.adopt.bind(*[answers[a] for a in order
+                                            if a[0] == w.group % nsg])
+                       for w in self.workers]
+            graph = MultiOutputNode(outputs)
+        self._graph = graph.experimental_compile(
+            _max_inflight_executions=self.depth, _submit_timeout=-1,
+            _buffer_size_bytes=message_bytes + (64 << 10))
+        self._waiting: tuple[int, float] | None = None  # the step awaited, since when
+        try:  # the actors' loops start with the first execution: a step that does nothing
+            for ref in self._graph.execute(-1):
+                ref.get(timeout=max(60.0, conf.timeout))
+        except BaseException:
+            self.teardown()
+            raise
+
+    # -- a part of a run ----------------------------------------------------------------------
+
+    def run(self, ranks: Sequence[int], fn: Any, first: int, last: int, deliver: Deliver,
+            fallback: Callable[[Sequence[int], Any, int, int, Deliver], None]) -> None:
+        """Steps ``[first, last)`` of workers ``ranks`` (in a thread of its own): every
+        outcome to ``deliver``, then one ``ended`` per rank (a rank handed to ``fallback``,
+        the ordinary path, ends there)."""
+        ended = set(ranks)
+        try:
+            self._run(ranks, fn, first, last, deliver, fallback, ended)
+        except Exception as e:  # a failure of this thread stops the run, said as it is
+            self.broken = True
+            deliver(Outcome(min(ranks), first, ERROR, cause=e, message=(
+                f"the compiled steps {first} to {last - 1} failed: {type(e).__name__}: {e}")))
+        finally:
+            for rank in sorted(ended):
+                deliver(Outcome(rank, last, ENDED))
+
+    def _run(self, ranks: Sequence[int], fn: Any, first: int, last: int, deliver: Deliver,
+             fallback: Callable[[Sequence[int], Any, int, int, Deliver], None],
+             ended: set[int]) -> None:
+        live = set(ranks)
+        at = dict.fromkeys(live, first)  # the next step of each rank
+        try:
+            begun = ray.get([w.actor.begin.remote(first, fn, w.rank in live)
+                             for w in self.workers], timeout=max(60.0, self.conf.timeout))
+        except (RayActorError, RayChannelError, GetTimeoutError) as e:
+            self._broke(e, live, at, fn, last, deliver, fallback, ended)
+            return
+        errors = [Outcome.from_data(d) for d in begun if d is not None]
+        for outcome in errors:
+            deliver(outcome)
+        if errors:
+            return
+        watch = threading.Event()
+        watchdog = threading.Thread(target=self._watch, args=(watch, live, deliver),
+                                    daemon=True, name="paramserver-ray-watchdog")
+        watchdog.start()
+        inflight: deque[tuple[int, Any]] = deque()
+        step, halted = first, False
+        try:
+            while inflight or (step < last and not halted):
+                while not halted and step < last and len(inflight) < self.depth:
+                    inflight.append((step, self._graph.execute(step)))
+                    step += 1
+                s, refs = inflight.popleft()
+                self._waiting = (s, time.monotonic())
+                results = [ref.get(timeout=-1) for ref in refs]  # one per worker
+                self._waiting = None
+                for data in results:
+                    if data is None:
+                        continue
+                    outcome = Outcome.from_data(data)
+                    at[outcome.rank] = outcome.step + 1
+                    deliver(outcome)
+                    if outcome.kind not in (DONE, LEFT):
+                        halted = True
+        except (RayActorError, RayChannelError, RaySystemError) as e:
+            self._waiting = None
+            self._broke(e, live, at, fn, last, deliver, fallback, ended)
+        finally:
+            watch.set()
+
+    def _watch(self, stop: threading.Event, live: set[int], deliver: Deliver) -> None:
+        """Report the first worker whose wait for its replies exceeds the timeout, as its own
+        wait would (the graph itself waits without a limit)."""
+        timeout = self.conf.timeout
+        while not stop.wait(min(1.0, timeout / 4)):
+            waiting = self._waiting
+            if waiting is None or time.monotonic() - waiting[1] < timeout:
+                continue
+            for w in self.workers:
+                if w.rank not in live:
+                    continue
+                try:
+                    late = ray.get(w.actor.overdue.remote(timeout), timeout=10.0)
+                except Exception:  # the graph's own failure says more
+                    continue
+                if late is not None:
+                    step, message = late
+                    deliver(Outcome(w.rank, step, ERROR, message=message,
+                                    cause=ClusterError(message)))
+                    return
+
+    def _broke(self, e: BaseException, live: set[int], at: dict[int, int], fn: Any,
+               last: int, deliver: Deliver,
+               fallback: Callable[[Sequence[int], Any, int, int, Deliver], None],
+               ended: set[int]) -> None:
+        """The graph is gone (an actor died): report the dead workers and lost servers; under
+        ``continue`` the other workers go on from where their servers are, on the ordinary
+        path."""
+        self.broken = True
+        alive: list[Any] = []
+        for w in self.workers:
+            if w.rank not in live:
+                continue
+            try:
+                ray.get(w.actor.ping.remote(), timeout=30.0)
+                alive.append(w)
+            except RayActorError as died:
+                deliver(self._dead(w, at[w.rank], died))
+                live.discard(w.rank)
+            except GetTimeoutError:
+                alive.append(w)  # busy in its step: not dead
+        lost = self._lost()
+        if lost or not live or len(alive) == len(self.workers) or (
+                self.conf.on_worker_failure != "continue"):
+            if lost or (live and len(alive) == len(self.workers)):
+                names = ", ".join(self.names[a] for a in lost) or "a server"
+                first = min((w for w in alive if w.rank in live), key=lambda w: w.rank,
+                            default=None)
+                rank = first.rank if first is not None else min(at)
+                step = at[rank]
+                who = f"{first.name} at step {step}" if first is not None else "the driver"
+                deliver(Outcome(rank, step, ERROR, server_lost=True, message=(
+                    f"{who} lost {names} while it waited for its reply to its update: its "
+                    f"Ray actor died ({type(e).__name__})")))
+            return
+        # Only workers died, and the others go on: from the step their servers are at.
+        answered: dict[int, int] = {}
+        for a, h in self.servers.items():
+            try:
+                n = int(ray.get(h.answered.remote(), timeout=30.0))
+            except Exception:
+                n = -1
+            answered[a[0]] = min(answered.get(a[0], n), n)
+        handed: dict[int, list[int]] = {}
+        for w in alive:
+            step = at[w.rank]
+            if answered.get(w.group % self.conf.nserver_groups, -1) >= step:
+                data = ray.get(w.actor.settle.remote(step), timeout=30.0)
+                if data is not None:
+                    deliver(Outcome.from_data(data))
+                    step += 1
+            if step < last:
+                handed.setdefault(step, []).append(w.rank)
+        for step, ranks in sorted(handed.items()):
+            ended.difference_update(ranks)
+            fallback(ranks, fn, step, last, deliver)
+
+    def teardown(self) -> None:
+        try:
+            self._graph.teardown()
+        except Exception:  # an actor is gone: its loop went with it
+            pass
+
+
+__all__ = ["CompiledSteps", "Relay", "ServerStages", "WorkerStages", "channels_carry_bytes",
+           "compiled_reason"]
