@@ -121,9 +121,8 @@ def start_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
             hint = ("; it uses token authentication: set RAY_AUTH_MODE=token here, with the "
                     "cluster's token in ~/.ray/auth_token (or RAY_AUTH_TOKEN)"
                     if "auth" in f"{type(e).__name__} {e!r} {e.__cause__!r}".lower() else "")
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise ClusterError(f"cannot join the Ray cluster at {address}: {first}{hint}"
-                               ) from e
+            raise ClusterError(f"cannot join the Ray cluster at {address}: {_first_line(e)}"
+                               f"{hint}") from e
     else:
         with loopback_only():
             ray.init(address="local", include_dashboard=False, num_cpus=num_cpus,
@@ -293,8 +292,9 @@ class RayBackend:
             raise ClusterError(f"the {len(self.servers) + len(self.workers)} Ray actors of the "
                                f"cluster did not start within {wait:g} s; does the Ray "
                                "cluster have room for them (resources, placement)?") from None
-        except ray.exceptions.RayActorError as e:
-            raise ClusterError(f"a Ray actor of the cluster could not start: {e}") from None
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnschedulableError) as e:
+            raise ClusterError(f"a Ray actor of the cluster could not start: {_first_line(e)}"
+                               ) from None
         self._connect()
         self._locate()
 
@@ -390,7 +390,9 @@ class RayBackend:
                           timeout=max(60.0, self.conf.timeout))
             biggest = max(L.size for L in self.layouts) * np.dtype(self._params.dtype).itemsize
             try:
+                here = str(self._ray.get_runtime_context().get_node_id())
                 self._steps = CompiledSteps(live, self.servers, self._names, self.conf, biggest,
+                                            set(self.nodes.values()) != {here},
                                             self._dead_outcome, self._lost)
             except Exception as e:  # a Ray that cannot compile: the actor calls serve
                 self._compile = False
@@ -457,7 +459,7 @@ class RayBackend:
             try:
                 if ray.get(ref, timeout=30.0) != self._incarnations.get(a):
                     lost.append(a)
-            except ray.exceptions.RayActorError:
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnschedulableError):
                 lost.append(a)
             except ray.exceptions.GetTimeoutError:  # busy: not lost
                 pass
@@ -494,6 +496,9 @@ class RayBackend:
                     raise ClusterError(f"{name} died and Ray did not restart it (max_restarts "
                                        f"{self.actor_restarts}){self._node_left(name)}"
                                        ) from None
+                except ray.exceptions.ActorUnschedulableError as e:
+                    raise ClusterError(f"{name} died and Ray cannot start it again: "
+                                       f"{_first_line(e)}{self._node_left(name)}") from None
                 except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
                     if time.monotonic() > deadline:
                         raise ClusterError(f"{name} was not back within {limit:g} s after its "
@@ -520,7 +525,7 @@ class RayBackend:
             try:
                 if ray.get(h.ping.remote(), timeout=5.0) != old:
                     return
-            except ray.exceptions.ActorDiedError:
+            except (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnschedulableError):
                 return
             except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
                 pass
@@ -548,6 +553,12 @@ class RayBackend:
         c = self.conf
         return (f"RayBackend({c.nworker_groups}×{c.nworkers_per_group} worker actors, "
                 f"{c.nserver_groups}×{c.nservers_per_group} servers)")
+
+
+def _first_line(e: BaseException) -> str:
+    """The first line of Ray's message (the rest is its advice on Ray's internals)."""
+    text = str(e).strip()
+    return text.splitlines()[0].rstrip(".") if text else type(e).__name__
 
 
 def _node_labels(ray: Any) -> dict[str, str]:

@@ -48,7 +48,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayChannelError, RaySystemError
+from ray.exceptions import (
+    GetTimeoutError,
+    RayActorError,
+    RayChannelError,
+    RayError,
+    RaySystemError,
+)
 
 from ..config.job import ClusterConf
 from ..params import ParamSet
@@ -311,12 +317,13 @@ class ServerStages:
 
 class _QuietCancel(logging.Filter):
     """Ray logs, with its traceback, every actor it could not cancel while it tears a graph
-    down — which it does itself when an actor of the graph died. The driver reports the
-    dead actor in its own words; this drops those records only."""
+    down — which it does itself when an actor of the graph died (the actor is gone, cannot
+    be placed again, or its channel closed). The driver reports the dead actor in its own
+    words; this drops those records only."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        dead = record.exc_info is not None and isinstance(record.exc_info[1], RayActorError)
-        return not (dead and record.getMessage().startswith("Error cancelling"))
+        gone = record.exc_info is not None and isinstance(record.exc_info[1], RayError)
+        return not (gone and record.getMessage().startswith("Error cancelling"))
 
 
 logging.getLogger("ray.dag.compiled_dag_node").addFilter(_QuietCancel())
@@ -334,18 +341,24 @@ class CompiledSteps:
         conf: the cluster configuration.
         message_bytes: the size of the largest message (a server's range of the values):
             the channels' first size (Ray grows one that a message outgrows).
+        across_nodes: some actor is on another node than this process.
         dead: says how a worker actor died (``(worker, step, exception)`` → its outcome).
         lost: the servers lost since the graph was made (``[]``: none).
     """
 
-    #: Steps in flight at once: the inputs of the next steps wait in the graph while one
-    #: runs, so that the workers never wait for this process (on a busy machine it may
-    #: take the outcomes a few steps late). Ray keeps as many buffers per channel.
+    #: Steps in flight at once, all actors on this process's node: the inputs of the next
+    #: steps wait in the graph while one runs, so that the workers never wait for this
+    #: process (on a busy machine it may take the outcomes a few steps late). Ray keeps as
+    #: many buffers per channel.
     depth = 8
+    #: ... with actors on other nodes: Ray 2.60's channels between nodes hang with more
+    #: than about three buffers in flight (seen on one host's nodes); two keep the driver
+    #: off the critical path.
+    depth_across_nodes = 2
 
     def __init__(self, workers: Sequence[Any], servers: Mapping[Address, Any],
                  names: Mapping[Address, str], conf: ClusterConf, message_bytes: int,
-                 dead: Callable[[Any, int, BaseException], Outcome],
+                 across_nodes: bool, dead: Callable[[Any, int, BaseException], Outcome],
                  lost: Callable[[], list[Address]]):
         from ray.dag import InputNode, MultiOutputNode
 
@@ -356,6 +369,7 @@ class CompiledSteps:
         self._dead = dead
         self._lost = lost
         self.broken = False
+        self.inflight = self.depth_across_nodes if across_nodes else self.depth
         channels_carry_bytes()
         nsg = conf.nserver_groups
         order = sorted(self.servers)  # by group, then index: the workers' layout order
@@ -375,8 +389,12 @@ class CompiledSteps:
                                             if a[0] == w.group % nsg])
                        for w in self.workers]
             graph = MultiOutputNode(outputs)
+        # An input waits only for a buffer the workers have read (never more than `depth`
+        # steps are in flight); -1 ("no limit") would not do: Ray 2.60 takes it for 0 when
+        # a reader is on another node.
         self._graph = graph.experimental_compile(
-            _max_inflight_executions=self.depth, _submit_timeout=-1,
+            _max_inflight_executions=self.inflight,
+            _submit_timeout=max(60.0, conf.timeout),
             _buffer_size_bytes=message_bytes + (64 << 10))
         self._waiting: tuple[int, float] | None = None  # the step awaited, since when
         try:  # the actors' loops start with the first execution: a step that does nothing
@@ -428,7 +446,7 @@ class CompiledSteps:
         step, halted = first, False
         try:
             while inflight or (step < last and not halted):
-                while not halted and step < last and len(inflight) < self.depth:
+                while not halted and step < last and len(inflight) < self.inflight:
                     inflight.append((step, self._graph.execute(step)))
                     step += 1
                 s, refs = inflight.popleft()
