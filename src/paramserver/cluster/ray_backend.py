@@ -540,12 +540,12 @@ class RayBackend:
         self._closed = True
         ray = getattr(self, "_ray", None)
         if ray is not None and ray.is_initialized():
-            self._drop_steps()
             for actor in [*self.servers.values(), *(w.actor for w in self.workers)]:
                 try:
                     ray.kill(actor, no_restart=True)
                 except Exception:  # gone already
                     pass
+            self._drop_steps()  # after the kills: a worker stuck in its step cannot hold it
             if self._owns_ray:
                 ray.shutdown()
 

@@ -397,6 +397,7 @@ class CompiledSteps:
             _submit_timeout=max(60.0, conf.timeout),
             _buffer_size_bytes=message_bytes + (64 << 10))
         self._waiting: tuple[int, float] | None = None  # the step awaited, since when
+        self._stopping = False  # a failure was delivered: the run stops
         try:  # the actors' loops start with the first execution: a step that does nothing
             for ref in self._graph.execute(-1):
                 ref.get(timeout=max(60.0, conf.timeout))
@@ -427,11 +428,13 @@ class CompiledSteps:
              ended: set[int]) -> None:
         live = set(ranks)
         at = dict.fromkeys(live, first)  # the next step of each rank
+        # No limit here: a worker building its gradient function takes what it takes, and
+        # the driver's own limit (no step for twice the timeout) holds.
         try:
             begun = ray.get([w.actor.begin.remote(first, fn, w.rank in live)
-                             for w in self.workers], timeout=max(60.0, self.conf.timeout))
-        except (RayActorError, RayChannelError, GetTimeoutError) as e:
-            self._broke(e, live, at, fn, last, deliver, fallback, ended)
+                             for w in self.workers])
+        except RayActorError as e:  # a worker died before the part: no graph with it
+            self._broke(e, live, at, fn, last, deliver, fallback, ended, False)
             return
         errors = [Outcome.from_data(d) for d in begun if d is not None]
         for outcome in errors:
@@ -439,14 +442,15 @@ class CompiledSteps:
         if errors:
             return
         watch = threading.Event()
+        self._stopping = False
         watchdog = threading.Thread(target=self._watch, args=(watch, live, deliver),
                                     daemon=True, name="paramserver-ray-watchdog")
         watchdog.start()
         inflight: deque[tuple[int, Any]] = deque()
-        step, halted = first, False
+        step = first
         try:
-            while inflight or (step < last and not halted):
-                while not halted and step < last and len(inflight) < self.inflight:
+            while inflight or (step < last and not self._stopping):
+                while not self._stopping and step < last and len(inflight) < self.inflight:
                     inflight.append((step, self._graph.execute(step)))
                     step += 1
                 s, refs = inflight.popleft()
@@ -459,11 +463,13 @@ class CompiledSteps:
                     outcome = Outcome.from_data(data)
                     at[outcome.rank] = outcome.step + 1
                     deliver(outcome)
-                    if outcome.kind not in (DONE, LEFT):
-                        halted = True
+                    if outcome.kind == LEFT:
+                        live.discard(outcome.rank)
+                    elif outcome.kind != DONE:
+                        self._stopping = True  # the run stops: what is in flight drains
         except (RayActorError, RayChannelError, RaySystemError) as e:
             self._waiting = None
-            self._broke(e, live, at, fn, last, deliver, fallback, ended)
+            self._broke(e, live, at, fn, last, deliver, fallback, ended, self._stopping)
         finally:
             watch.set()
 
@@ -484,6 +490,7 @@ class CompiledSteps:
                     continue
                 if late is not None:
                     step, message = late
+                    self._stopping = True
                     deliver(Outcome(w.rank, step, ERROR, message=message,
                                     cause=ClusterError(message)))
                     return
@@ -491,50 +498,53 @@ class CompiledSteps:
     def _broke(self, e: BaseException, live: set[int], at: dict[int, int], fn: Any,
                last: int, deliver: Deliver,
                fallback: Callable[[Sequence[int], Any, int, int, Deliver], None],
-               ended: set[int]) -> None:
-        """The graph is gone (an actor died): report the dead workers and lost servers; under
-        ``continue`` the other workers go on from where their servers are, on the ordinary
-        path."""
+               ended: set[int], stopping: bool) -> None:
+        """The graph is gone (an actor died): report the dead workers, and a lost server
+        (also when no actor is found dead: the driver then brings the servers back to their
+        checkpoint, which is always right); under ``continue`` the other workers go on,
+        from where their servers are, on the ordinary path. Nothing more when the run was
+        stopping anyway."""
         self.broken = True
-        alive: list[Any] = []
+        alive, died = [], False
         for w in self.workers:
             if w.rank not in live:
                 continue
             try:
                 ray.get(w.actor.ping.remote(), timeout=30.0)
                 alive.append(w)
-            except RayActorError as died:
-                deliver(self._dead(w, at[w.rank], died))
+            except RayActorError as gone:
+                deliver(self._dead(w, at[w.rank], gone))
                 live.discard(w.rank)
+                died = True
             except GetTimeoutError:
                 alive.append(w)  # busy in its step: not dead
-        lost = self._lost()
-        if lost or not live or len(alive) == len(self.workers) or (
-                self.conf.on_worker_failure != "continue"):
-            if lost or (live and len(alive) == len(self.workers)):
-                names = ", ".join(self.names[a] for a in lost) or "a server"
-                first = min((w for w in alive if w.rank in live), key=lambda w: w.rank,
-                            default=None)
-                rank = first.rank if first is not None else min(at)
-                step = at[rank]
-                who = f"{first.name} at step {step}" if first is not None else "the driver"
-                deliver(Outcome(rank, step, ERROR, server_lost=True, message=(
-                    f"{who} lost {names} while it waited for its reply to its update: its "
-                    f"Ray actor died ({type(e).__name__})")))
+        if stopping:
             return
-        # Only workers died, and the others go on: from the step their servers are at.
-        answered: dict[int, int] = {}
-        for a, h in self.servers.items():
-            try:
-                n = int(ray.get(h.answered.remote(), timeout=30.0))
-            except Exception:
-                n = -1
-            answered[a[0]] = min(answered.get(a[0], n), n)
+        lost = self._lost()
+        answered = self._answered() if died and not lost else {}
+        # A group whose servers disagree (one completed the step, another not) goes back
+        # to the checkpoint, as after a lost server.
+        torn = any(lo != hi for lo, hi in answered.values())
+        if lost or torn or (not died and live):
+            first = min(alive, key=lambda w: w.rank, default=None)
+            rank = first.rank if first is not None else min(at)
+            who = f"{first.name} at step {at[rank]}" if first is not None else "the driver"
+            names = ", ".join(self.names[a] for a in lost) or "a server"
+            deliver(Outcome(rank, at[rank], ERROR, server_lost=True, message=(
+                f"{who} lost {names} while it waited for its reply to its update: its Ray "
+                f"actor died ({type(e).__name__})")))
+            return
+        if self.conf.on_worker_failure != "continue":
+            return  # the dead workers stop the run
         handed: dict[int, list[int]] = {}
         for w in alive:
             step = at[w.rank]
-            if answered.get(w.group % self.conf.nserver_groups, -1) >= step:
-                data = ray.get(w.actor.settle.remote(step), timeout=30.0)
+            if answered.get(w.group % self.conf.nserver_groups, (-1, -1))[0] >= step:
+                try:  # its servers completed the step: its outcome, the values pulled later
+                    data = ray.get(w.actor.settle.remote(step), timeout=30.0)
+                except RayActorError as gone:
+                    deliver(self._dead(w, step, gone))
+                    continue
                 if data is not None:
                     deliver(Outcome.from_data(data))
                     step += 1
@@ -543,6 +553,18 @@ class CompiledSteps:
         for step, ranks in sorted(handed.items()):
             ended.difference_update(ranks)
             fallback(ranks, fn, step, last, deliver)
+
+    def _answered(self) -> dict[int, tuple[int, int]]:
+        """Per server group, the lowest and highest step its servers answered in the graph."""
+        out: dict[int, tuple[int, int]] = {}
+        for a, h in self.servers.items():
+            try:
+                n = int(ray.get(h.answered.remote(), timeout=30.0))
+            except Exception:  # no answer: as if it answered nothing
+                n = -1
+            lo, hi = out.get(a[0], (n, n))
+            out[a[0]] = (min(lo, n), max(hi, n))
+        return out
 
     def teardown(self) -> None:
         try:
