@@ -186,9 +186,13 @@ class ServerActor:
         assert self._stages is not None
         self._stages.begin()
 
-    def take(self, update: bytes | None) -> None:
+    def gate(self, step: int) -> None:
         assert self._stages is not None
-        self._stages.take(update)
+        self._stages.gate(step)
+
+    def take(self, gate: None, update: bytes | None) -> None:
+        assert self._stages is not None
+        self._stages.take(gate, update)
 
     def answer(self, *taken: None) -> tuple[bytes | None, ...]:
         assert self._stages is not None
@@ -197,6 +201,10 @@ class ServerActor:
     def answered(self) -> int:
         assert self._stages is not None
         return self._stages.answered
+
+    def unpark(self) -> None:
+        assert self._stages is not None
+        self._stages.parked.set()
 
 
 def where() -> str:
@@ -269,6 +277,9 @@ class WorkerActor:
 
     def overdue(self, timeout: float) -> tuple[int, str] | None:
         return self._stages.overdue(timeout)
+
+    def unpark(self) -> None:
+        self._stages.parked.set()
 
     #: The longest an outcome waits for the next ones before it is sent (seconds).
     linger = 0.05

@@ -71,6 +71,10 @@ from .worker import Worker
 
 Deliver = Callable[[Outcome], None]
 
+#: The graph's inputs besides the steps: one that starts the actors' loops, and one that
+#: parks them until the next part (see :class:`CompiledSteps`).
+WARM, PARK = -1, -2
+
 
 def compiled_reason(conf: ClusterConf, params: ParamSet, updater: Updater | None,
                     keys: bool) -> str | None:
@@ -113,11 +117,12 @@ class Relay:
 
 
 def channels_carry_bytes() -> None:
-    """Tell Ray that this actor's channels carry no torch tensors: Ray would otherwise import
-    torch (seconds, and a few hundred MB) in every actor when its loop of a graph starts,
-    only to look for GPUs to move tensors with. Our messages are bytes; this setting changes
-    nothing else (Ray keeps it in a private field of its channel context: skipped if Ray
-    no longer has it)."""
+    """In one of our actors: tell Ray that its channels carry no torch tensors. Ray would
+    otherwise import torch (seconds, and a few hundred MB) in every actor when its loop of a
+    graph starts, only to look for GPUs to move tensors with. Our messages are bytes; this
+    setting changes nothing else (Ray keeps it in a private field of its channel context:
+    skipped if Ray no longer has it). The driver is left as it is (the user's own graphs
+    may move tensors)."""
     from ray.experimental.channel.common import ChannelContext
 
     context = ChannelContext.get_current()
@@ -147,6 +152,7 @@ class WorkerStages:
         self.since: float | None = None  # when its push began to wait for the replies
         self.last: tuple[int, tuple[Any, ...]] | None = None  # its last outcome, as data
         self.servers = servers  # of its group, with something to hold: compute's outputs
+        self.parked = threading.Event()  # set: go on
 
     def begin(self, first: int, fn: Any, live: bool) -> tuple[Any, ...] | None:
         """Before a part: the gradient function and the first pull (the servers were put or
@@ -167,7 +173,9 @@ class WorkerStages:
 
     def compute(self, step: int) -> Any:
         """The gradient function and the push: one packed update per server (None: none).
-        Step -1 does nothing (it starts the graph's loops)."""
+        :data:`WARM` does nothing; :data:`PARK` waits until :meth:`unpark`."""
+        if step == PARK:
+            park(self.parked)
         if self.out or step < 0:
             return self._nothing()
         w = self.worker
@@ -245,6 +253,14 @@ class WorkerStages:
         return step, str(pendings[0]._timeout(timeout, f"{self.worker.name} at step {step}"))
 
 
+def park(event: threading.Event) -> None:
+    """Wait (blocked, not spinning) until ``event`` is set, then clear it. Between parts of
+    a run the actors' loops wait here: Ray's channels wait for a message by spinning, which
+    would take the cores from everything else while the driver tests, saves or idles."""
+    event.wait()
+    event.clear()
+
+
 def _as_data(outcome: Outcome) -> tuple[Any, ...]:
     outcome.cause = picklable(outcome.cause)
     return outcome.to_data()
@@ -269,8 +285,14 @@ class ServerStages:
         self.nworkers = nworkers
         self.held: dict[int, Update] = {}
         self.answered = -1  # the last step it answered in the graph
+        self.parked = threading.Event()  # set: go on
 
-    def take(self, data: bytes | None) -> None:
+    def gate(self, step: int) -> None:
+        """The first stage of every step: :data:`PARK` waits until the next part."""
+        if step == PARK:
+            park(self.parked)
+
+    def take(self, _: None, data: bytes | None) -> None:
         if data is not None:
             update = unpack(data)
             self.held[update.worker] = update
@@ -329,6 +351,29 @@ class _QuietCancel(logging.Filter):
 logging.getLogger("ray.dag.compiled_dag_node").addFilter(_QuietCancel())
 
 
+class _Pace:
+    """When the driver reads the next step's outcomes. Ray's channels wait by spinning: the
+    driver would spin for most of every step, taking a core from the actors. With the next
+    steps already given to the workers it need not read at once: it sleeps until most of a
+    step's time (as the last steps took) has gone since the last outcomes came."""
+
+    def __init__(self) -> None:
+        self.last: float | None = None
+        self.step = 0.0  # seconds a step takes, smoothed
+
+    def wait(self) -> None:
+        if self.last is not None:
+            left = self.last + 0.8 * self.step - time.monotonic()
+            if left > 0:
+                time.sleep(min(left, 0.05))
+
+    def arrived(self) -> None:
+        now = time.monotonic()
+        if self.last is not None:
+            self.step += 0.2 * (now - self.last - self.step)
+        self.last = now
+
+
 class CompiledSteps:
     """The compiled graph of a synchronous step over the live actors; see the module
     docstring.
@@ -370,7 +415,6 @@ class CompiledSteps:
         self._lost = lost
         self.broken = False
         self.inflight = self.depth_across_nodes if across_nodes else self.depth
-        channels_carry_bytes()
         nsg = conf.nserver_groups
         order = sorted(self.servers)  # by group, then index: the workers' layout order
         with InputNode() as step:
@@ -384,7 +428,9 @@ class CompiledSteps:
             for a in order:
                 group = [w for w in self.workers if w.group % nsg == a[0]]
                 h = self.servers[a]
-                answers[a] = h.answer.bind(*[h.take.bind(pushes[(w.rank, a)]) for w in group])
+                gate = h.gate.bind(step)
+                answers[a] = h.answer.bind(*[h.take.bind(gate, pushes[(w.rank, a)])
+                                             for w in group])
             outputs = [w.actor.adopt.bind(*[answers[a] for a in order
                                             if a[0] == w.group % nsg])
                        for w in self.workers]
@@ -398,6 +444,7 @@ class CompiledSteps:
             _buffer_size_bytes=message_bytes + (64 << 10))
         self._waiting: tuple[int, float] | None = None  # the step awaited, since when
         self._stopping = False  # a failure was delivered: the run stops
+        self._parked: list[Any] | None = None  # the refs of the parking step, until unparked
         try:  # the actors' loops start with the first execution: a step that does nothing
             for ref in self._graph.execute(-1):
                 ref.get(timeout=max(60.0, conf.timeout))
@@ -414,7 +461,10 @@ class CompiledSteps:
         the ordinary path, ends there)."""
         ended = set(ranks)
         try:
+            self._unpark()
             self._run(ranks, fn, first, last, deliver, fallback, ended)
+            if not self.broken:
+                self._parked = self._graph.execute(PARK)
         except Exception as e:  # a failure of this thread stops the run, said as it is
             self.broken = True
             deliver(Outcome(min(ranks), first, ERROR, cause=e, message=(
@@ -422,6 +472,17 @@ class CompiledSteps:
         finally:
             for rank in sorted(ended):
                 deliver(Outcome(rank, last, ENDED))
+
+    def _unpark(self) -> None:
+        """Let the actors' loops go on from where the last part parked them."""
+        parked, self._parked = self._parked, None
+        if parked is None:
+            return
+        wait = max(60.0, self.conf.timeout)
+        ray.get([a.unpark.remote() for a in [*(w.actor for w in self.workers),
+                                             *self.servers.values()]], timeout=wait)
+        for ref in parked:
+            ref.get(timeout=wait)
 
     def _run(self, ranks: Sequence[int], fn: Any, first: int, last: int, deliver: Deliver,
              fallback: Callable[[Sequence[int], Any, int, int, Deliver], None],
@@ -448,6 +509,7 @@ class CompiledSteps:
         watchdog.start()
         inflight: deque[tuple[int, Any]] = deque()
         step = first
+        pace = _Pace()
         try:
             while inflight or (step < last and not self._stopping):
                 while not self._stopping and step < last and len(inflight) < self.inflight:
@@ -455,7 +517,10 @@ class CompiledSteps:
                     step += 1
                 s, refs = inflight.popleft()
                 self._waiting = (s, time.monotonic())
+                if inflight:  # the workers have steps to go on with: no hurry
+                    pace.wait()
                 results = [ref.get(timeout=-1) for ref in refs]  # one per worker
+                pace.arrived()
                 self._waiting = None
                 for data in results:
                     if data is None:
@@ -567,6 +632,10 @@ class CompiledSteps:
         return out
 
     def teardown(self) -> None:
+        try:
+            self._unpark()  # a parked loop would not see the teardown
+        except Exception:  # an actor is gone: nothing to wake
+            pass
         try:
             self._graph.teardown()
         except Exception:  # an actor is gone: its loop went with it
