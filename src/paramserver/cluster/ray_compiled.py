@@ -461,7 +461,6 @@ class CompiledSteps:
         the ordinary path, ends there)."""
         ended = set(ranks)
         try:
-            self._unpark()
             self._run(ranks, fn, first, last, deliver, fallback, ended)
             if not self.broken:
                 self._parked = self._graph.execute(PARK)
@@ -475,14 +474,14 @@ class CompiledSteps:
 
     def _unpark(self) -> None:
         """Let the actors' loops go on from where the last part parked them."""
-        parked, self._parked = self._parked, None
-        if parked is None:
+        if self._parked is None:
             return
         wait = max(60.0, self.conf.timeout)
         ray.get([a.unpark.remote() for a in [*(w.actor for w in self.workers),
                                              *self.servers.values()]], timeout=wait)
-        for ref in parked:
+        for ref in self._parked:
             ref.get(timeout=wait)
+        self._parked = None  # (kept until read: an unread one must outlive the graph)
 
     def _run(self, ranks: Sequence[int], fn: Any, first: int, last: int, deliver: Deliver,
              fallback: Callable[[Sequence[int], Any, int, int, Deliver], None],
@@ -492,9 +491,13 @@ class CompiledSteps:
         # No limit here: a worker building its gradient function takes what it takes, and
         # the driver's own limit (no step for twice the timeout) holds.
         try:
+            self._unpark()
             begun = ray.get([w.actor.begin.remote(first, fn, w.rank in live)
                              for w in self.workers])
-        except RayActorError as e:  # a worker died before the part: no graph with it
+        except (RayActorError, RayChannelError) as e:  # an actor died since the last part
+            self.broken = True
+            self._graph_teardown()
+            self._parked = None
             self._broke(e, live, at, fn, last, deliver, fallback, ended, False)
             return
         errors = [Outcome.from_data(d) for d in begun if d is not None]
@@ -534,6 +537,9 @@ class CompiledSteps:
                         self._stopping = True  # the run stops: what is in flight drains
         except (RayActorError, RayChannelError, RaySystemError) as e:
             self._waiting = None
+            self.broken = True
+            self._graph_teardown()  # before the refs in flight go: theirs would raise
+            inflight.clear()
             self._broke(e, live, at, fn, last, deliver, fallback, ended, self._stopping)
         finally:
             watch.set()
@@ -632,10 +638,15 @@ class CompiledSteps:
         return out
 
     def teardown(self) -> None:
-        try:
-            self._unpark()  # a parked loop would not see the teardown
-        except Exception:  # an actor is gone: nothing to wake
-            pass
+        if not self.broken:
+            try:
+                self._unpark()  # a parked loop would not see the teardown
+            except Exception:  # an actor is gone: nothing to wake
+                pass
+        self._graph_teardown()
+        self._parked = None
+
+    def _graph_teardown(self) -> None:
         try:
             self._graph.teardown()
         except Exception:  # an actor is gone: its loop went with it
