@@ -58,7 +58,7 @@ def ray_nodes() -> Iterator[RayNodes]:
     """One Ray cluster of three nodes for every test that needs Ray (started once, a few
     seconds); skipped where Ray is not installed. Its processes can import the test modules
     (for actors the tests define) and the sources under test. A node lost for good is seen
-    within about 3 s (Ray's health checks every 0.5 s)."""
+    within about 4 s (Ray's health checks every 0.5 s)."""
     ray = pytest.importorskip("ray")
     if ray.is_initialized():
         pytest.skip("Ray was started by someone else: no test cluster of several nodes")
@@ -80,7 +80,7 @@ def ray_nodes() -> Iterator[RayNodes]:
                 "num_cpus": 2, "node_name": "head", "include_dashboard": False,
                 "object_store_memory": 100 << 20, "_system_config": {
                     "health_check_initial_delay_ms": 0, "health_check_period_ms": 500,
-                    "health_check_failure_threshold": 5}})
+                    "health_check_failure_threshold": 8}})
             nodes = RayNodes(cluster)
             nodes.add("server-node", server=100)
             nodes.add("worker-node", worker=100)

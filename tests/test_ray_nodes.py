@@ -7,7 +7,7 @@ held. The failure suite (test_cluster_failures.py) runs its Ray cases on the sam
 its actors spread over the nodes.
 
 Nodes are removed as a crash would remove them (every process killed at once); Ray's
-health checks see the node gone within about 3 s. Events order everything: a worker that
+health checks see the node gone within about 4 s. Events order everything: a worker that
 is to be lost waits in its step until the node is gone.
 """
 

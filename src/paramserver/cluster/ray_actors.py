@@ -52,7 +52,7 @@ from .keys import KeyServer
 from .messages import Address, Reply
 from .passes import _SMALL as SMALL
 from .passes import all_finite, sum_into
-from .ray_compiled import Relay, ServerStages, WorkerStages, channels_carry_bytes
+from .ray_compiled import Relay, ServerStages, WorkerStages, prepare_channels
 from .ray_transport import RayTransport, picklable
 from .ray_wire import (
     LARGE,
@@ -103,9 +103,9 @@ class ServerActor:
 
     def __init__(self, spec: Mapping[str, Any]):
         _passive_threads()
-        channels_carry_bytes()
         import_modules(spec["modules"], spec["sys_path"])
         layout = layout_from_data(spec["layout"])
+        prepare_channels(layout.size * np.dtype(layout.dtype).itemsize)
         conf = ClusterConf.parse(json.loads(spec["cluster"]))
         folder = spec.get("folder")
         self.server: Server | KeyServer
@@ -243,11 +243,11 @@ class WorkerActor:
 
     def __init__(self, spec: Mapping[str, Any], servers: Mapping[Address, Any]):
         _passive_threads()
-        channels_carry_bytes()
         import_modules(spec["modules"], spec["sys_path"])
         conf = ClusterConf.parse(json.loads(spec["cluster"]))
         params = params_from_data(spec["params"])
         layouts = [layout_from_data(d) for d in spec["layouts"]]
+        prepare_channels(max((L.size * np.dtype(L.dtype).itemsize for L in layouts), default=0))
         relay = Relay(RayTransport(servers, dict(spec["names"])))
         self.worker = Worker(int(spec["group"]), int(spec["index"]), params, layouts, relay,
                              conf)

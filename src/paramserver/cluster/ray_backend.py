@@ -83,11 +83,11 @@ _SINGLE_MACHINE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 @contextmanager
 def loopback_only() -> Iterator[None]:
     """Within: a Ray started in this process (``ray.init(address="local")``, or Ray's own
-    test cluster) listens on 127.0.0.1 only — its GCS, raylets, object managers,
-    runtime-env and dashboard agents, and every worker's RPC server — instead of every
-    interface. This is Ray's single-machine mode; its processes inherit the setting as they
-    start, and this process needs it only to choose its node's address (Ray keeps that
-    switch in a module constant read at import, set here for the call and put back)."""
+    test cluster) listens on 127.0.0.1 only — its GCS, raylets (node and object managers),
+    runtime-env agents, and every worker's RPC server — instead of every interface. This
+    is Ray's single-machine mode; its processes inherit the setting as they start, and this
+    process needs it only to choose its node's address (Ray keeps that switch in a module
+    constant read at import, set here for the call and put back)."""
     from ray._private import ray_constants
 
     before = os.environ.get(_SINGLE_MACHINE), ray_constants.ENABLE_RAY_CLUSTER
@@ -316,8 +316,8 @@ class RayBackend:
         labels = _node_labels(self._ray)
         log.info("on Ray: %d server(s) and %d worker(s) on %d node(s): %s", len(self.servers),
                  len(self.workers), len(on), "; ".join(
-                     f"{labels.get(node, node[:8])}: {', '.join(names)}"
-                     for node, names in sorted(on.items(), key=lambda kv: labels.get(kv[0], ""))))
+                     f"{labels.get(node, node[:8])}: {', '.join(held)}"
+                     for node, held in sorted(on.items(), key=lambda kv: labels.get(kv[0], ""))))
 
     def _node_left(self, name: str) -> str:
         """When the node of actor ``name`` has left the Ray cluster: a sentence naming the

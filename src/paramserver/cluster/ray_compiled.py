@@ -11,7 +11,8 @@ loop running in every actor and moves each message through a shared-memory chann
 The graph of one step (``step`` is its input)::
 
     worker w:  compute(step)      gradient function, push: one packed Update per server
-    server s:  take(update of w)  for each worker of its group, in worker order (held)
+    server s:  gate(step)         (waits there between parts: see below)
+               take(update of w)  for each worker of its group, in worker order (held)
                answer(...)        the held updates to the Server at once; its replies
     worker w:  adopt(replies)     the new values; the step's outcome (the graph's output)
 
@@ -31,6 +32,12 @@ from then on. When an actor dies, Ray tears the graph down: the dead workers are
 a lost server is a lost server (the driver brings the servers back from their checkpoints,
 and the next part compiles a new graph), and under ``continue`` the other workers finish
 the part on the ordinary path of actor calls (:mod:`~paramserver.cluster.ray_backend`).
+
+Ray's channels wait for a message by spinning (``sched_yield``), quickest where every
+actor has a core and costly where they share cores. So the driver reads a step's outcomes
+only when they are about due (:class:`_Pace`), and at the end of a part it sends the
+graph a step that *parks* every actor's loop (blocked on an event, not spinning) until
+the next part wakes them: an idle cluster takes no CPU while the driver tests or saves.
 
 Asynchronous runs (worker groups sharing a server group), the updater's ``clip_norm`` (a
 second exchange per step), row-sparse tables (rows pulled during a step) and key-value
@@ -116,15 +123,26 @@ class Relay:
         self.inner.abort(reason)
 
 
-def channels_carry_bytes() -> None:
-    """In one of our actors: tell Ray that its channels carry no torch tensors. Ray would
-    otherwise import torch (seconds, and a few hundred MB) in every actor when its loop of a
-    graph starts, only to look for GPUs to move tensors with. Our messages are bytes; this
-    setting changes nothing else (Ray keeps it in a private field of its channel context:
-    skipped if Ray no longer has it). The driver is left as it is (the user's own graphs
-    may move tensors)."""
+def channel_bytes(largest: int) -> int:
+    """The first size of a graph's channels, for messages of at most ``largest`` bytes of
+    arrays (and a header). Ray does not free a graph's buffers when it is torn down
+    (ray-project/ray#43836), so they are kept to what the messages need (Ray grows a
+    channel that a message outgrows)."""
+    return largest + (16 << 10)
+
+
+def prepare_channels(largest: int) -> None:
+    """In one of our actors, before a graph is compiled over it: its channels' first size
+    (:func:`channel_bytes`; Ray takes it from the actor's own context for the channels the
+    actor makes), and no torch tensors in them. Ray would otherwise import torch (seconds,
+    and a few hundred MB) in every actor when its loop of a graph starts, only to look for
+    GPUs to move tensors with; our messages are bytes (Ray keeps that setting in a private
+    field of its channel context: skipped if Ray no longer has it). The driver's context is
+    changed only while it compiles (the user's own graphs may move tensors)."""
+    from ray.dag import DAGContext
     from ray.experimental.channel.common import ChannelContext
 
+    DAGContext.get_current().buffer_size_bytes = channel_bytes(largest)
     context = ChannelContext.get_current()
     if getattr(context, "_torch_available", True) is None:
         context._torch_available = False
@@ -396,16 +414,19 @@ class CompiledSteps:
     #: process (on a busy machine it may take the outcomes a few steps late). Ray keeps as
     #: many buffers per channel.
     depth = 8
-    #: ... with actors on other nodes: Ray 2.60's channels between nodes hang with more
-    #: than about three buffers in flight (seen on one host's nodes); two keep the driver
-    #: off the critical path.
-    depth_across_nodes = 2
+    #: ... with actors on other nodes (Ray 2.60's channels between nodes hang with more
+    #: than about three buffers in flight, seen on one host's nodes), or with messages of
+    #: more than :attr:`small` bytes (every channel keeps ``depth`` buffers of a message's
+    #: size; and a step that moves that much is long enough for the driver): two keep the
+    #: driver off the critical path.
+    depth_large = 2
+    small = 1 << 20
 
     def __init__(self, workers: Sequence[Any], servers: Mapping[Address, Any],
                  names: Mapping[Address, str], conf: ClusterConf, message_bytes: int,
                  across_nodes: bool, dead: Callable[[Any, int, BaseException], Outcome],
                  lost: Callable[[], list[Address]]):
-        from ray.dag import InputNode, MultiOutputNode
+        from ray.dag import DAGContext
 
         self.workers = list(workers)
         self.servers = dict(servers)
@@ -414,7 +435,31 @@ class CompiledSteps:
         self._dead = dead
         self._lost = lost
         self.broken = False
-        self.inflight = self.depth_across_nodes if across_nodes else self.depth
+        self.inflight = (self.depth_large if across_nodes or message_bytes > self.small
+                         else self.depth)
+        # The channels' first size (channel_bytes), for every channel that this process
+        # makes: Ray takes it from its context, not from the compile's argument.
+        context = DAGContext.get_current()
+        default, context.buffer_size_bytes = context.buffer_size_bytes, channel_bytes(
+            message_bytes)
+        try:
+            self._graph = self._compile(conf)
+        finally:
+            context.buffer_size_bytes = default
+        self._waiting: tuple[int, float] | None = None  # the step awaited, since when
+        self._stopping = False  # a failure was delivered: the run stops
+        self._parked: list[Any] | None = None  # the refs of the parking step, until unparked
+        try:  # the actors' loops start with the first execution: a step that does nothing
+            for ref in self._graph.execute(-1):
+                ref.get(timeout=max(60.0, conf.timeout))
+        except BaseException:
+            self.teardown()
+            raise
+
+    def _compile(self, conf: ClusterConf) -> Any:
+        """The graph of a step over the actors (see the module docstring), compiled."""
+        from ray.dag import InputNode, MultiOutputNode
+
         nsg = conf.nserver_groups
         order = sorted(self.servers)  # by group, then index: the workers' layout order
         with InputNode() as step:
@@ -438,19 +483,8 @@ class CompiledSteps:
         # An input waits only for a buffer the workers have read (never more than `depth`
         # steps are in flight); -1 ("no limit") would not do: Ray 2.60 takes it for 0 when
         # a reader is on another node.
-        self._graph = graph.experimental_compile(
-            _max_inflight_executions=self.inflight,
-            _submit_timeout=max(60.0, conf.timeout),
-            _buffer_size_bytes=message_bytes + (64 << 10))
-        self._waiting: tuple[int, float] | None = None  # the step awaited, since when
-        self._stopping = False  # a failure was delivered: the run stops
-        self._parked: list[Any] | None = None  # the refs of the parking step, until unparked
-        try:  # the actors' loops start with the first execution: a step that does nothing
-            for ref in self._graph.execute(-1):
-                ref.get(timeout=max(60.0, conf.timeout))
-        except BaseException:
-            self.teardown()
-            raise
+        return graph.experimental_compile(_max_inflight_executions=self.inflight,
+                                          _submit_timeout=max(60.0, conf.timeout))
 
     # -- a part of a run ----------------------------------------------------------------------
 
@@ -653,5 +687,5 @@ class CompiledSteps:
             pass
 
 
-__all__ = ["CompiledSteps", "Relay", "ServerStages", "WorkerStages", "channels_carry_bytes",
-           "compiled_reason"]
+__all__ = ["CompiledSteps", "Relay", "ServerStages", "WorkerStages", "channel_bytes",
+           "compiled_reason", "prepare_channels"]
