@@ -10,6 +10,7 @@ are skipped where Ray is not installed.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -207,3 +208,64 @@ def test_bfloat16_values_with_a_master_on_ray_equal_the_embedded_run(
         runs[backend] = t.params.values.copy()
     assert np.array_equal(runs["local"], runs["ray"])
     assert np.array_equal(runs["ray"], quant.bf16_decode(quant.bf16_encode(runs["ray"])))
+
+
+LISTENING = r'''
+import json, os, sys
+from pathlib import Path
+from paramserver.cluster.ray_backend import start_ray
+import ray
+assert start_ray()
+@ray.remote
+class Actor:
+    def pid(self): return os.getpid()
+actor = Actor.remote()
+ray.get(actor.pid.remote())
+def children(pids):
+    parent = {}
+    for e in Path("/proc").iterdir():
+        if e.name.isdigit():
+            try: parent[int(e.name)] = int((e / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except OSError: pass
+    found = set(pids)
+    while True:
+        more = {p for p, q in parent.items() if q in found} - found
+        if not more: return found
+        found |= more
+inodes = {}
+for pid in children({os.getpid()}):
+    try:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes[target[8:-1]] = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        pass
+out = []
+for table in ("tcp", "tcp6"):
+    for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+        f = line.split()
+        if f[3] == "0A" and f[9] in inodes:  # listening
+            out.append([table, f[1].split(":")[0], inodes[f[9]]])
+print(json.dumps(out))
+ray.shutdown()
+'''
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_local_ray_of_its_own_listens_on_the_loopback_interface_only() -> None:
+    """Ray binds every interface even with a loopback node address; paramserver's own
+    local Ray uses Ray's single-machine mode, in which all its services (the GCS, the
+    raylet, the agents, every worker's RPC server) listen on 127.0.0.1."""
+    pytest.importorskip("ray")
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_TMPDIR")}
+    proc = subprocess.run([sys.executable, "-c", LISTENING], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sockets = json.loads(proc.stdout.strip().splitlines()[-1])
+    names = {name for _, _, name in sockets}
+    assert {"gcs_server", "raylet"} <= names and len(sockets) >= 5, sockets
+    loopback = {"0100007F", "0000000000000000FFFF00000100007F"}  # 127.0.0.1, v4 in v6
+    assert [s for s in sockets if s[1] not in loopback] == [], sockets

@@ -103,10 +103,46 @@ class Outcome:
         return cls(*data)
 
 
-def _notes(worker: Worker) -> list[tuple[str, str]]:
+def notes_of(worker: Worker) -> list[tuple[str, str]]:
+    """The worker's warnings since the last outcome, as an outcome's notes."""
     notes = [("RuntimeWarning", text) for text in worker.notes]
     worker.notes.clear()
     return notes
+
+
+def failure(worker: Worker, step: int, e: Exception) -> Outcome:
+    """The outcome of an error of the cluster (or of the worker's own code) at ``step``."""
+    if isinstance(e, ServerLost):
+        return Outcome(worker.rank, step, ERROR, message=str(e), server_lost=True)
+    if isinstance(e, ClusterError):
+        return Outcome(worker.rank, step, ERROR, message=str(e), cause=e)
+    return Outcome(worker.rank, step, ERROR, cause=e, message=(
+        f"{worker.name} (rank {worker.rank}) failed at step {step}: {type(e).__name__}: {e}"))
+
+
+def gradients(worker: Worker, grad_fn: Callable[..., Any], step: int
+              ) -> tuple[Mapping[str, Any] | None, Outcome | None]:
+    """The first half of a step: the gradient function fills the worker's gradients and
+    returns its metrics; when it raises, the worker leaves (``on_worker_failure:
+    continue``, the servers told) or fails: that outcome instead."""
+    worker.step = step
+    try:
+        return grad_fn(worker, step), None
+    except Exception as e:
+        message = f"{worker.name} (rank {worker.rank}) failed at step {step}: " \
+                  f"{type(e).__name__}: {e}"
+        if worker.conf.on_worker_failure == "continue":
+            worker.leave(step)
+            return None, Outcome(worker.rank, step, LEFT, message=message, cause=e,
+                                 notes=notes_of(worker))
+        return None, Outcome(worker.rank, step, FAILED, message=message, cause=e,
+                             notes=notes_of(worker))
+
+
+def done(worker: Worker, step: int, metrics: Mapping[str, Any] | None) -> Outcome:
+    """The outcome of a step whose new values the worker has (after its push's replies)."""
+    return Outcome(worker.rank, step, DONE, metrics, notes=notes_of(worker),
+                   skipped=worker.skipped)
 
 
 def work(worker: Worker, grad_fn: Callable[..., Any], first: int, last: int
@@ -118,40 +154,26 @@ def work(worker: Worker, grad_fn: Callable[..., Any], first: int, last: int
     worker group that shares its server group with others waits, with ``staleness``, until
     the slowest of them is close enough. A :class:`BaseException` that is not an
     ``Exception`` (``SystemExit``) is not caught: it ends the worker as a death would.
+    (The Ray backend's compiled steps, :mod:`~paramserver.cluster.ray_compiled`, run the
+    same phases: :func:`gradients`, the push, the replies, :func:`done`.)
     """
     c = worker.conf
     served = len(range(worker.server_group, c.nworker_groups, c.nserver_groups))
     staleness = c.staleness if served > 1 else None
     step = first
-    name = f"{worker.name} (rank {worker.rank})"
     try:
         worker.pull(first)
         for step in range(first, last):
             if staleness is not None and step - staleness > first:
                 worker.pull(step, clock=step - staleness)
-            worker.step = step
-            try:
-                metrics = grad_fn(worker, step)
-            except Exception as e:
-                message = f"{name} failed at step {step}: {type(e).__name__}: {e}"
-                if c.on_worker_failure == "continue":
-                    worker.leave(step)
-                    yield Outcome(worker.rank, step, LEFT, message=message, cause=e,
-                                  notes=_notes(worker))
-                else:
-                    yield Outcome(worker.rank, step, FAILED, message=message, cause=e,
-                                  notes=_notes(worker))
+            metrics, stopped = gradients(worker, grad_fn, step)
+            if stopped is not None:
+                yield stopped
                 return
             worker.collect(worker.push(step), step)
-            yield Outcome(worker.rank, step, DONE, metrics, notes=_notes(worker),
-                          skipped=worker.skipped)
-    except ServerLost as e:
-        yield Outcome(worker.rank, step, ERROR, message=str(e), server_lost=True)
-    except ClusterError as e:
-        yield Outcome(worker.rank, step, ERROR, message=str(e), cause=e)
+            yield done(worker, step, metrics)
     except Exception as e:
-        yield Outcome(worker.rank, step, ERROR, cause=e,
-                      message=f"{name} failed at step {step}: {type(e).__name__}: {e}")
+        yield failure(worker, step, e)
 
 
 class WorkerInfo(Protocol):
@@ -652,4 +674,5 @@ def server_folder(root: Path | None, address: Address) -> Path | None:
 
 
 __all__ = ["DEAD", "DONE", "ENDED", "ERROR", "FAILED", "LEFT", "Backend", "Driver", "Outcome",
-           "WorkerInfo", "checkpoint_folder", "server_folder", "work"]
+           "WorkerInfo", "checkpoint_folder", "done", "failure", "gradients", "notes_of",
+           "server_folder", "work"]

@@ -22,6 +22,11 @@ The steps' thread wakes the sending thread only for the first outcome of a batch
 and the end (with 2 workers and 2 servers on 2 cores, a wake-up per step cost a tenth of the
 worker's CPU).
 Its warnings travel with the outcomes.
+
+Both also run the stages of a synchronous step compiled into a Ray graph
+(:mod:`~paramserver.cluster.ray_compiled`): the worker's ``compute`` and ``adopt``, the
+server's ``take`` and ``answer``, on the loop Ray keeps in each actor for the graph.
+``where`` says on which Ray node an actor runs, from inside it.
 """
 
 from __future__ import annotations
@@ -47,7 +52,8 @@ from .keys import KeyServer
 from .messages import Address, Reply
 from .passes import _SMALL as SMALL
 from .passes import all_finite, sum_into
-from .ray_transport import RayTransport
+from .ray_compiled import Relay, ServerStages, WorkerStages, prepare_channels
+from .ray_transport import RayTransport, picklable
 from .ray_wire import (
     LARGE,
     decode,
@@ -99,6 +105,7 @@ class ServerActor:
         _passive_threads()
         import_modules(spec["modules"], spec["sys_path"])
         layout = layout_from_data(spec["layout"])
+        prepare_channels(layout.size * np.dtype(layout.dtype).itemsize)
         conf = ClusterConf.parse(json.loads(spec["cluster"]))
         folder = spec.get("folder")
         self.server: Server | KeyServer
@@ -111,11 +118,16 @@ class ServerActor:
         self.incarnation = uuid.uuid4().hex
         self._lock = threading.RLock()
         self._memo: dict[int, Any] = {}
+        self._stages = (ServerStages(self.server, self._call, conf.nworkers_per_group)
+                        if isinstance(self.server, Server) else None)
         _warm_up(self.server if isinstance(self.server, Server) else None)
 
     def ping(self) -> str:
         """This incarnation's id: another one after a restart."""
         return self.incarnation
+
+    def where(self) -> str:
+        return where()
 
     def connect(self, masters: Mapping[Address, Any]) -> None:
         """The master group's server actors (for a server of a group > 0; again after a
@@ -164,7 +176,40 @@ class ServerActor:
         self._call(lambda: self.server.abort(reason))
 
     def waiting_for(self) -> str:
+        if self._stages is not None:
+            return self._stages.waiting_for()
         return self.server.waiting_for()
+
+    # -- the stages of compiled steps (ray_compiled.ServerStages) ----------------------------
+
+    def begin(self) -> None:
+        assert self._stages is not None
+        self._stages.begin()
+
+    def gate(self, step: int) -> None:
+        assert self._stages is not None
+        self._stages.gate(step)
+
+    def take(self, gate: None, update: bytes | None) -> None:
+        assert self._stages is not None
+        self._stages.take(gate, update)
+
+    def answer(self, *taken: None) -> tuple[bytes | None, ...]:
+        assert self._stages is not None
+        return self._stages.answer(*taken)
+
+    def answered(self) -> int:
+        assert self._stages is not None
+        return self._stages.answered
+
+    def unpark(self) -> None:
+        assert self._stages is not None
+        self._stages.parked.set()
+
+
+def where() -> str:
+    """The id of the Ray node this process runs on."""
+    return str(ray.get_runtime_context().get_node_id())
 
 
 def _warm_up(server: Server | None = None) -> None:
@@ -187,16 +232,6 @@ def _warm_up(server: Server | None = None) -> None:
         server.updater.grad_sum_squares(ro, [0, SMALL])
 
 
-def _picklable(e: BaseException | None) -> BaseException | None:
-    if e is None:
-        return None
-    try:
-        ray.cloudpickle.dumps(e)
-    except Exception:
-        return None
-    return e
-
-
 class WorkerActor:
     """One worker as a Ray actor; see the module docstring.
 
@@ -212,13 +247,39 @@ class WorkerActor:
         conf = ClusterConf.parse(json.loads(spec["cluster"]))
         params = params_from_data(spec["params"])
         layouts = [layout_from_data(d) for d in spec["layouts"]]
-        self.worker = Worker(int(spec["group"]), int(spec["index"]), params, layouts,
-                             RayTransport(servers, dict(spec["names"])), conf)
+        prepare_channels(max((L.size * np.dtype(L.dtype).itemsize for L in layouts), default=0))
+        relay = Relay(RayTransport(servers, dict(spec["names"])))
+        self.worker = Worker(int(spec["group"]), int(spec["index"]), params, layouts, relay,
+                             conf)
         self._fns = GradFnCache()
+        self._stages = WorkerStages(self.worker, relay, self._fns, len(servers))
         _warm_up()
 
     def ping(self) -> int:
         return os.getpid()
+
+    def where(self) -> str:
+        return where()
+
+    # -- the stages of compiled steps (ray_compiled.WorkerStages) ----------------------------
+
+    def begin(self, first: int, fn: Any, live: bool) -> tuple[Any, ...] | None:
+        return self._stages.begin(first, fn, live)
+
+    def compute(self, step: int) -> Any:
+        return self._stages.compute(step)
+
+    def adopt(self, *answers: tuple[bytes | None, ...] | None) -> tuple[Any, ...] | None:
+        return self._stages.adopt(*answers)
+
+    def settle(self, step: int) -> tuple[Any, ...] | None:
+        return self._stages.settle(step)
+
+    def overdue(self, timeout: float) -> tuple[int, str] | None:
+        return self._stages.overdue(timeout)
+
+    def unpark(self) -> None:
+        self._stages.parked.set()
 
     #: The longest an outcome waits for the next ones before it is sent (seconds).
     linger = 0.05
@@ -246,7 +307,7 @@ class WorkerActor:
                         outcome.notes += [(w.category.__name__, str(w.message))
                                           for w in caught]
                         caught.clear()
-                        outcome.cause = _picklable(outcome.cause)
+                        outcome.cause = picklable(outcome.cause)
                         data = outcome.to_data()
                         with ready:
                             batch.append(data)

@@ -12,26 +12,37 @@
   user modules by name; :mod:`paramserver.cluster.ray_wire`), never from pickled objects of
   ours; the gradient function is the user's callable (pickled by Ray, once per run) or a
   :class:`~paramserver.cluster.gradfn.RemoteGradFn` that each worker builds itself;
-- a worker actor runs a part of a run in one call, a Ray streaming generator of its steps'
-  outcomes (in batches: see :class:`~paramserver.cluster.ray_actors.WorkerActor`); a
-  thread of this process per worker reads it and hands the outcomes to the
-  :class:`~paramserver.cluster.driver.Driver`, which does everything else, as embedded.
+- the steps of a synchronous run go through a Ray Compiled Graph of the actors, compiled at
+  the first such run (:mod:`paramserver.cluster.ray_compiled`: shared-memory channels, no
+  scheduling per call); otherwise — asynchronous runs, ``clip_norm``, row-sparse tables,
+  ``compiled=False``, and the rest of a part after a worker died — a worker actor runs a
+  part of a run in one call, a Ray streaming generator of its steps' outcomes (in batches:
+  see :class:`~paramserver.cluster.ray_actors.WorkerActor`), which a thread of this
+  process per worker reads. Either way the outcomes go to the
+  :class:`~paramserver.cluster.driver.Driver`, which does everything else, as embedded;
+- actors go on as many nodes as Ray can (``placement="spread"``, the default), and the
+  nodes of the actors are logged at the start (``where`` asks each actor for its node).
 
 Fault tolerance: server actors are restarted by Ray (``max_restarts``) and the driver brings
 them back to their checkpoints (:meth:`RayBackend.revive`); a worker actor that dies is a
-``dead`` outcome as soon as Ray reports it.
+``dead`` outcome as soon as Ray reports it. A node that leaves the cluster is named, with
+what lived on it, in the errors it causes.
+
+A local Ray started here listens on the loopback interface only (:func:`loopback_only`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -48,6 +59,11 @@ from .messages import Address
 from .ray_wire import layout_to_data, main_components, params_to_data, user_modules
 from .server import Server, server_name
 
+if TYPE_CHECKING:  # ray_compiled imports Ray: only when the backend is made
+    from .ray_compiled import CompiledSteps
+
+log = logging.getLogger(__name__)
+
 
 def import_ray() -> Any:
     """The ``ray`` module, or a ParamError saying how to install it."""
@@ -59,13 +75,41 @@ def import_ray() -> Any:
     return ray
 
 
+#: Ray's switch for a single-machine Ray (its mode on macOS and Windows): the node's address
+#: is 127.0.0.1 and every service of Ray listens there only. Read by Ray at import time.
+_SINGLE_MACHINE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+@contextmanager
+def loopback_only() -> Iterator[None]:
+    """Within: a Ray started in this process (``ray.init(address="local")``, or Ray's own
+    test cluster) listens on 127.0.0.1 only — its GCS, raylets (node and object managers),
+    runtime-env agents, and every worker's RPC server — instead of every interface. This
+    is Ray's single-machine mode; its processes inherit the setting as they start, and this
+    process needs it only to choose its node's address (Ray keeps that switch in a module
+    constant read at import, set here for the call and put back)."""
+    from ray._private import ray_constants
+
+    before = os.environ.get(_SINGLE_MACHINE), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[_SINGLE_MACHINE] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        if before[0] is None:
+            os.environ.pop(_SINGLE_MACHINE, None)
+        else:
+            os.environ[_SINGLE_MACHINE] = before[0]
+        ray_constants.ENABLE_RAY_CLUSTER = before[1]
+
+
 def start_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
     """Connect this process to Ray; returns True when this call started it.
 
     With Ray already connected (``ray.init`` called by you, with the options you need),
     that connection is used. Otherwise, with ``address``, this joins the existing cluster
-    there (``HOST:6379`` or ``ray://HOST:10001``); without, it starts a local instance
-    advertised on 127.0.0.1, without a dashboard.
+    there (``HOST:6379`` or ``ray://HOST:10001``); without, it starts a local instance that
+    listens on 127.0.0.1 only (:func:`loopback_only`), without a dashboard.
     """
     ray = import_ray()
     if ray.is_initialized():
@@ -77,12 +121,12 @@ def start_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
             hint = ("; it uses token authentication: set RAY_AUTH_MODE=token here, with the "
                     "cluster's token in ~/.ray/auth_token (or RAY_AUTH_TOKEN)"
                     if "auth" in f"{type(e).__name__} {e!r} {e.__cause__!r}".lower() else "")
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise ClusterError(f"cannot join the Ray cluster at {address}: {first}{hint}"
-                               ) from e
+            raise ClusterError(f"cannot join the Ray cluster at {address}: {_first_line(e)}"
+                               f"{hint}") from e
     else:
-        ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
-                 num_cpus=num_cpus, logging_level="WARNING")
+        with loopback_only():
+            ray.init(address="local", include_dashboard=False, num_cpus=num_cpus,
+                     logging_level="WARNING")
     return True
 
 
@@ -110,8 +154,9 @@ class RayBackend:
         conf, params, layouts, updater: the cluster's.
         checkpoint_dir: the folder of the servers' checkpoints (a folder every node can
             reach, on several machines).
-        placement: ``"spread"`` places the actors on as many nodes as Ray can (Ray's
-            ``SPREAD`` strategy); ``None`` (default) leaves it to Ray.
+        placement: ``"spread"`` (default) places the actors on as many nodes as Ray can
+            (Ray's ``SPREAD`` strategy); ``None`` leaves it to Ray (which packs them on the
+            driver's node while it has room).
         server_options, worker_options: options for Ray's ``.options()`` of every server /
             worker actor (``num_cpus``, ``resources``, ``scheduling_strategy`` — e.g. a
             placement group or a node —, ``runtime_env``...), or a function of the server's
@@ -122,6 +167,12 @@ class RayBackend:
             ``max_restarts``).
         keys: the servers of a key-value store (:class:`~.keys.KeyServer`, an actor for
             every layout of group 0; ``updater`` None: none) instead of ranges of ``params``.
+        compiled: run the steps of a synchronous run through a Ray Compiled Graph
+            (:mod:`~paramserver.cluster.ray_compiled`); False: always the actor calls.
+
+    Attributes:
+        dead: the workers whose actors died, by rank.
+        nodes: the Ray node of every actor, by its name ("server 0", "worker 1 of group 0").
     """
 
     default_restarts = 3
@@ -129,9 +180,9 @@ class RayBackend:
 
     def __init__(self, conf: ClusterConf, params: ParamSet, layouts: Sequence[ServerLayout],
                  updater: Updater | None, checkpoint_dir: Path | None = None, *,
-                 placement: str | None = None, server_options: Options = None,
+                 placement: str | None = "spread", server_options: Options = None,
                  worker_options: Options = None, modules: Sequence[str] = (),
-                 actor_restarts: int = 3, keys: bool = False):
+                 actor_restarts: int = 3, keys: bool = False, compiled: bool = True):
         if placement not in (None, "spread"):
             raise ParamError(f"placement must be None or 'spread', not {placement!r}")
         self._ray = import_ray()
@@ -150,6 +201,13 @@ class RayBackend:
         self._params = params
         self._readers: list[threading.Thread] = []
         self._incarnations: dict[Address, str] = {}
+        self.dead: set[int] = set()
+        self.nodes: dict[str, str] = {}
+        from .ray_compiled import compiled_reason
+
+        why = compiled_reason(conf, params, updater, keys) if compiled else "compiled=False"
+        self._compile = why is None
+        self._steps: CompiledSteps | None = None
         self._owns_ray = False
         self._closed = False
         try:
@@ -234,9 +292,48 @@ class RayBackend:
             raise ClusterError(f"the {len(self.servers) + len(self.workers)} Ray actors of the "
                                f"cluster did not start within {wait:g} s; does the Ray "
                                "cluster have room for them (resources, placement)?") from None
-        except ray.exceptions.RayActorError as e:
-            raise ClusterError(f"a Ray actor of the cluster could not start: {e}") from None
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnschedulableError) as e:
+            raise ClusterError(f"a Ray actor of the cluster could not start: {_first_line(e)}"
+                               ) from None
         self._connect()
+        self._locate()
+
+    def _actors(self) -> dict[str, Any]:
+        """Every actor by its name."""
+        return {**{self._names[a]: h for a, h in self.servers.items()},
+                **{w.name: w.actor for w in self.workers}}
+
+    def _locate(self, names: Sequence[str] | None = None) -> None:
+        """Ask actors (default: all) on which node they run; log where all are."""
+        actors = self._actors()
+        names = list(actors) if names is None else list(names)
+        refs = [actors[n].where.remote() for n in names]
+        self.nodes.update(zip(names, self._ray.get(refs, timeout=max(60.0, self.conf.timeout)),
+                              strict=True))
+        on: dict[str, list[str]] = {}
+        for name, node in self.nodes.items():
+            on.setdefault(node, []).append(name)
+        labels = _node_labels(self._ray)
+        log.info("on Ray: %d server(s) and %d worker(s) on %d node(s): %s", len(self.servers),
+                 len(self.workers), len(on), "; ".join(
+                     f"{labels.get(node, node[:8])}: {', '.join(held)}"
+                     for node, held in sorted(on.items(), key=lambda kv: labels.get(kv[0], ""))))
+
+    def _node_left(self, name: str) -> str:
+        """When the node of actor ``name`` has left the Ray cluster: a sentence naming the
+        node and what lived there ("" while it is alive or unknown)."""
+        node = self.nodes.get(name)
+        if node is None:
+            return ""
+        try:
+            alive = {n["NodeID"]: bool(n.get("Alive")) for n in self._ray.nodes()}
+        except Exception:  # asking Ray failed: say nothing rather than guess
+            return ""
+        if alive.get(node, True):
+            return ""
+        there = ", ".join(n for n, at in self.nodes.items() if at == node)
+        return (f"; its node {_node_labels(self._ray).get(node, node[:8])} left the Ray "
+                f"cluster (it held {there})")
 
     def _connect(self) -> None:
         """Servers of groups > 0 get the master group's actors (for their syncs)."""
@@ -265,6 +362,55 @@ class RayBackend:
     def start(self, ranks: Sequence[int], fn: Any, first: int, last: int,
               deliver: Callable[[Outcome], None]) -> None:
         self._readers = []
+        steps = self._compiled_steps()
+        if steps is None:
+            self._stream(ranks, fn, first, last, deliver)
+            return
+        t = threading.Thread(target=steps.run, args=(ranks, fn, first, last, deliver,
+                                                     self._stream),
+                             daemon=True, name="paramserver-ray-compiled-steps")
+        self._readers.append(t)
+        t.start()
+
+    def _compiled_steps(self) -> CompiledSteps | None:
+        """The compiled graph of a step over the live actors (made at the first run, again
+        after an actor was lost), or None where the steps take the actor calls."""
+        if not self._compile:
+            return None
+        if self._steps is not None and self._steps.broken:
+            self._drop_steps()
+        if self._steps is None:
+            live = [w for w in self.workers if w.rank not in self.dead]
+            if not live or not self.servers:
+                return None
+            from .ray_compiled import CompiledSteps
+
+            # Updates held by a graph that broke midway go first.
+            self._ray.get([h.begin.remote() for h in self.servers.values()],
+                          timeout=max(60.0, self.conf.timeout))
+            biggest = max(L.size for L in self.layouts) * np.dtype(self._params.dtype).itemsize
+            try:
+                here = str(self._ray.get_runtime_context().get_node_id())
+                self._steps = CompiledSteps(live, self.servers, self._names, self.conf, biggest,
+                                            set(self.nodes.values()) != {here},
+                                            self._dead_outcome, self._lost)
+            except Exception as e:  # a Ray that cannot compile: the actor calls serve
+                self._compile = False
+                warnings.warn(f"the steps go through Ray actor calls: Ray could not compile "
+                              f"them into a graph ({type(e).__name__}: {e})", RuntimeWarning,
+                              stacklevel=4)
+                return None
+        return self._steps
+
+    def _drop_steps(self) -> None:
+        if self._steps is not None:
+            steps, self._steps = self._steps, None
+            steps.teardown()
+
+    def _stream(self, ranks: Sequence[int], fn: Any, first: int, last: int,
+                deliver: Callable[[Outcome], None]) -> None:
+        """Workers ``ranks`` run steps ``[first, last)`` in one call each (the ordinary
+        path); a thread per worker reads its stream of outcomes."""
         for rank in ranks:
             w = self.workers[rank]
             stream = w.actor.steps.options(num_returns="streaming").remote(first, last, fn)
@@ -285,9 +431,7 @@ class RayBackend:
                     step = outcome.step + 1
                     deliver(outcome)
         except ray.exceptions.RayActorError as e:
-            deliver(Outcome(w.rank, step, DEAD, cause=e, message=(
-                f"{w.name} (rank {w.rank}) died at step {step}: its Ray actor is gone "
-                f"({type(e).__name__})")))
+            deliver(self._dead_outcome(w, step, e))
         except ray.exceptions.RayTaskError as e:  # e.g. metrics that do not pickle
             deliver(Outcome(w.rank, step, ERROR, cause=e.cause, message=(
                 f"{w.name} (rank {w.rank}) failed at step {step}: "
@@ -298,10 +442,39 @@ class RayBackend:
         finally:
             deliver(Outcome(w.rank, step, ENDED))
 
+    def _dead_outcome(self, w: RemoteWorker, step: int, e: BaseException) -> Outcome:
+        """A worker's actor died at ``step`` (Ray said so with ``e``)."""
+        self.dead.add(w.rank)
+        return Outcome(w.rank, step, DEAD, cause=e, message=(
+            f"{w.name} (rank {w.rank}) died at step {step}: its Ray actor is gone "
+            f"({type(e).__name__}){self._node_left(w.name)}"))
+
+    def _lost(self) -> list[Address]:
+        """The servers whose actors died since :meth:`revive` last looked (restarted, or
+        restarting); changes nothing."""
+        ray = self._ray
+        pings = {a: h.ping.remote() for a, h in self.servers.items()}
+        lost = []
+        for a, ref in pings.items():
+            try:
+                if ray.get(ref, timeout=30.0) != self._incarnations.get(a):
+                    lost.append(a)
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnschedulableError):
+                lost.append(a)
+            except ray.exceptions.GetTimeoutError:  # busy: not lost
+                pass
+        return lost
+
     def wait(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        for t in self._readers:
-            t.join(max(0.0, deadline - time.monotonic()))
+        joined: set[threading.Thread] = set()
+        while True:  # a compiled part may hand its workers to new readers meanwhile
+            todo = [t for t in list(self._readers) if t not in joined]
+            if not todo:
+                return
+            for t in todo:
+                t.join(max(0.0, deadline - time.monotonic()))
+                joined.add(t)
 
     def busy(self) -> list[str]:
         return [t.name for t in self._readers if t.is_alive()]
@@ -321,17 +494,23 @@ class RayBackend:
                     break
                 except ray.exceptions.ActorDiedError:
                     raise ClusterError(f"{name} died and Ray did not restart it (max_restarts "
-                                       f"{self.actor_restarts})") from None
+                                       f"{self.actor_restarts}){self._node_left(name)}"
+                                       ) from None
+                except ray.exceptions.ActorUnschedulableError as e:
+                    raise ClusterError(f"{name} died and Ray cannot start it again: "
+                                       f"{_first_line(e)}{self._node_left(name)}") from None
                 except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
                     if time.monotonic() > deadline:
                         raise ClusterError(f"{name} was not back within {limit:g} s after its "
-                                           "actor died") from None
+                                           f"actor died{self._node_left(name)}") from None
                     time.sleep(0.05)  # the actor is restarting; ask again
             if now != self._incarnations.get(address):
                 restarted.append(address)
                 self._incarnations[address] = now
         if restarted:
+            self._drop_steps()  # its loop of the compiled graph died with it
             self._connect()
+            self._locate([self._names[a] for a in restarted])
         return restarted
 
     def kill_server(self, address: Address) -> None:
@@ -339,13 +518,14 @@ class RayBackend:
         restored) or given it up (no restarts left)."""
         ray = self._ray
         h, old = self.servers[address], self._incarnations.get(address)
+        self._drop_steps()
         ray.kill(h, no_restart=False)
         deadline = time.monotonic() + max(60.0, 2 * self.conf.timeout)
         while time.monotonic() < deadline:
             try:
                 if ray.get(h.ping.remote(), timeout=5.0) != old:
                     return
-            except ray.exceptions.ActorDiedError:
+            except (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnschedulableError):
                 return
             except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
                 pass
@@ -365,6 +545,7 @@ class RayBackend:
                     ray.kill(actor, no_restart=True)
                 except Exception:  # gone already
                     pass
+            self._drop_steps()  # after the kills: a worker stuck in its step cannot hold it
             if self._owns_ray:
                 ray.shutdown()
 
@@ -374,4 +555,21 @@ class RayBackend:
                 f"{c.nserver_groups}×{c.nservers_per_group} servers)")
 
 
-__all__ = ["RayBackend", "RemoteWorker", "import_ray", "start_ray"]
+def _first_line(e: BaseException) -> str:
+    """The first line of Ray's message (the rest is its advice on Ray's internals)."""
+    text = str(e).strip()
+    return text.splitlines()[0].rstrip(".") if text else type(e).__name__
+
+
+def _node_labels(ray: Any) -> dict[str, str]:
+    """How messages name each Ray node: its name (``ray start --node-name``; by default
+    its address) and the start of its id."""
+    try:
+        nodes = ray.nodes()
+    except Exception:  # naming nodes must not fail what it describes
+        return {}
+    return {n["NodeID"]: f"'{n.get('NodeName') or n.get('NodeManagerAddress')}' "
+                         f"({n['NodeID'][:8]})" for n in nodes}
+
+
+__all__ = ["RayBackend", "RemoteWorker", "import_ray", "loopback_only", "start_ray"]

@@ -32,6 +32,26 @@ from .ray_wire import decode, encode, pack, unpack
 from .transport import Handler, LocalTransport, Pending
 
 
+def ask_waiting_for(handle: Any, name: str) -> str:
+    """What a server actor is waiting for, in words (for a timeout's message)."""
+    try:
+        return str(ray.get(handle.waiting_for.remote(), timeout=5.0))
+    except Exception as e:  # a diagnosis must not hide the timeout
+        return f"(could not ask {name}: {type(e).__name__})"
+
+
+def picklable(e: BaseException | None) -> BaseException | None:
+    """``e`` if it can travel to the driver (pickled by Ray), else None (its message
+    travels all the same)."""
+    if e is None:
+        return None
+    try:
+        ray.cloudpickle.dumps(e)
+    except Exception:
+        return None
+    return e
+
+
 class RayPending(Pending):
     """The reply of a server actor to one request; see the module docstring."""
 
@@ -49,10 +69,7 @@ class RayPending(Pending):
         return bool(ready)
 
     def _diagnose(self) -> str:
-        try:
-            return str(ray.get(self._handle.waiting_for.remote(), timeout=5.0))
-        except Exception as e:  # a diagnosis must not hide the timeout
-            return f"(could not ask {self._server}: {type(e).__name__})"
+        return ask_waiting_for(self._handle, self._server)
 
     def wait(self, timeout: float, who: str = "") -> Reply:
         who = who or "the caller"
@@ -110,4 +127,4 @@ class RayTransport:
             pass
 
 
-__all__ = ["RayPending", "RayTransport"]
+__all__ = ["RayPending", "RayTransport", "ask_waiting_for", "picklable"]

@@ -162,11 +162,12 @@ def encode(message: Request | Reply, share: Callable[[np.ndarray], Any] | None =
 _HEAD = struct.Struct("<I")
 
 
-def pack(message: Request | Reply) -> bytes | None:
+def pack(message: Request | Reply, limit: int | None = LARGE) -> bytes | None:
     """A message as one ``bytes`` object: the length of a JSON header (its kind, its plain
     fields, each array's dtype and shape), the header, then each array's memory at an offset
     aligned to 8 bytes. ``None`` when it does not fit: a dict field, an array of objects, or
-    arrays of :data:`LARGE` bytes or more (those go through the object store)."""
+    arrays of ``limit`` bytes or more (by default :data:`LARGE`: those go through the object
+    store; ``None``: no limit, for a compiled graph's channels)."""
     message = _narrow(message)
     fields: list[Any] = []
     arrays: list[tuple[int, np.ndarray]] = []
@@ -188,7 +189,7 @@ def pack(message: Request | Reply) -> bytes | None:
         elif v is not None and not isinstance(v, str):
             return None
         fields.append(v)
-    if nbytes >= LARGE:
+    if limit is not None and nbytes >= limit:
         return None
     head = json.dumps([type(message).__name__, fields,
                        [[i, a.dtype.str, list(a.shape)] for i, a in arrays]]).encode()

@@ -53,7 +53,7 @@ pickle), :class:`Restore` serves from such a file.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -718,20 +718,31 @@ class Server:
         for fn, answer in out:
             fn(answer)
 
-    def waiting_for(self) -> str:
-        """What this server is waiting for, in words (for timeout messages)."""
+    def waiting_for(self, held: Mapping[int, tuple[int, Collection[int]]] | None = None
+                    ) -> str:
+        """What this server is waiting for, in words (for timeout messages).
+
+        Args:
+            held: updates its transport holds for it, not handed yet (Ray's compiled steps
+                hand a step's updates at once): per worker group, the step and the workers
+                whose updates came; they count as a round of that step.
+        """
         if not self._lock.acquire(timeout=1.0):
             return f"{self.name} is busy (an update or sync holds it)"
         try:
             if self.values is None:
                 return f"{self.name} has no values yet (no put)"
+            rounds: dict[int, tuple[int, str, Collection[int]]] = {
+                g: (rnd.step, "clips (the global norm)" if rnd.measured else "updates",
+                    (rnd.norms if rnd.measured else rnd.grads).keys())
+                for g, rnd in self._rounds.items()}
+            for g, (step, workers) in (held or {}).items():
+                rounds.setdefault(g, (step, "updates", workers))
             parts = []
-            for g, rnd in sorted(self._rounds.items()):
-                what = "clips (the global norm)" if rnd.measured else "updates"
-                missing = sorted(self._live[g] - (rnd.norms if rnd.measured else rnd.grads
-                                                  ).keys())
+            for g, (step, what, came) in sorted(rounds.items()):
+                missing = sorted(self._live[g] - set(came))
                 parts.append(f"{self.name} waits for {what} from workers {missing} of group "
-                             f"{g} for step {rnd.step}")
+                             f"{g} for step {step}")
             if self._gets:
                 slowest = self._min_clock()
                 slow = [g for g in self.worker_groups if self._live[g]
