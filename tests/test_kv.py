@@ -9,6 +9,7 @@ and updater state) saves and loads; a synchronous run is the same bit for bit on
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -276,9 +277,26 @@ def test_bounded_staleness_holds_a_pull_until_the_slowest_is_close_enough() -> N
 
     with kv.create("dist_async", num_workers=2, staleness=2) as store:
         store.run(train)  # 3 - 1 <= 2
+
+    # 3 - 1 > 1: worker 0's pull waits for worker 1, which waits (outside the store, so
+    # that no timeout of its own can come first) until worker 0 has given up
+    pulled = threading.Event()
+
+    def held(s: kv.KVStore) -> None:
+        s.init("w", np.zeros(2, np.float32))
+        for _ in range(1 if s.rank == 1 else 3):
+            s.push("w", np.ones(2, np.float32))
+        if s.rank == 1:
+            pulled.wait()
+            return
+        try:
+            s.pull("w")
+        finally:
+            pulled.set()
+
     with kv.create("dist_async", num_workers=2, staleness=1, timeout=1.0) as store:
         with pytest.raises(ClusterError, match="waited 1 s for server 0's values of key 'w'"):
-            store.run(train)
+            store.run(held)
 
 
 def test_a_failing_worker_stops_the_run_with_its_error() -> None:
