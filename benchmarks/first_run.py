@@ -46,7 +46,8 @@ COMPILED = re.compile(r"compiled (.+) in ([\d.]+) s")
 
 def command(source: Path, cache: str, *argv: str) -> tuple[float, float, str]:
     """Wall seconds and CPU seconds (user and system, of the process and its children) of
-    ``paramserver ARGV`` in a fresh process, and its stderr."""
+    ``paramserver ARGV`` in a fresh process, and its messages (stdout, then stderr: the
+    run's reports go to stdout since issue 26, its warnings to stderr)."""
     env = {**os.environ, "NUMBA_CACHE_DIR": cache,
            "PYTHONPATH": os.pathsep.join([str(source / "src"), os.environ.get("PYTHONPATH", "")])}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -58,7 +59,7 @@ def command(source: Path, cache: str, *argv: str) -> tuple[float, float, str]:
     if run.returncode:
         raise SystemExit(f"paramserver {' '.join(argv)}: exit {run.returncode}\n{run.stderr}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return seconds, cpu, run.stderr
+    return seconds, cpu, run.stdout + run.stderr
 
 
 @dataclass

@@ -348,3 +348,33 @@ def test_one_chunk_fills_equal_the_parallel_fill(fill, kw, dtype) -> None:
         for size in (1, 5, n - 3, n):
             assert np.array_equal(filled(fill, size, dtype, offset=offset, **kw),
                                   whole[offset:offset + size])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("count", [5, rng_kernels.FEW_SEGMENTS + 40])
+def test_segment_fills_equal_one_fill_per_segment_by_either_path(dtype, count) -> None:
+    """A few segments are filled from Python, many by the compiled loop over segments (and
+    one longer than a chunk as run() fills it): every segment as its own fill puts it."""
+    from paramserver.numerics import rng
+
+    sizes = np.random.default_rng(7).integers(0, 40, count)
+    sizes[1] = 70_000  # longer than a chunk
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    keys = rng.param_keys(11, [f"p{i}" for i in range(count)])
+    scale = np.linspace(0.5, 2.0, count)
+    cases = [
+        (rng.fill_uniform_segments, fill_uniform, (-scale, scale)),
+        (rng.fill_normal_segments, fill_normal, (scale * 0.1, scale)),
+        (rng.fill_truncated_normal_segments, fill_truncated_normal, (scale * 0, scale)),
+    ]
+    for fill_segments, fill, (p, q) in cases:
+        out = np.full(int(sizes.sum()), np.nan, dtype)
+        fill_segments(out, starts, sizes, keys, p, q)
+        for s in range(count):
+            one = np.empty(int(sizes[s]), dtype)
+            fill(one, int(keys[s]), float(p[s]), float(q[s]))
+            assert np.array_equal(out[starts[s]:starts[s] + sizes[s]], one), (fill, s)
+    out = np.full(int(sizes.sum()), np.nan, dtype)
+    rng.fill_constant_segments(out, starts, sizes, scale / 3)
+    expected = np.repeat((scale / 3).astype(dtype), sizes)
+    assert np.array_equal(out, expected)

@@ -560,16 +560,28 @@ _SEGMENTS = {(is32, truncated): _segments_kernel(is32, truncated)
              for is32 in (True, False) for truncated in (False, True)}
 
 
+#: Up to this many short segments, :func:`run_segments` calls the chunk filler once for each
+#: from Python (microseconds a call) instead of its compiled loop over segments: the loop's
+#: compile (about a second, once per machine) is worth it only for many small Params, and a
+#: job of a few Params (the main job: 4) then compiles only the filler it needs anyway.
+FEW_SEGMENTS = 256
+
+
 def run_segments(out: np.ndarray, starts: np.ndarray, sizes: np.ndarray, k0s: np.ndarray,
                  k1s: np.ndarray, method: int, prms: np.ndarray) -> None:
     """Fill segments of the flat array ``out`` (checked by :mod:`.rng`), each a whole Param
     of its own: segment ``s`` (``starts[s]``, ``sizes[s]`` values) with stream elements 0 ...
     of key ``(k0s[s], k1s[s])`` and parameters ``prms[s]``. Segments of at most one chunk are
-    filled in one compiled call (a million small Params would otherwise cost a call each);
-    longer ones as :func:`run` fills them. The values are those of one fill per segment."""
+    filled in one compiled call (a million small Params would otherwise cost a call each),
+    unless there are at most :data:`FEW_SEGMENTS` of them; longer ones as :func:`run` fills
+    them. The values are those of one fill per segment."""
     is32 = out.dtype == np.float32
     small = sizes <= _CHUNK
-    if small.any():
+    if np.count_nonzero(small) <= FEW_SEGMENTS:  # each by its chunk filler, as run() does
+        for s in np.flatnonzero(small):
+            lo = int(starts[s])
+            run(out[lo:lo + int(sizes[s])], 0, k0s[s], k1s[s], method, prms[s])
+    else:
         pick = slice(None) if small.all() else small
         a, b = (out, _NO64) if is32 else (_NO32, out)
         _SEGMENTS[is32, method == TRUNCATED](
@@ -588,5 +600,10 @@ def _constant_segments(out, starts, sizes, values):  # type: ignore[no-untyped-d
 
 def constant_segments(out: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
                       values: np.ndarray) -> None:
-    """Segment ``s`` of ``out`` set to ``values[s]`` (checked by :mod:`.rng`)."""
-    _constant_segments(out, starts, sizes, values)
+    """Segment ``s`` of ``out`` set to ``values[s]`` (checked by :mod:`.rng`): by a compiled
+    loop for more than :data:`FEW_SEGMENTS` segments, else from Python (no compile)."""
+    if starts.size > FEW_SEGMENTS:
+        _constant_segments(out, starts, sizes, values)
+        return
+    for lo, n, value in zip(starts.tolist(), sizes.tolist(), values.tolist()):
+        out[lo:lo + n] = value
