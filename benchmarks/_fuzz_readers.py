@@ -32,7 +32,8 @@ import subprocess
 import sys
 import traceback
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -504,19 +505,31 @@ def make_mutant(rng: random.Random, reader: Reader, seeds: list[Path], out_dir: 
 
 
 class Hang(Exception):
-    pass
+    """A call ran past its time (:func:`time_limit`)."""
 
 
 def _alarm(signum: int, frame: Any) -> None:
     raise Hang
 
 
+@contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Raise :class:`Hang` in the block when it runs longer than ``seconds`` (the main
+    thread's SIGALRM; the previous handler back after). Shared with ``fuzz_jobs.py``."""
+    previous = signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def read_in_process(reader: Reader, path: Path, scratch: Path) -> str:
     """``ok``, ``refused`` (a ParamError), ``hang`` or ``crash: ...``."""
-    previous = signal.signal(signal.SIGALRM, _alarm)
-    signal.setitimer(signal.ITIMER_REAL, HANG_SECONDS)
     try:
-        reader.read(path, scratch)
+        with time_limit(HANG_SECONDS):
+            reader.read(path, scratch)
         return "ok"
     except ParamError:
         return "refused"
@@ -524,9 +537,6 @@ def read_in_process(reader: Reader, path: Path, scratch: Path) -> str:
         return "hang"
     except Exception as e:  # what the fuzzer is for
         return crash_text(e)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def crash_text(e: BaseException) -> str:

@@ -30,7 +30,6 @@ import argparse
 import io
 import os
 import random
-import signal
 import sys
 import tempfile
 import time
@@ -38,7 +37,6 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
-from typing import Any
 
 from paramserver import cli
 
@@ -164,20 +162,14 @@ def make_mutants(seed: int, count: int) -> list[bytes]:
             for _ in range(count)]
 
 
-class Hang(Exception):
-    pass
-
-
-def _alarm(signum: int, frame: Any) -> None:
-    raise Hang
-
-
 def check_in_process(path: Path) -> str:
     """``paramserver check PATH`` in this process: ``ok`` (exit 0), ``param_error`` (exit 2),
     ``hang``, ``exit N`` or ``crash: Type: message`` (an exception out of the command)."""
-    signal.setitimer(signal.ITIMER_REAL, HANG_SECONDS)
+    from _fuzz_readers import Hang, crash_text, time_limit
+
     try:
-        with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()) as err:
+        with time_limit(HANG_SECONDS), redirect_stdout(io.StringIO()), \
+                redirect_stderr(io.StringIO()) as err:
             code = cli.main(["check", str(path)])
         if code not in (0, 2) or "Traceback" in err.getvalue():
             return f"exit {code}: {err.getvalue()[-200:]}"
@@ -185,11 +177,7 @@ def check_in_process(path: Path) -> str:
     except Hang:
         return "hang"
     except Exception as e:  # what the fuzzer is for
-        from _fuzz_readers import crash_text
-
         return crash_text(e)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 def check_by_cli(path: Path) -> str:
@@ -213,7 +201,6 @@ def main() -> None:
     args = parser.parse_args()
     if args.readers:
         sys.exit(fuzz_readers(args))
-    signal.signal(signal.SIGALRM, _alarm)
 
     bad: list[tuple[str, bytes]] = []
     with tempfile.TemporaryDirectory() as tmp:

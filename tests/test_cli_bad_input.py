@@ -320,3 +320,16 @@ def test_model_that_does_not_fit(capsys: pytest.CaptureFixture[str], tmp_path: P
     assert_user_error(code, err, "the model does not fit in memory: its Params hold "
                                  "161,061,273,610 values", "'w1' 2147483648x64")
     assert not ws.exists()
+
+
+def test_data_file_name_too_long_is_a_user_error(capsys: pytest.CaptureFixture[str],
+                                                  tmp_path: Path) -> None:
+    """Found by benchmarks/fuzz_jobs.py: a data source whose name is longer than the system
+    allows ended ``failed: ... File name too long`` with exit 1 (pathlib's is_dir raises
+    ENAMETOOLONG): it is the job's mistake, named at its place."""
+    text = MLP.read_text().replace('source: "digits"', f'source: "{"a" * 300}.npz"', 1)
+    assert text != MLP.read_text()
+    path = tmp_path / "job.conf"
+    path.write_text(text)
+    code, err = run(capsys, "check", str(path))
+    assert code == 2 and "job.conf:" in err and "layer 'data' (kData): data file" in err, err

@@ -381,7 +381,7 @@ def _source_file(source: str, base_dir: str | os.PathLike[str] | None
     try:
         st = require_regular(path, "data file")  # a pipe or a device is not read
     except ParamError:
-        if path.is_dir():
+        if os.path.isdir(path):  # False, not an error, for a name too long to look up
             raise ParamError(f"data file '{path}' is a folder, not an .npz file") from None
         raise
     if st is None:
