@@ -333,3 +333,18 @@ def test_data_file_name_too_long_is_a_user_error(capsys: pytest.CaptureFixture[s
     path.write_text(text)
     code, err = run(capsys, "check", str(path))
     assert code == 2 and "job.conf:" in err and "layer 'data' (kData): data file" in err, err
+
+
+@pytest.mark.parametrize("argv", [["check", "LONG.conf"], ["export", "LONG", "--to", "x.st"],
+                                  ["data", "digits", "LONG.npz"]])
+def test_paths_too_long_are_user_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch,
+                                        argv: list[str]) -> None:
+    """A name longer than the system allows (ENAMETOOLONG, which pathlib's is_file and
+    is_dir raise) is the user's mistake: exit 2 with the name, and nothing written."""
+    monkeypatch.chdir(tmp_path)
+    long = "a" * 300
+    code, err = run(capsys, *[a.replace("LONG", long) for a in argv])
+    assert_user_error(code, err, "File name too long", "a" * 80)
+    assert len(err.splitlines()) == 1 and len(err) < 1000
+    assert list(tmp_path.iterdir()) == []

@@ -8,6 +8,7 @@ messages on stderr and exits with status 2, without a traceback. Messages of the
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import json
 import logging
@@ -63,7 +64,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout = None  # type: ignore[assignment]  # nothing more to flush at exit
         return 0
     except OSError as e:  # the disk filled up, a file went away while running
-        place = f"{e.filename}: " if e.filename else ""
+        from .paths import shown
+
+        place = f"{shown(str(e.filename))}: " if e.filename else ""
+        if e.errno == errno.ENAMETOOLONG:  # a path the user gave: paramserver makes no such
+            print(error_text(args.command, f"{place}{e.strerror} (a path given to "
+                             f"paramserver)"), file=sys.stderr)
+            return EXIT_USER_ERROR
         print(error_text(args.command, f"{place}{e.strerror or e}", "failed"), file=sys.stderr)
         return 1
     finally:

@@ -185,7 +185,7 @@ def find_checkpoint(path: str | os.PathLike[str]) -> Path:
     """A checkpoint file, or the newest one in a folder (a workspace or its
     ``checkpoints``)."""
     path = Path(path)
-    if not path.is_dir():
+    if not os.path.isdir(path):  # (a name too long to look up is read, and refused, as a file)
         return path
     for folder in (path, path / "checkpoints"):
         found = list_checkpoints(folder)

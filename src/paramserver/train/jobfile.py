@@ -140,7 +140,8 @@ def find_example(name: str | os.PathLike[str]) -> Path | None:
         rel = text[len("examples/"):] if text.startswith("examples/") else text
         for candidate in (rel, f"{rel}.conf", f"{rel}/job.conf"):
             path = folder / candidate
-            if rel and ".." not in Path(rel).parts and path.is_file() and path.suffix == ".conf":
+            if rel and ".." not in Path(rel).parts and path.suffix == ".conf" and \
+                    os.path.isfile(path):  # (False for a name too long to look up)
                 return path
     if Path(name).suffix == ".conf" or Path(name).is_absolute():
         return None  # a file's path: reading it says what is wrong
