@@ -348,3 +348,22 @@ def test_paths_too_long_are_user_errors(capsys: pytest.CaptureFixture[str], tmp_
     assert_user_error(code, err, "File name too long", "a" * 80)
     assert len(err.splitlines()) == 1 and len(err) < 1000
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["../../escape", "a/b", "..", ""])
+def test_a_job_name_that_is_not_one_folder_name_is_refused(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        name: str) -> None:
+    """The default workspace is workspace/<name>: a name of '../../escape' put the run's
+    checkpoints and metrics two folders above it. Refused, unless a workspace is given."""
+    (tmp_path / "in").mkdir()
+    monkeypatch.chdir(tmp_path / "in")
+    job = tmp_path / "in" / "job.conf"
+    job.write_text(MLP.read_text().replace('name: "digits-mlp"', f'name: "{name}"', 1))
+    for command in ("check", "train"):
+        code, err = run(capsys, command, str(job), *(["--steps", "1", "--quiet"]
+                                                      if command == "train" else []))
+        assert_user_error(code, err, f"name {name!r}: the job's workspace is workspace/<name>")
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["in", "job.conf"]
+    code, _ = run(capsys, "train", str(job), "--steps", "1", "--quiet", "--workspace", "ws")
+    assert code == 0 and (tmp_path / "in" / "ws" / "metrics.csv").is_file()

@@ -487,7 +487,20 @@ class JobConf(Parameter):
 
     @property
     def workspace_dir(self) -> str:
-        return self.workspace or self.cluster.workspace or f"workspace/{self.name}"
+        """The workspace: the job's ``workspace``, SINGA's ``cluster { workspace }``, or
+        ``workspace/<name>``, for which the name must be one folder name (a name of
+        ``../../x`` would put the run's files outside ``workspace/``)."""
+        given = self.workspace or self.cluster.workspace
+        if given:
+            return given
+        name = self.name
+        if name in ("", ".", "..") or "/" in name or "\\" in name or "\x00" in name:
+            shown = name if len(name) <= 80 else f"{name[:60]}...{name[-15:]}"
+            raise ParamError(f"name {shown!r}: the job's workspace is workspace/<name> unless "
+                             "one is given, so the name must be one folder name (not empty, "
+                             "'.' or '..', without '/' or '\\'); rename the job or give a "
+                             "workspace (--workspace, or workspace: in the job file)")
+        return f"workspace/{name}"
 
     @property
     def singa_job(self) -> bool:
