@@ -438,17 +438,22 @@ def test_resume_goes_on_from_singas_own_checkpoints(capsys: pytest.CaptureFixtur
                                                        for n, p in at20.items()}
 
 
+@pytest.mark.parametrize("backend", ["local", "ray"])
 def test_ctrl_c_writes_a_checkpoint_and_resume_goes_on_exactly(
         capsys: pytest.CaptureFixture[str], made: tuple[Path, Path, Path], tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
     """The first Ctrl-C stops the run at its next stop (every 10 steps here) with a
-    checkpoint there; --resume then ends with the files of a run never interrupted."""
+    checkpoint there; --resume then ends with the files of a run never interrupted. On Ray
+    too: the actors are stopped, the local Ray with them, and the resume is exact."""
     import signal
 
     import paramserver.train.trainer as trainer
 
+    if backend == "ray":
+        pytest.importorskip("ray")
     job = made[0]
-    only_at_the_end = ("--set", "checkpoint_freq=0", "--set", "test_freq=0")
+    only_at_the_end = ("--set", "checkpoint_freq=0", "--set", "test_freq=0", "--backend",
+                       backend)
     ws = tmp_path / "ws"  # the same path for both runs (checkpoints name their workspace)
     code, out = run(capsys, job, ws, "--steps", "30", "--quiet", *only_at_the_end)
     assert code == 0, out
@@ -463,6 +468,10 @@ def test_ctrl_c_writes_a_checkpoint_and_resume_goes_on_exactly(
     monkeypatch.setattr(trainer, "marker", ctrl_c_at_step_13)
     code, out = run(capsys, job, ws, "--steps", "30", *only_at_the_end)
     assert code == 130
+    if backend == "ray":  # the local Ray the run started is gone with its actors
+        import ray
+
+        assert not ray.is_initialized()
     assert "warning: interrupted: stopping at the next step boundary to write a checkpoint" \
            in out
     assert "warning: interrupted at step 20 of 30: --resume goes on from there" in out
