@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import resource
-import signal
 import struct
 import subprocess
 import sys
@@ -35,6 +34,7 @@ from paramserver.export import TABLE
 from paramserver.paths import NoSpaceError, path_error
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))  # the fuzzers' time limit (watchdog)
 MLP = ROOT / "examples" / "digits_mlp.conf"
 
 
@@ -55,16 +55,13 @@ def refused(code: int, err: str, *names: str) -> None:
 @contextmanager
 def watchdog(seconds: float = 60) -> Iterator[None]:
     """Fail instead of hanging (a pipe opened for reading waits for a writer)."""
-    def alarm(signum: int, frame: Any) -> None:
-        raise AssertionError(f"still running after {seconds} s: it hangs")
+    from _fuzz_readers import Hang, time_limit
 
-    previous = signal.signal(signal.SIGALRM, alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        with time_limit(seconds):
+            yield
+    except Hang:
+        raise AssertionError(f"still running after {seconds} s: it hangs") from None
 
 
 def a_checkpoint(path: Path, layout: Any = ((0, 10),), aliases: Any = None) -> Path:
