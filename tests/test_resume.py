@@ -476,6 +476,7 @@ def test_ctrl_c_writes_a_checkpoint_and_resume_goes_on_exactly(
            in out
     assert "warning: interrupted at step 20 of 30: --resume goes on from there" in out
     assert [s for s, _ in list_checkpoints(ws / "checkpoints")] == [20]
+    assert (ws / "metrics.png").is_file()  # the plot of the 20 steps
     monkeypatch.setattr(trainer, "marker", real)
     code, out = run(capsys, job, ws, "--steps", "30", "--resume", "--quiet", *only_at_the_end)
     assert code == 0, out

@@ -419,7 +419,8 @@ class Trainer:
                 board.flush()  # what the checkpoint covers is on disk before it
                 path = self.save(step)
                 log.info("step %d: checkpoint %s", step, path)
-            if stopped:
+            if stopped:  # the plot of the steps so far too: what the user stopped to look at
+                self.log.plot(self.workspace / "metrics.png", f"{job.name}")
                 log.warning("interrupted at step %d of %d: --resume goes on from there",
                             step, job.train_steps)
                 raise KeyboardInterrupt
