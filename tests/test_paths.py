@@ -226,3 +226,18 @@ def test_checkpoint_path_that_is_not_a_file(capsys: pytest.CaptureFixture[str],
                        "--quiet")
     refused(code, err, f"checkpoint {path} is a", "not a file")
     assert "memory" not in err
+
+
+def test_an_output_layer_never_writes_over_the_jobs_data(capsys: pytest.CaptureFixture[str],
+                                                         tmp_path: Path) -> None:
+    """The inputs are found in the layers' configurations (a data source here; model,
+    vocabulary and mean files alike), even with --allow-outside."""
+    data = tmp_path / "data.npz"
+    rng = np.random.default_rng(0)
+    np.savez(data, x=rng.random((50, 64), np.float32), y=np.arange(50) % 10)
+    before = data.read_bytes()
+    job = _job_with_output(tmp_path, str(data), tmp_path / "ws")
+    job.write_text(job.read_text().replace('source: "digits"', f'source: "{data}"', 1))
+    code, _, err = run(capsys, "check", str(job), "--allow-outside")
+    refused(code, err, "layer 'dump'", "layer 'data' source")
+    assert data.read_bytes() == before

@@ -31,7 +31,7 @@ from typing import Any
 
 from .. import atomic
 from ..checkpoint import is_checkpoint_name
-from ..config import ParamError
+from ..config import ParamError, Parameter
 from ..config.job import JobConf
 from ..paths import NoSpaceError, check_output, kind_of, refuse_inputs, shown
 from ..singa.checkpoints import FOLDER as SINGA_FOLDER
@@ -420,19 +420,23 @@ def job_inputs(job: JobConf, base_dir: str | os.PathLike[str] | None = None
     writers = {id(c) for c in output_layers(job)}
 
     def walk(what: str, value: Any) -> None:
-        if isinstance(value, dict):
-            for k, v in value.items():
+        # the configuration objects themselves, not their to_dict() (a job of 20,000 layers
+        # spent most of this function making dicts)
+        items = (value.__dict__ if isinstance(value, Parameter) else
+                 value if isinstance(value, dict) else None)
+        if items is not None:
+            for k, v in items.items():
                 if k in _READ_FIELDS or (k == "path" and what.endswith("init")):
                     add(f"{what} {k}", v)
-                else:
+                elif isinstance(v, (Parameter, dict, list, tuple)):
                     walk(what, v)
-        elif isinstance(value, list):
+        elif isinstance(value, (list, tuple)):
             for v in value:
                 walk(what, v)
 
     for conf in job.neuralnet.layer:
         if id(conf) not in writers:
-            walk(f"layer '{conf.name}'", conf.to_dict())
+            walk(f"layer '{conf.name}'", conf)
     return found
 
 
