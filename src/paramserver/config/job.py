@@ -495,8 +495,7 @@ class JobConf(Parameter):
             return given
         name = self.name
         if name in ("", ".", "..") or "/" in name or "\\" in name or "\x00" in name:
-            shown = name if len(name) <= 80 else f"{name[:60]}...{name[-15:]}"
-            raise ParamError(f"name {shown!r}: the job's workspace is workspace/<name> unless "
+            raise ParamError(f"name {name!r}: the job's workspace is workspace/<name> unless "
                              "one is given, so the name must be one folder name (not empty, "
                              "'.' or '..', without '/' or '\\'); rename the job or give a "
                              "workspace (--workspace, or workspace: in the job file)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -577,17 +578,16 @@ def run_segments(out: np.ndarray, starts: np.ndarray, sizes: np.ndarray, k0s: np
     them. The values are those of one fill per segment."""
     is32 = out.dtype == np.float32
     small = sizes <= _CHUNK
-    if np.count_nonzero(small) <= FEW_SEGMENTS:  # each by its chunk filler, as run() does
-        for s in np.flatnonzero(small):
-            lo = int(starts[s])
-            run(out[lo:lo + int(sizes[s])], 0, k0s[s], k1s[s], method, prms[s])
-    else:
+    # by run(): each by its chunk filler, or its parallel fill
+    each: Sequence[int] | np.ndarray = range(starts.size)
+    if np.count_nonzero(small) > FEW_SEGMENTS:
         pick = slice(None) if small.all() else small
         a, b = (out, _NO64) if is32 else (_NO32, out)
         _SEGMENTS[is32, method == TRUNCATED](
             a, b, starts[pick], sizes[pick], k0s[pick], k1s[pick], method,
             np.ascontiguousarray(prms[pick]))
-    for s in np.flatnonzero(~small):
+        each = np.flatnonzero(~small)
+    for s in each:
         lo = int(starts[s])
         run(out[lo:lo + int(sizes[s])], 0, k0s[s], k1s[s], method, prms[s])
 

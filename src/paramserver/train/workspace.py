@@ -409,11 +409,8 @@ def job_inputs(job: JobConf, base_dir: str | os.PathLike[str] | None = None
     def add(what: str, value: Any) -> None:
         if isinstance(value, str) and value:
             for p in {Path(value), Path(base_dir or ".") / value}:
-                try:
-                    if p.is_file():
-                        found.append((what, p))
-                except OSError:  # a folder this user cannot search: not a file it reads
-                    pass
+                if os.path.isfile(p):  # False where pathlib raises (no search permission)
+                    found.append((what, p))
 
     for p in job.checkpoint_path:
         add("checkpoint_path", p)
