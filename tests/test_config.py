@@ -357,8 +357,8 @@ def test_tuple_of_float_and_of_str() -> None:
     assert f.scales == (1.5, math.inf, 2.0)
     assert f.names == ("a", "b")
     assert Floats.doc() == (
-        "scales : tuple of float, optional, default=(0.5,1)\n"
-        "names : tuple of string, optional, default=()")
+        "scales : tuple of <float>, optional, default=(0.5,1)\n"
+        "names : tuple of <string>, optional, default=()")
 
 
 # -- enumerations ------------------------------------------------------------------------------

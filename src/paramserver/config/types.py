@@ -21,11 +21,12 @@ from .tree import Block, ListValue, Scalar, Value, WrittenBool
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
-#: The white space C's isspace() knows (C++ streams skip it before an int, and dmlc allows
-#: it after one). Python's str.strip() would take more (U+00A0, U+001C, ...).
+#: The white space C's isspace() knows: C++ streams skip it before an int. (Python's
+#: str.strip() would take more: U+00A0, U+001C, ...)
 C_SPACE = " \t\n\v\f\r"
-#: The white space dmlc's float parser skips before a number (its own isspace(): no \v).
-_FLOAT_LEADING_SPACE = " \t\n\r\f"
+#: The white space of dmlc's own isspace() (no \v): what it allows after an int, and what
+#: its float parser skips before a number.
+DMLC_SPACE = " \t\n\r\f"
 # ASCII digits only: Python's \d and int() also take other scripts' digits, dmlc does not.
 _INT_RE = re.compile(r"([+-]?)0*([0-9]+)")
 #: The number at the start of a float's text, as dmlc's parser reads it: decimal digits with
@@ -149,7 +150,7 @@ class IntType(FieldType):
         if isinstance(raw, str):
             if len(raw) < 19 and raw.isdigit() and raw.isascii():
                 return int(raw)  # the common case (a long list of steps), without the regex
-            m = _INT_RE.fullmatch(raw.strip(C_SPACE))
+            m = _INT_RE.fullmatch(raw.lstrip(C_SPACE).rstrip(DMLC_SPACE))
             if m is None or len(m.group(2)) > 19:  # more digits can only overflow int64
                 raise Invalid(raw)
             out = int(m.group(1) + m.group(2))
@@ -170,7 +171,7 @@ def parse_float(raw: str) -> float:
     white space included, is refused with dmlc's ``Some trailing characters`` words. A number
     beyond the range of a double (``1e999``), or one that would round to a silent 0
     (``1e-500``), is out of range (dmlc's strtod ERANGE; its own range is float32's)."""
-    text = raw.lstrip(_FLOAT_LEADING_SPACE)
+    text = raw.lstrip(DMLC_SPACE)
     m = _FLOAT_PREFIX_RE.match(text)
     if m is None:
         raise Invalid(raw)
@@ -352,7 +353,8 @@ class TupleType(FieldType):
 
     @property
     def name(self) -> str:  # type: ignore[override]
-        return "Shape(tuple)" if isinstance(self.item, IntType) else f"tuple of {self.item.name}"
+        # dmlc's names: TShape's, and Tuple<T>'s "tuple of <float>"
+        return "Shape(tuple)" if isinstance(self.item, IntType) else f"tuple of <{self.item.name}>"
 
     def convert(self, value: Value) -> tuple[Any, ...]:
         if isinstance(value, ListValue):
