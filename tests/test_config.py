@@ -120,7 +120,7 @@ def test_parse_makes_an_instance_and_kwargs_construct_the_same() -> None:
 
 
 @pytest.mark.parametrize(("text", "expected"), [
-    ("10", 10), (" 10 ", 10), ("\t7\n", 7), ("+5", 5), ("-0", 0), ("007", 7),
+    ("10", 10), (" 10 ", 10), ("\t7\n", 7), ("\v7\f", 7), ("+5", 5), ("-0", 0), ("007", 7),
     ("9223372036854775807", 2**63 - 1), ("-9223372036854775808", -(2**63)),
     ("0" * 30 + "1", 1),
 ])
@@ -131,6 +131,7 @@ def test_int_accepts(text: str, expected: int) -> None:
 @pytest.mark.parametrize("text", [
     "1.5", "0x10", "", "   ", "1e3", "10.0", "1 0", "ten", "--1", "1_000",
     "9223372036854775808", "-9223372036854775809", "1" * 5000, "\u0663",
+    "7\v", "\u00a07", "7\u00a0", "\x1c7",  # white space is C's (dmlc's after the number)
 ])
 def test_int_rejects(text: str) -> None:
     assert message(FC, {"num_hidden": text}) == (
