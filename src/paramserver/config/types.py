@@ -37,6 +37,8 @@ _FLOAT_PREFIX_RE = re.compile(
     r"([+-]?)(?:(?P<inf>infinity|inf(?!i))|(?P<nan>nan(?:\([0-9A-Za-z_]*\))?)"
     r"|(?P<num>(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)[fF]?)",
     re.IGNORECASE)
+#: A float written plainly (most of a job file's): read without the prefix search.
+_PLAIN_FLOAT_RE = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 #: Whether a number's significand has a digit other than 0 (its value is not zero).
 _NONZERO_RE = re.compile(r"[1-9]")
 
@@ -171,6 +173,8 @@ def parse_float(raw: str) -> float:
     white space included, is refused with dmlc's ``Some trailing characters`` words. A number
     beyond the range of a double (``1e999``), or one that would round to a silent 0
     (``1e-500``), is out of range (dmlc's strtod ERANGE; its own range is float32's)."""
+    if _PLAIN_FLOAT_RE.fullmatch(raw):
+        return _in_range(float(raw), raw, raw)
     text = raw.lstrip(DMLC_SPACE)
     m = _FLOAT_PREFIX_RE.match(text)
     if m is None:
@@ -181,16 +185,21 @@ def parse_float(raw: str) -> float:
         out = math.nan
     else:
         digits = m.group("num")
-        out = float(digits)
-        # As dmlc (strtod's ERANGE): 1e999 is a mistake, not infinity, and 1e-500 not a
-        # silent 0. (dmlc refuses subnormals such as 2e-308 too; they are kept here, as
-        # the repr of every float reads back to itself.)
-        if math.isinf(out) or (out == 0.0 and _NONZERO_RE.search(
-                digits.partition("e")[0].partition("E")[0])):
-            raise Invalid(raw, out_of_range=True)  # before any trailing text, as dmlc
+        out = _in_range(float(digits), digits, raw)  # before any trailing text, as dmlc
     if m.end() < len(text):
         raise Invalid(raw, trailing=text[m.end():])
     return -out if m.group(1) == "-" else out
+
+
+def _in_range(out: float, digits: str, raw: str) -> float:
+    """``out`` read from ``digits``, unless a double cannot hold it. As dmlc (strtod's
+    ERANGE): 1e999 is a mistake, not infinity, and 1e-500 not a silent 0. (dmlc refuses
+    subnormals such as 2e-308 too; they are kept here, as the repr of every float reads
+    back to itself.)"""
+    if math.isinf(out) or (out == 0.0 and _NONZERO_RE.search(
+            digits.partition("e")[0].partition("E")[0])):
+        raise Invalid(raw, out_of_range=True)
+    return out
 
 
 class FloatType(FieldType):
