@@ -21,12 +21,24 @@ from .tree import Block, ListValue, Scalar, Value, WrittenBool
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
+#: The white space C's isspace() knows: C++ streams skip it before an int. (Python's
+#: str.strip() would take more: U+00A0, U+001C, ...)
+C_SPACE = " \t\n\v\f\r"
+#: The white space of dmlc's own isspace() (no \v): what it allows after an int, and what
+#: its float parser skips before a number.
+DMLC_SPACE = " \t\n\r\f"
 # ASCII digits only: Python's \d and int() also take other scripts' digits, dmlc does not.
 _INT_RE = re.compile(r"([+-]?)0*([0-9]+)")
-_FLOAT_RE = re.compile(r"[+-]?([0-9]+\.?[0-9]*([eE][+-]?[0-9]+)?|\.[0-9]+([eE][+-]?[0-9]+)?)[fF]?")
-#: inf, infinity and nan in any case, signed; nan with a C99 payload, ``nan(foo_bar_12)``.
-_SPECIAL_FLOAT_RE = re.compile(r"([+-]?)(?:(inf(?:inity)?)|nan(?:\([0-9A-Za-z_]*\))?)",
-                               re.IGNORECASE)
+#: The number at the start of a float's text, as dmlc's parser reads it: decimal digits with
+#: an optional fraction and exponent and a trailing ``f``; ``inf`` or ``infinity`` (not
+#: ``infi``); ``nan`` with an optional C99 payload, ``nan(foo_bar_12)``; any letter case.
+#: No hex (``0x1p3`` is the number ``0`` followed by ``x1p3``).
+_FLOAT_PREFIX_RE = re.compile(
+    r"([+-]?)(?:(?P<inf>infinity|inf(?!i))|(?P<nan>nan(?:\([0-9A-Za-z_]*\))?)"
+    r"|(?P<num>(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)[fF]?)",
+    re.IGNORECASE)
+#: A float written plainly (most of a job file's): read without the prefix search.
+_PLAIN_FLOAT_RE = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 #: Whether a number's significand has a digit other than 0 (its value is not zero).
 _NONZERO_RE = re.compile(r"[1-9]")
 
@@ -34,11 +46,14 @@ _NONZERO_RE = re.compile(r"[1-9]")
 class Invalid(Error):
     """A value that does not fit its type; the caller turns it into the dmlc message."""
 
-    def __init__(self, shown: str, message: str | None = None, *, out_of_range: bool = False):
+    def __init__(self, shown: str, message: str | None = None, *, out_of_range: bool = False,
+                 trailing: str | None = None, choices: tuple[str, ...] | None = None):
         super().__init__(shown)
         self.shown = shown          # the value as the message shows it
         self.message = message      # a whole message, replacing the format message
         self.out_of_range = out_of_range  # a number the type cannot hold (dmlc's ERANGE)
+        self.trailing = trailing    # what is left after a number that was read
+        self.choices = choices      # the names of an enumeration the value is not one of
 
     def text(self, key: str, type_name: str) -> str:
         """The whole message for field ``key`` of type ``type_name``, in dmlc's wording."""
@@ -46,6 +61,11 @@ class Invalid(Error):
             return self.message
         if self.out_of_range:
             return f"Out of range value for {key}, value='{self.shown}'"
+        if self.trailing is not None:
+            # dmlc's words, then the key and the whole value (dmlc names neither; MXNet
+            # adds the operator and its arguments).
+            return (f"Some trailing characters could not be parsed: '{self.trailing}' "
+                    f"({key}='{self.shown}')")
         return f"Invalid Parameter format for {key} expect {type_name} but value='{self.shown}'"
 
 
@@ -88,6 +108,22 @@ def _typed_int(raw: Any) -> int | None:
         return None
 
 
+def choices_text(choices: Sequence[str], *, none: bool = False) -> str:
+    """An enumeration as dmlc prints it: ``{'a', 'b'}``, sorted; ``{None, 'a', 'b'}`` for an
+    optional one, whose text ``None`` is valid too."""
+    names = ", ".join(repr(c) for c in sorted(choices))
+    if none:
+        return "{None, " + names + "}" if names else "{None}"
+    return "{" + names + "}"
+
+
+def not_a_choice(raw: Any, choices: tuple[str, ...]) -> Invalid:
+    """dmlc's refusal of a name that is not in an enumeration."""
+    text = shown(raw)
+    return Invalid(text, f"Invalid Input: '{text}', valid values are: {choices_text(choices)}",
+                   choices=choices)
+
+
 class FieldType:
     name = "value"
 
@@ -116,7 +152,7 @@ class IntType(FieldType):
         if isinstance(raw, str):
             if len(raw) < 19 and raw.isdigit() and raw.isascii():
                 return int(raw)  # the common case (a long list of steps), without the regex
-            m = _INT_RE.fullmatch(raw.strip())
+            m = _INT_RE.fullmatch(raw.lstrip(C_SPACE).rstrip(DMLC_SPACE))
             if m is None or len(m.group(2)) > 19:  # more digits can only overflow int64
                 raise Invalid(raw)
             out = int(m.group(1) + m.group(2))
@@ -130,27 +166,49 @@ class IntType(FieldType):
         return out
 
 
+def parse_float(raw: str) -> float:
+    """A float field's text, read as dmlc reads it: white space (not ``\\v``) before the
+    number is skipped; the number is refused if nothing is left for it (dmlc reads ``e5``,
+    ``.``, ``-``, ``f`` and a blank as 0: a **Decision** to refuse them); anything after it,
+    white space included, is refused with dmlc's ``Some trailing characters`` words. A number
+    beyond the range of a double (``1e999``), or one that would round to a silent 0
+    (``1e-500``), is out of range (dmlc's strtod ERANGE; its own range is float32's)."""
+    if _PLAIN_FLOAT_RE.fullmatch(raw):
+        return _in_range(float(raw), raw, raw)
+    text = raw.lstrip(DMLC_SPACE)
+    m = _FLOAT_PREFIX_RE.match(text)
+    if m is None:
+        raise Invalid(raw)
+    if m.group("inf") is not None:
+        out = math.inf
+    elif m.group("nan") is not None:
+        out = math.nan
+    else:
+        digits = m.group("num")
+        out = _in_range(float(digits), digits, raw)  # before any trailing text, as dmlc
+    if m.end() < len(text):
+        raise Invalid(raw, trailing=text[m.end():])
+    return -out if m.group(1) == "-" else out
+
+
+def _in_range(out: float, digits: str, raw: str) -> float:
+    """``out`` read from ``digits``, unless a double cannot hold it. As dmlc (strtod's
+    ERANGE): 1e999 is a mistake, not infinity, and 1e-500 not a silent 0. (dmlc refuses
+    subnormals such as 2e-308 too; they are kept here, as the repr of every float reads
+    back to itself.)"""
+    if math.isinf(out) or (out == 0.0 and _NONZERO_RE.search(
+            digits.partition("e")[0].partition("E")[0])):
+        raise Invalid(raw, out_of_range=True)
+    return out
+
+
 class FloatType(FieldType):
     name = "float"
 
     def convert(self, value: Value) -> float:
         raw = self.scalar(value).raw
         if isinstance(raw, str):
-            text = raw.strip()
-            special = _SPECIAL_FLOAT_RE.fullmatch(text)
-            if special is not None:
-                out = math.inf if special.group(2) else math.nan
-                return -out if special.group(1) == "-" else out
-            if not _FLOAT_RE.fullmatch(text):
-                raise Invalid(raw)
-            out = float(text.rstrip("fF"))
-            # As dmlc (strtod's ERANGE): 1e999 is a mistake, not infinity, and 1e-500 not a
-            # silent 0. (dmlc refuses subnormals such as 2e-308 too; they are kept here, as
-            # the repr of every float reads back to itself.)
-            if math.isinf(out) or (out == 0.0 and _NONZERO_RE.search(
-                    text.partition("e")[0].partition("E")[0])):
-                raise Invalid(raw, out_of_range=True)
-            return out
+            return parse_float(raw)
         if isinstance(raw, bool) or not hasattr(raw, "__float__"):
             raise Invalid(shown(raw))
         try:
@@ -170,7 +228,8 @@ class BoolType(FieldType):
         if isinstance(raw, WrittenBool):
             return raw.value
         if isinstance(raw, str):
-            out = self._TEXT.get(raw.strip().lower())
+            # As dmlc: no white space around the word (it reads ' false' as no boolean).
+            out = self._TEXT.get(raw.lower()) if raw.isascii() else None
             if out is None:
                 raise Invalid(raw)
             return out
@@ -192,15 +251,12 @@ class StrType(FieldType):
 
     @property
     def name(self) -> str:  # type: ignore[override]
-        if self.choices is None:
-            return "string"
-        return "{" + ", ".join(repr(c) for c in sorted(self.choices)) + "}"
+        return "string" if self.choices is None else choices_text(self.choices)
 
     def convert(self, value: Value) -> str:
         raw = self.scalar(value).raw
         if self.choices is not None and (not isinstance(raw, str) or raw not in self.choices):
-            raise Invalid(shown(raw),
-                          f"Invalid Input: '{shown(raw)}', valid values are: {self.name}")
+            raise not_a_choice(raw, self.choices)
         if not isinstance(raw, str):
             raise Invalid(shown(raw))
         return raw
@@ -218,7 +274,7 @@ class EnumType(FieldType):
 
     @property
     def name(self) -> str:  # type: ignore[override]
-        return "{" + ", ".join(repr(c) for c in sorted(self.choices)) + "}"
+        return choices_text(self.choices)
 
     def convert(self, value: Value) -> enum.Enum:
         raw = self.scalar(value).raw
@@ -226,7 +282,7 @@ class EnumType(FieldType):
             return raw
         if isinstance(raw, str) and raw in self.cls.__members__:
             return self.cls[raw]
-        raise Invalid(shown(raw), f"Invalid Input: '{shown(raw)}', valid values are: {self.name}")
+        raise not_a_choice(raw, self.choices)
 
     def plain(self, value: Any) -> Any:
         return value.name
@@ -236,13 +292,17 @@ class EnumType(FieldType):
 
 
 class OptionalType(FieldType):
-    """``X | None``; the text ``None`` means no value."""
+    """``X | None``; the text ``None`` means no value. An optional enumeration is named as
+    dmlc names its ``optional<int>`` enums, with ``None`` among the names: ``{None, 'a'}``."""
 
     def __init__(self, inner: FieldType):
         self.inner = inner
+        self.choices: tuple[str, ...] | None = getattr(inner, "choices", None)
 
     @property
     def name(self) -> str:  # type: ignore[override]
+        if self.choices is not None:
+            return choices_text(self.choices, none=True)
         return f"{self.inner.name} or None"
 
     def convert(self, value: Value) -> Any:
@@ -251,7 +311,13 @@ class OptionalType(FieldType):
                                   and not value.quoted)
         ):
             return None
-        return self.inner.convert(value)
+        try:
+            return self.inner.convert(value)
+        except Invalid as e:
+            if e.choices is None:
+                raise
+            raise Invalid(e.shown, f"Invalid Input: '{e.shown}', valid values are: "
+                                   f"{choices_text(e.choices, none=True)}") from None
 
     def plain(self, value: Any) -> Any:
         return None if value is None else self.inner.plain(value)
@@ -296,7 +362,8 @@ class TupleType(FieldType):
 
     @property
     def name(self) -> str:  # type: ignore[override]
-        return "Shape(tuple)" if isinstance(self.item, IntType) else f"tuple of {self.item.name}"
+        # dmlc's names: TShape's, and Tuple<T>'s "tuple of <float>"
+        return "Shape(tuple)" if isinstance(self.item, IntType) else f"tuple of <{self.item.name}>"
 
     def convert(self, value: Value) -> tuple[Any, ...]:
         if isinstance(value, ListValue):
