@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .config import ParamError
-from .config.errors import Error
+from .config.errors import Error, printable
 
 #: Longest path (or other text from the user) a message shows whole; longer ones are cut in
 #: the middle.
@@ -62,9 +62,7 @@ def shown(text: str | os.PathLike[str], limit: int = MAX_SHOWN) -> str:
     if len(s) > limit:
         head, tail = limit * 2 // 3, limit // 4
         s = f"{s[:head]}...[{len(s) - head - tail:,} characters]...{s[-tail:]}"
-    if not s.isprintable():
-        s = s.encode("unicode_escape", "backslashreplace").decode("ascii")
-    return s
+    return printable(s)
 
 
 def kind_of(mode: int) -> str:
