@@ -65,6 +65,32 @@ def shown(text: str | os.PathLike[str], limit: int = MAX_SHOWN) -> str:
     return printable(s)
 
 
+def _user(uid: int) -> str:
+    """A user as messages name one: ``alice, uid 1000``, or ``uid 1000`` with no name."""
+    try:
+        import pwd
+
+        return f"{printable(pwd.getpwuid(uid).pw_name)}, uid {uid}"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
+def no_access(path: str | os.PathLike[str], error: OSError) -> str:
+    """Why this user may not use ``path``, as a message says it after the path: the system's
+    reason (``Permission denied``), this user, and the path's owner and mode -- what a
+    ``chmod`` or ``chown`` would change."""
+    reason = error.strerror or str(error)
+    if not hasattr(os, "geteuid"):
+        return reason
+    try:
+        st = os.stat(path)
+    except OSError:
+        owner = ""
+    else:
+        owner = f"; its owner: {_user(st.st_uid)}, mode {stat.S_IMODE(st.st_mode):04o}"
+    return f"{reason} (this user: {_user(os.geteuid())}{owner})"
+
+
 def kind_of(mode: int) -> str:
     """What a file of mode ``mode`` (``st_mode``) is, in words."""
     for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISREG, "a file"),
@@ -223,6 +249,6 @@ def refuse_inputs(outputs: Sequence[tuple[str, str | os.PathLike[str] | None]],
         raise ParamError(problems)
 
 
-__all__ = ["MAX_SHOWN", "NO_SPACE", "NoSpaceError", "check_output", "kind_of", "open_output",
-           "path_error", "read_regular", "refuse_inputs", "require_regular", "same_file",
-           "shown"]
+__all__ = ["MAX_SHOWN", "NO_SPACE", "NoSpaceError", "check_output", "kind_of", "no_access",
+           "open_output", "path_error", "read_regular", "refuse_inputs", "require_regular",
+           "same_file", "shown"]
