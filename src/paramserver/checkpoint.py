@@ -30,7 +30,7 @@ import numpy as np
 
 from .atomic import write_atomically
 from .config import ParamError
-from .paths import require_regular
+from .paths import no_access, require_regular, shown
 
 META = "__meta__"
 #: The version of the file layout (header keys), written into every file.
@@ -47,6 +47,19 @@ _ZIP_MAGIC = b"PK\x03\x04"
 
 class CheckpointError(ParamError):
     """A checkpoint that cannot be read or does not fit the job."""
+
+
+class CheckpointAccessError(CheckpointError):
+    """A checkpoint, or the folder of checkpoints, that this user may not read (another
+    user's, a mode that forbids it): not a damaged one. It is never set aside as damaged,
+    nor passed over for an older checkpoint: whoever reads checkpoints stops on it."""
+
+
+def _no_access(path: Path, error: OSError, what: str = "checkpoint") -> CheckpointAccessError:
+    return CheckpointAccessError(
+        f"{what} {shown(path)} cannot be read: {no_access(path, error)}. It is not damaged "
+        "and is left as it is: let this user read it (chmod, chown), or move it out of the "
+        "way" + (" to go on from an older checkpoint" if what == "checkpoint" else ""))
 
 
 def checkpoint_name(step: int) -> str:
@@ -95,16 +108,20 @@ def load_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, np.ndarray]
     """Read a checkpoint: ``(arrays, meta)``.
 
     Raises:
+        CheckpointAccessError: naming the file, for one this user may not read.
         CheckpointError: naming the file, for a missing file and for any file that is not
             a whole, undamaged checkpoint (and for nothing else).
     """
     path = Path(path)
     try:
+        os.stat(path)  # a folder on the way this user may not look into
         require_regular(path, "checkpoint", CheckpointError)  # a pipe or device: not opened
         with open(path, "rb") as f:
             magic = f.read(len(_ZIP_MAGIC))
     except FileNotFoundError:
         raise CheckpointError(f"{path}: no such checkpoint") from None
+    except PermissionError as e:
+        raise _no_access(path, e) from None
     except OSError as e:
         raise CheckpointError(f"{path}: cannot read the checkpoint ({e.strerror or e})"
                               ) from None
@@ -123,15 +140,23 @@ def load_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, np.ndarray]
 
 def list_checkpoints(folder: str | os.PathLike[str]) -> list[tuple[int, Path]]:
     """The checkpoints in a folder by step, oldest first (safetensors over an ``.npz`` of
-    the same step)."""
+    the same step); none if there is no such folder.
+
+    Raises:
+        CheckpointAccessError: naming the folder, when this user may not read it.
+    """
     folder = Path(folder)
-    if not folder.is_dir():
+    try:
+        names = os.listdir(folder)
+    except PermissionError as e:
+        raise _no_access(folder, e, "the checkpoints' folder") from None
+    except OSError:  # none, a file, a broken link
         return []
     found: dict[int, Path] = {}
-    for p in folder.iterdir():
-        m = _NAME.fullmatch(p.name)
+    for name in names:
+        m = _NAME.fullmatch(name)
         if m and (int(m.group(1)) not in found or m.group(2) == "safetensors"):
-            found[int(m.group(1))] = p
+            found[int(m.group(1))] = folder / name
     return sorted(found.items())
 
 
@@ -139,10 +164,17 @@ def read_checkpoints(folder: str | os.PathLike[str]
                      ) -> Iterator[tuple[Path, tuple[dict[str, np.ndarray], dict[str, Any]]
                                          | CheckpointError]]:
     """The checkpoints of a folder, newest first, each read when the iteration reaches it:
-    ``(path, (arrays, meta))``, or ``(path, error)`` for one that cannot be read."""
+    ``(path, (arrays, meta))``, or ``(path, error)`` for one that cannot be read.
+
+    Raises:
+        CheckpointAccessError: for a checkpoint (or the folder) this user may not read: it is
+            not damaged, and an older one is not the newest of the folder.
+    """
     for _, path in reversed(list_checkpoints(folder)):
         try:
             yield path, load_checkpoint(path)
+        except CheckpointAccessError:
+            raise
         except CheckpointError as e:
             yield path, e
 
@@ -296,6 +328,6 @@ def _reason(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}"[:200] if text else type(e).__name__
 
 
-__all__ = ["FILE_FORMAT", "CheckpointError", "checkpoint_name", "is_checkpoint_name",
-           "latest_checkpoint", "list_checkpoints", "load_checkpoint", "load_latest_checkpoint",
-           "read_checkpoints", "save_checkpoint", "save_tensors"]
+__all__ = ["FILE_FORMAT", "CheckpointAccessError", "CheckpointError", "checkpoint_name",
+           "is_checkpoint_name", "latest_checkpoint", "list_checkpoints", "load_checkpoint",
+           "load_latest_checkpoint", "read_checkpoints", "save_checkpoint", "save_tensors"]

@@ -8,6 +8,11 @@ warnings and errors on stderr — above the live progress display when one is sh
 redirects both while it draws). Python warnings are shown the same way, as ``warning:
 <message>``, without the source line they came from.
 
+Every message is printed with its characters that do not print escaped (``\\x1b``, ``\\x07``,
+``\\u202e``, ``\\udcff`` for a byte of a file name that is not UTF-8): a file name holding a
+terminal's escape sequence is shown as what it is, never obeyed by the terminal, whichever
+message names it.
+
 ``--log-format singa`` prints every message as SINGA's logs (glog's) did: ``I0817
 07:15:24.462602 34073 trainer.py:412] Train step-10, loss : 2.302585, accuracy :
 0.100000``, for programs that parse SINGA's logs.
@@ -23,6 +28,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from .config import ParamError
+from .config.errors import printable
 
 LOGGER = "paramserver"
 #: What ``train --log-format`` takes: paramserver's messages, or SINGA's (glog's) lines.
@@ -30,6 +36,8 @@ LOG_FORMATS = ("paramserver", "singa")
 #: Longest line of a message printed whole; a longer one (a value of a megabyte quoted back)
 #: is cut in the middle.
 MAX_LINE = 2000
+#: The characters that do not print but that a message may hold as they are.
+_KEEP = "\n\t"
 
 
 def cut(text: str, limit: int = MAX_LINE) -> str:
@@ -45,7 +53,7 @@ def cut(text: str, limit: int = MAX_LINE) -> str:
 
 class _Formatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        text = record.getMessage()
+        text = printable(record.getMessage(), _KEEP)
         if record.levelno >= logging.ERROR:
             return f"error: {text}"
         if record.levelno >= logging.WARNING:
@@ -62,7 +70,7 @@ class GlogFormatter(logging.Formatter):
         stamp = time.strftime("%m%d %H:%M:%S", time.localtime(record.created))
         micro = int((record.created % 1) * 1e6)
         return (f"{letter}{stamp}.{micro:06d} {record.thread or 0} {record.filename}:"
-                f"{record.lineno}] {record.getMessage()}")
+                f"{record.lineno}] {printable(record.getMessage(), _KEEP)}")
 
 
 class LineHandler(logging.Handler):
@@ -108,17 +116,18 @@ def attach(quiet: bool = False, log_format: str = "paramserver") -> Callable[[],
 
 def error_text(command: str, error: ParamError | str, what: str = "error") -> str:
     """``paramserver CMD: error: PLACE: MESSAGE`` for every problem, each on a line of its
-    own (a problem's further lines, such as dmlc's list of arguments, follow it)."""
+    own (a problem's further lines, such as dmlc's list of arguments, follow it); characters
+    that do not print escaped."""
     problems: list[Any] = (error.problems if isinstance(error, ParamError) else [error])
     lines = []
     for p in problems:
         first, _, rest = str(p).partition("\n")
         lines.append(cut(f"paramserver {command}: {what}: {first}"))
-        further = rest.splitlines()
+        further = rest.removesuffix("\n").split("\n") if rest else []
         # dmlc's "Did you mean" ends its list of ~50 arguments: the hint goes first.
         hints = [x for x in further if x.startswith("Did you mean ")]
         lines += [cut(x) for x in hints + [x for x in further if x not in hints]]
-    return "\n".join(lines)
+    return "\n".join(printable(line, keep="\t") for line in lines)
 
 
 __all__ = ["LOGGER", "LOG_FORMATS", "MAX_LINE", "GlogFormatter", "LineHandler", "attach", "cut",

@@ -647,7 +647,8 @@ class Identity(ParamGenerator):
 class FromFileConf(Parameter):
     """Where kFromFile reads a Param's values."""
 
-    path: str = field(doc="A safetensors file (an exported model, a torch or Hugging Face "
+    path: str = field(path=True,
+                      doc="A safetensors file (an exported model, a torch or Hugging Face "
                           "one); relative paths start at the working folder.")
     key: str | None = field(None, doc="The tensor's name in the file (default: the Param's "
                                       "name).")

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .config import ParamError
-from .config.errors import Error
+from .config.errors import Error, printable
 
 #: Longest path (or other text from the user) a message shows whole; longer ones are cut in
 #: the middle.
@@ -62,9 +62,33 @@ def shown(text: str | os.PathLike[str], limit: int = MAX_SHOWN) -> str:
     if len(s) > limit:
         head, tail = limit * 2 // 3, limit // 4
         s = f"{s[:head]}...[{len(s) - head - tail:,} characters]...{s[-tail:]}"
-    if not s.isprintable():
-        s = s.encode("unicode_escape", "backslashreplace").decode("ascii")
-    return s
+    return printable(s)
+
+
+def _user(uid: int) -> str:
+    """A user as messages name one: ``alice, uid 1000``, or ``uid 1000`` with no name."""
+    try:
+        import pwd
+
+        return f"{printable(pwd.getpwuid(uid).pw_name)}, uid {uid}"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
+def no_access(path: str | os.PathLike[str], error: OSError) -> str:
+    """Why this user may not use ``path``, as a message says it after the path: the system's
+    reason (``Permission denied``), this user, and the path's owner and mode -- what a
+    ``chmod`` or ``chown`` would change."""
+    reason = error.strerror or str(error)
+    if not hasattr(os, "geteuid"):
+        return reason
+    try:
+        st = os.stat(path)
+    except OSError:
+        owner = ""
+    else:
+        owner = f"; its owner: {_user(st.st_uid)}, mode {stat.S_IMODE(st.st_mode):04o}"
+    return f"{reason} (this user: {_user(os.geteuid())}{owner})"
 
 
 def kind_of(mode: int) -> str:
@@ -225,6 +249,6 @@ def refuse_inputs(outputs: Sequence[tuple[str, str | os.PathLike[str] | None]],
         raise ParamError(problems)
 
 
-__all__ = ["MAX_SHOWN", "NO_SPACE", "NoSpaceError", "check_output", "kind_of", "open_output",
-           "path_error", "read_regular", "refuse_inputs", "require_regular", "same_file",
-           "shown"]
+__all__ = ["MAX_SHOWN", "NO_SPACE", "NoSpaceError", "check_output", "kind_of", "no_access",
+           "open_output", "path_error", "read_regular", "refuse_inputs", "require_regular",
+           "same_file", "shown"]

@@ -311,9 +311,8 @@ class ComponentConf(Parameter):
             here = block.where if not isinstance(block.where, (str, type(None))) else ".".join(
                 x for x in (block.where, conf_key) if x)
             own_block = own_entries[0].value if own_entries else Block([], here)
-            if loose and not own_entries:
-                own_block = Block([Entry(k, _wrap(v, block.where), block.where)
-                                   for k, v in loose.items()], block.where)
+            if loose and not own_entries:  # each at its own place (a file's, a --set's)
+                own_block = Block([e for e in known if e.key in loose], block.where)
                 loose = {}
             if not isinstance(own_block, Block):
                 problems.append(Problem(f"[{conf_key}] must be a block {{ ... }}", block.where))
@@ -407,14 +406,6 @@ class ComponentConf(Parameter):
             where = places.get(key, block.where)
             out.add(partial(message, key, where), where)
         return out.result()
-
-
-def _wrap(value: Any, where: Any) -> Any:
-    from .tree import wrap
-    out = wrap(value, None)
-    if isinstance(out, Scalar):
-        out.where = where
-    return out
 
 
 __all__ = ["USER", "ComponentConf", "ComponentRegistry", "is_users", "layers", "lr_methods",

@@ -11,6 +11,19 @@ from typing import NamedTuple
 MAX_KEPT = 50
 
 
+def printable(text: str, keep: str = "") -> str:
+    """``text`` (a path, a value, a message) with every character that does not print
+    escaped as Python writes it (``\\x1b``, ``\\x00``, ``\\u202e``, ``\\udcff`` for a byte of
+    a file name that is not UTF-8), but those of ``keep`` (a message's ``"\\n"``): a
+    terminal's escape sequence or a character that reorders a line, in a file name, is shown,
+    not obeyed. Other characters (``é``, ``日本``) are kept as they are."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in keep else
+                   c.encode("unicode_escape", "backslashreplace").decode("ascii")
+                   for c in text)
+
+
 class Location(NamedTuple):
     """A place in a text file: 1-based line and column, as editors count them.
 

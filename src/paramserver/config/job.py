@@ -393,10 +393,11 @@ class ClusterConf(Parameter):
                                              "timeout).")
     staleness: int | None = field(None, lower=0, doc="Bounded staleness: a worker may run at "
                                                      "most this many versions ahead.")
-    workspace: str | None = field(None, doc="Folder for checkpoints and metrics (SINGA "
-                                            "keeps it here; job.workspace wins). Given, it "
-                                            "makes the job a SINGA job: SINGA's test "
-                                            "schedule and checkpoints (docs/singa.md).")
+    workspace: str | None = field(None, path=True,
+                                  doc="Folder for checkpoints and metrics (SINGA "
+                                      "keeps it here; job.workspace wins). Given, it "
+                                      "makes the job a SINGA job: SINGA's test "
+                                      "schedule and checkpoints (docs/singa.md).")
     backend: str = field("local", enum=("local", "ray"), doc="Where servers and workers run.")
     ray_address: str | None = field(None, doc="Address of an existing Ray cluster.")
     timeout: float = field(60.0, lower=0.0, lower_exclusive=True,
@@ -447,7 +448,7 @@ class JobConf(Parameter):
                                                  "step<N>-worker0 beside each.")
     checkpoint_after: int = field(0, lower=0, doc="First step at which checkpoints are "
                                                   "written; then every checkpoint_freq steps.")
-    checkpoint_path: list[str] = field(factory=list,
+    checkpoint_path: list[str] = field(factory=list, path=True,
                                        doc="SINGA checkpoints (step<N>-worker<M>, relative "
                                            "to the working folder) whose Params initialise "
                                            "the job's of the same name, in order (a later "
@@ -474,7 +475,8 @@ class JobConf(Parameter):
     step: int = field(0, lower=0, doc="The first step of a new run (SINGA sets it when it "
                                       "resumes); the learning rate and data order follow it.")
     id: int = field(-1, doc="SINGA's job id, given by ZooKeeper; no effect.")
-    workspace: str | None = field(None, doc="Folder for checkpoints, metrics and plots.")
+    workspace: str | None = field(None, path=True,
+                                  doc="Folder for checkpoints, metrics and plots.")
     seed: int = field(0, lower=0, doc="Seed of every random choice of the job (init, data "
                                       "order).")
     train_one_batch: TrainOneBatchConf = field(factory=TrainOneBatchConf,

@@ -32,6 +32,7 @@ from .types import (
     NestedType,
     OptionalType,
     format_number,
+    path_type,
     shown,
     type_for,
 )
@@ -51,8 +52,9 @@ class Field:
     def __init__(self, default: Any, factory: Callable[[], Any] | None, doc: str,
                  lower: float | None, upper: float | None, lower_exclusive: bool,
                  enum: Any, aliases: tuple[str, ...], finite: bool = False,
-                 not_nan: bool = False):
+                 not_nan: bool = False, path: bool = False):
         self.default = default
+        self.path = path
         self.factory = factory
         self.doc = doc
         self.lower = lower
@@ -129,7 +131,7 @@ def field(default: Any = _MISSING, *, doc: str = "", lower: float | None = None,
           upper: float | None = None, lower_exclusive: bool = False,
           enum: Any = None, aliases: Iterable[str] = (),
           factory: Callable[[], Any] | None = None, finite: bool = False,
-          not_nan: bool = False) -> Any:
+          not_nan: bool = False, path: bool = False) -> Any:
     """Declare a field of a :class:`Parameter`.
 
     Args:
@@ -144,6 +146,8 @@ def field(default: Any = _MISSING, *, doc: str = "", lower: float | None = None,
             would make every parameter non-finite).
         not_nan: refuse ``nan`` only (a bound that may be infinite: a gradient clipped on
             one side, ``clip_low: -inf``).
+        path: the value names a file or a folder (a ``str``, ``str | None`` or ``list[str]``
+            field): a NUL byte in it is refused where it is given, as an invalid value.
 
     Returns:
         The field declaration, assigned to an annotated class attribute.
@@ -152,7 +156,7 @@ def field(default: Any = _MISSING, *, doc: str = "", lower: float | None = None,
         raise ParamError("enum= takes a tuple of names, not one string")
     return Field(default, factory, doc, lower, upper, lower_exclusive,
                  tuple(enum) if isinstance(enum, (list, tuple)) else enum, tuple(aliases),
-                 finite, not_nan)
+                 finite, not_nan, path)
 
 
 def _unknown_key(cls: Any, key: str, where: Location | str | None) -> Problem:
@@ -199,6 +203,8 @@ class Parameter(Nested):
             f = value if isinstance(value, Field) else field(value)
             f.name = name
             f.type = _field_type(hints[name], f.enum)
+            if f.path:
+                f.type = path_type(f.type, hints[name])
             fields[name] = f
             if not f.required and f.factory is None and not hasattr(f.enum, "field_type"):
                 # The default goes through the field's own parsing and checks (type, enum,

@@ -51,7 +51,7 @@ from typing import NamedTuple, overload
 
 from google.protobuf import text_encoding
 
-from paramserver.config.errors import Error, Location, ParamError, Problem
+from paramserver.config.errors import Error, Location, ParamError, Problem, printable
 from paramserver.config.tree import Block, Entry, ListValue, Scalar, Value, WrittenBool
 
 __all__ = ["CHUNK", "MAX_DEPTH", "MAX_PROBLEMS", "MEMORY_FACTOR", "MEMORY_FLOOR", "WrittenInt",
@@ -468,9 +468,7 @@ def _show(text: str) -> str:
         return "end of file"
     if len(text) > 30:
         text = text[:27] + "..."
-    if not text.isprintable():
-        text = text.encode("unicode_escape").decode("ascii")
-    return f"'{text}'"
+    return f"'{printable(text)}'"
 
 
 class _TooDense(Error):

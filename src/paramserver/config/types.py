@@ -16,7 +16,7 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import Error, ParamError
+from .errors import Error, ParamError, printable
 from .tree import Block, ListValue, Scalar, Value, WrittenBool
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -47,13 +47,15 @@ class Invalid(Error):
     """A value that does not fit its type; the caller turns it into the dmlc message."""
 
     def __init__(self, shown: str, message: str | None = None, *, out_of_range: bool = False,
-                 trailing: str | None = None, choices: tuple[str, ...] | None = None):
+                 trailing: str | None = None, choices: tuple[str, ...] | None = None,
+                 reason: str | None = None):
         super().__init__(shown)
         self.shown = shown          # the value as the message shows it
         self.message = message      # a whole message, replacing the format message
         self.out_of_range = out_of_range  # a number the type cannot hold (dmlc's ERANGE)
         self.trailing = trailing    # what is left after a number that was read
         self.choices = choices      # the names of an enumeration the value is not one of
+        self.reason = reason        # why a value of the right type is invalid, after dmlc's
 
     def text(self, key: str, type_name: str) -> str:
         """The whole message for field ``key`` of type ``type_name``, in dmlc's wording."""
@@ -66,7 +68,9 @@ class Invalid(Error):
             # adds the operator and its arguments).
             return (f"Some trailing characters could not be parsed: '{self.trailing}' "
                     f"({key}='{self.shown}')")
-        return f"Invalid Parameter format for {key} expect {type_name} but value='{self.shown}'"
+        why = f": {self.reason}" if self.reason else ""
+        return (f"Invalid Parameter format for {key} expect {type_name} but "
+                f"value='{self.shown}'{why}")
 
 
 def format_number(x: Any) -> str:
@@ -263,6 +267,27 @@ class StrType(FieldType):
 
     def show(self, value: Any) -> str:
         return repr(value)
+
+
+class PathType(StrType):
+    """A path to a file or a folder (``field(path=True)``): a string without a NUL byte.
+
+    No system's file names hold a NUL, and the job files' text writes one only as an escape
+    (``\\000``, ``\\x00``): refused where the value is given, as any other invalid value, not
+    met as Python's ``embedded null byte`` when the file is opened.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(None)
+
+    def convert(self, value: Value) -> str:
+        text = super().convert(value)
+        if "\x00" in text:
+            where = text.index("\x00") + 1
+            raise Invalid(printable(text), reason=(
+                f"a path cannot hold a NUL byte (\\000 or \\x00, here character {where}); "
+                "no file name holds one"))
+        return text
 
 
 class EnumType(FieldType):
@@ -488,3 +513,16 @@ def type_for(annotation: Any, choices: tuple[str, ...] | None) -> FieldType:
     if isinstance(annotation, type) and issubclass(annotation, Nested):
         return NestedType(annotation)
     raise ParamError(f"unsupported field type {annotation!r}")
+
+
+def path_type(inner: FieldType, annotation: Any) -> FieldType:
+    """``inner`` (the type of a ``str``, ``str | None`` or ``list[str]`` field) as the type
+    of a path field (``field(path=True)``: :class:`PathType`)."""
+    if isinstance(inner, StrType) and inner.choices is None:
+        return PathType()
+    if isinstance(inner, OptionalType):
+        return OptionalType(path_type(inner.inner, annotation))
+    if isinstance(inner, ListType):
+        return ListType(path_type(inner.item, annotation))
+    raise ParamError(f"path=True needs a field of type str, str | None or list[str], not "
+                     f"{annotation!r}")

@@ -32,11 +32,15 @@ disk for the next process. Its own cache has four traps this module closes:
 Where: ``<base>/kernels-<key>``, ``<base>`` being ``$NUMBA_CACHE_DIR/paramserver`` when the
 user set ``NUMBA_CACHE_DIR``, else the user's cache folder (``$XDG_CACHE_HOME/paramserver`` or
 ``~/.cache/paramserver``), else a folder of this user's own under the system's temporary
-folder (mode 0700, used only if this user owns it and no one else can write it: numba's index
-is a pickle, and a folder another user could write would let them run code as this user).
-When none can be had (a service account with no home and a read-only install), kernels are
-compiled in each process, not cached. Deleting the folder at any time is safe: what is missing
-is compiled again.
+folder (``paramserver-numba-<uid>``, mode 0700, used only if this user owns it and no one else
+can write it: numba's index is a pickle, and a folder another user could write would let them
+run code as this user; when another user holds that name, ``paramserver-numba-<uid>-1``, ``-2``
+and so on, the first of this user's, found again by every later process). When none can be
+had (a service account with no home and a read-only install), kernels are compiled in each
+process, not cached. Deleting the folder at any time is safe: what is missing is compiled
+again; and a file of it that cannot be read back (an index or a data file left empty, cut
+short or garbled by a full disk or a copy that stopped) is as good as missing: compiled again
+and written anew (atomically), never a failed run.
 
 :func:`njit` is ``numba.njit`` with this cache in place of numba's for ``cache=True``;
 :func:`reporting` lets a progress display say when a kernel is being compiled;
@@ -45,10 +49,12 @@ is compiled again.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import os
 import platform
+import shutil
 import stat
 import sys
 import tempfile
@@ -60,7 +66,12 @@ import numba
 import numba.core.event
 from numba.core import config as numba_config  # NUMBA_* settings, read when used
 from numba.core import sigutils
-from numba.core.caching import CompileResultCacheImpl, FunctionCache, _CacheLocator
+from numba.core.caching import (
+    CompileResultCacheImpl,
+    FunctionCache,
+    IndexDataCacheFile,
+    _CacheLocator,
+)
 
 try:
     import fcntl
@@ -126,22 +137,35 @@ def _user_cache_base() -> Path | None:
     return Path(home) / ".cache" / "paramserver"
 
 
+#: How many names ``paramserver-numba-<uid>[-<n>]`` are tried under the temporary folder
+#: before a folder of the process's own is made.
+PRIVATE_NAMES = 10
+
+
 def _private_folder() -> str | None:
-    """A base folder under the temporary folder that only this user can write, or None."""
+    """A base folder under the temporary folder that only this user can write, or None:
+    ``paramserver-numba-<uid>``, or when another user holds that name (or it is a link, or
+    others may write it) ``paramserver-numba-<uid>-1``, ``-2``, ...: the first one that is
+    this user's, so that every later process finds the same one. When all are taken, a
+    folder of this process's own, removed when it exits (kernels are then compiled in each
+    process, and nothing is left behind)."""
     uid = os.getuid() if hasattr(os, "getuid") else None
     base = Path(tempfile.gettempdir())
     if uid is not None:
-        folder = base / f"paramserver-numba-{uid}"
-        try:
-            folder.mkdir(mode=0o700, exist_ok=True)
+        for n in range(PRIVATE_NAMES):
+            folder = base / (f"paramserver-numba-{uid}" + (f"-{n}" if n else ""))
+            try:
+                folder.mkdir(mode=0o700, exist_ok=True)
+            except OSError:  # a file of that name, say
+                continue
             if _own_private(folder) and _usable(folder):
                 return str(folder)
-        except OSError:
-            pass
-    try:  # a fresh folder of this run's own: nothing reused, but the kernels are cached
-        return tempfile.mkdtemp(prefix="paramserver-numba-")
+    try:
+        folder_name = tempfile.mkdtemp(prefix="paramserver-numba-")
     except OSError:
         return None
+    atexit.register(shutil.rmtree, folder_name, ignore_errors=True)
+    return folder_name
 
 
 def _base() -> str | None:
@@ -284,15 +308,38 @@ class _Impl(CompileResultCacheImpl):
     _locator_classes = [_Locator]  # noqa: RUF012 (numba reads it from the class)
 
 
+class _IndexFile(IndexDataCacheFile):
+    """numba's index and data files of one function, where an index that cannot be read
+    (empty, cut short, garbage: a disk that filled up, a copy that stopped) counts as no
+    index, as a damaged data file counts as no entry: its kernels are compiled anew and the
+    index is written again whole (numba writes a temporary file and renames it over the
+    old), instead of every later run failing on ``EOFError`` or ``UnpicklingError``."""
+
+    def _load_index(self) -> dict[Any, str]:
+        try:
+            overloads = super()._load_index()
+        except OSError:
+            raise  # not the file's bytes: a save stops, uncached, as for a full disk
+        except Exception:  # pickle's errors for bytes that are not an index are many
+            return {}
+        if not isinstance(overloads, dict) or not all(
+                isinstance(name, str) for name in overloads.values()):
+            return {}
+        return overloads
+
+
 class _KernelCache(FunctionCache):
-    """numba's function cache in the keyed folder, locked, with its entries checked, and
-    keyed by the dispatcher's compile options too (trap 3 of the module docstring)."""
+    """numba's function cache in the keyed folder, locked, with its entries checked (a
+    damaged index or data file compiled anew), and keyed by the dispatcher's compile options
+    too (trap 3 of the module docstring)."""
 
     _impl_class = _Impl
 
     def __init__(self, py_func: Any, options: dict[str, Any]) -> None:
         super().__init__(py_func)
         self._options = repr(sorted(options.items()))
+        self._cache_file = _IndexFile(self._cache_path, self._impl.filename_base,
+                                      self._impl.locator.get_source_stamp())
 
     def _index_key(self, sig: Any, codegen: Any) -> Any:
         return (*super()._index_key(sig, codegen), self._options)

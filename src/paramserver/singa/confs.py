@@ -30,13 +30,14 @@ class StoreConf(Parameter):
     backend: str | None = field(None, doc="The store: 'kvfile' (binary key-value file) or "
                                            "'textfile' (one record per line, CSV). Output "
                                            "layers default to 'textfile'.")
-    path: str | None = field(None, doc="The store's file (for kvfile also a folder holding "
-                                       "shard.dat), relative to the working folder.")
+    path: str | None = field(None, path=True,
+                             doc="The store's file (for kvfile also a folder holding "
+                                 "shard.dat), relative to the working folder.")
     separator: str = field(",", doc="Separator of the values of a textfile record.")
-    mean_file: str | None = field(None, doc="A store whose first record is the mean "
-                                            "subtracted from every sample.")
-    std_file: str | None = field(None, doc="A store whose first record divides every "
-                                           "sample (after the mean).")
+    mean_file: str | None = field(None, path=True, doc="A store whose first record is the mean "
+                                                       "subtracted from every sample.")
+    std_file: str | None = field(None, path=True, doc="A store whose first record divides every "
+                                                      "sample (after the mean).")
     mean_value: float | None = field(None, finite=True, doc="One mean for every feature "
                                                             "(when no mean_file is given).")
     std_value: float | None = field(None, lower=0.0, lower_exclusive=True, finite=True,
@@ -67,7 +68,8 @@ class ShardConf(Parameter):
     """SINGA's ``DataProto``: ``sharddata_conf`` (kShardData, v0.1.0's DataShard) and
     ``lmdbdata_conf`` (kLMDBData)."""
 
-    path: str = field(doc="The shard folder (holding shard.dat) or LMDB folder, relative to "
+    path: str = field(path=True,
+                      doc="The shard folder (holding shard.dat) or LMDB folder, relative to "
                           "the working folder.")
     batchsize: int = field(lower=1, doc="Records per step.")
     random_skip: int = field(0, lower=0, doc="Skip a random number of records in [0, "
@@ -99,17 +101,19 @@ class RGBImageConf(Parameter):
     cropsize: int = field(0, lower=0, doc="Crop a random cropsize x cropsize square in "
                                           "training (the centre in tests); 0: no crop.")
     mirror: bool = field(False, doc="Mirror images at random in training.")
-    meanfile: str = field("", doc="The mean image subtracted from every image: a serialized "
-                                  "record (v0.1.0's image_mean.bin) or a Caffe "
-                                  ".binaryproto.")
+    meanfile: str = field("", path=True,
+                          doc="The mean image subtracted from every image: a serialized "
+                              "record (v0.1.0's image_mean.bin) or a Caffe "
+                              ".binaryproto.")
 
 
 class CharRNNConf(Parameter):
     """``char_rnn_conf`` of kCharRNN (input) and kCharRNNOutput (sampling output)."""
 
-    path: str | None = field(None, doc="The text file to read.")
-    vocab_path: str | None = field(None, doc="The file of the vocabulary: its characters in "
-                                             "id order.")
+    path: str | None = field(None, path=True, doc="The text file to read.")
+    vocab_path: str | None = field(None, path=True,
+                                   doc="The file of the vocabulary: its characters in "
+                                       "id order.")
     unroll_len: int = field(50, lower=1, doc="Characters per instance; should equal the "
                                              "net's unroll_len.")
     batchsize: int = field(1, lower=1, doc="Instances per step.")

@@ -33,7 +33,7 @@ from .. import atomic
 from ..checkpoint import is_checkpoint_name
 from ..config import ParamError, Parameter
 from ..config.job import JobConf
-from ..paths import NoSpaceError, check_output, kind_of, refuse_inputs, shown
+from ..paths import NoSpaceError, check_output, kind_of, no_access, refuse_inputs, shown
 from ..singa.checkpoints import FOLDER as SINGA_FOLDER
 from ..singa.checkpoints import is_checkpoint_file_name
 from .tensorboard import FOLDER as TENSORBOARD
@@ -78,12 +78,14 @@ def check_workspace(workspace: str | os.PathLike[str]) -> Path:
     else:
         for entry, folder in ENTRIES:
             path = ws / entry
-            if not path.exists() and not path.is_symlink():
+            if not os.path.lexists(path):  # (or in a folder this user may not read)
                 continue
-            kind = kind_of(os.lstat(path).st_mode) if os.path.lexists(path) else ""
+            kind = kind_of(os.lstat(path).st_mode)
             if folder and not path.is_dir():
                 problems.append(f"{name}: {shown(path)} should be a folder, but is "
                                 + ("a file" if path.is_file() else kind))
+            elif folder and (why := _unreadable(path)) is not None:
+                problems.append(f"{name}: {shown(path)} cannot be read: {why}")
             elif not folder and (path.is_symlink() or not path.is_file()):
                 problems.append(f"{name}: {shown(path)} should be a file, but is "
                                 + ("a folder" if path.is_dir() else kind)
@@ -94,6 +96,16 @@ def check_workspace(workspace: str | os.PathLike[str]) -> Path:
     if problems:
         raise ParamError(problems)
     return ws
+
+
+def _unreadable(folder: Path) -> str | None:
+    """Why this user may not list ``folder`` (None: it may): a run looks for its own files
+    there (checkpoints to resume from, temporaries to remove)."""
+    try:
+        os.listdir(folder)
+    except OSError as e:
+        return no_access(folder, e)
+    return None
 
 
 def _writable(folder: Path) -> bool:
@@ -440,14 +452,19 @@ def job_inputs(job: JobConf, base_dir: str | os.PathLike[str] | None = None
 def no_space(error: NoSpaceError, workspace: str | os.PathLike[str]) -> NoSpaceError:
     """The error that stops a run whose write failed for lack of space: the file, and what
     the workspace keeps to go on from (its newest checkpoint that can be read)."""
-    from ..checkpoint import load_latest_checkpoint
+    from ..checkpoint import CheckpointError, load_latest_checkpoint
 
     ws = Path(workspace)
-    found = load_latest_checkpoint(ws / "checkpoints")
-    if found is None:
-        kept = (f"no checkpoint was written before it: --resume in {shown(ws)} starts "
-                "from the beginning")
+    try:
+        found = load_latest_checkpoint(ws / "checkpoints")
+    except CheckpointError as e:  # one this user may not read: said as it is
+        found, kept = None, f"and {e}"
     else:
+        # --resume goes on from a checkpoint only; with none, it refuses (the workspace holds
+        # this run's metrics): --resume-or-start is the command that starts again.
+        kept = (f"no checkpoint was written before it: free some space, and --resume-or-start "
+                f"in {shown(ws)} starts from the beginning")
+    if found is not None:
         path, _, meta = found
         kept = (f"the workspace keeps the checkpoint {shown(path)} (step "
                 f"{meta.get('step', '?')}): free some space, and --resume goes on from it")

@@ -131,8 +131,9 @@ def _problems_at(layer: Layer, error: ParamError) -> ParamError:
 class DataConf(Parameter):
     """The data layer's ``data_conf``."""
 
-    source: str = field("digits", doc="'digits' (scikit-learn's 8x8 digits, shipped with "
-                                      "paramserver) or the path of an .npz file.")
+    source: str = field("digits", path=True,
+                        doc="'digits' (scikit-learn's 8x8 digits, shipped with "
+                            "paramserver) or the path of an .npz file.")
     batchsize: int = field(64, lower=1, aliases=("batch_size",),
                            doc="Samples per step, all workers together.")
     test_fraction: float = field(0.2, lower=0.0, upper=1.0,
