@@ -450,14 +450,23 @@ class Optimizer(torch.optim.Optimizer):
     # -- the torch.optim interface ----------------------------------------------------------
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
-        """One update of every parameter from its ``.grad``; returns the closure's loss."""
+        """One update of every parameter from its ``.grad``; returns the closure's loss.
+
+        Under ``torch.compile`` (``torch.compile(opt.step)``, or a compiled training step
+        that calls it) the step is a graph break: it runs as it does without compiling
+        (paramserver's kernels are not torch operations to trace)."""
+        if torch.compiler.is_compiling():
+            return _step_eagerly(self, closure)
+        return self._step(closure)
+
+    def _step(self, closure: Callable[[], Any] | None) -> Any:
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         tp = self.params
         tp.check()
-        missing = tp.attach_grads()
+        missing = tp.attach_grads(self._keys.lazy_sparse)
         rows = tp.take_rows() if tp.lazy_rows else {}
         # torch's rule: a parameter whose .grad is None is not touched (nor is a frozen one);
         # an owner is idle when it and every sharer of it are. Sparse gradients are applied
@@ -800,6 +809,13 @@ class Optimizer(torch.optim.Optimizer):
             lines.append(f"  {p.name} {tuple(p.shape)} lr_scale {conf.lr_scale:g} wd_scale "
                          f"{conf.wd_scale:g}{extra}")
         return "\n".join(lines)
+
+
+@torch._disable_dynamo
+def _step_eagerly(optimizer: Optimizer, closure: Callable[[], Any] | None) -> Any:
+    """:meth:`Optimizer.step` outside torch.compile's tracing (torch's own lazy
+    ``torch._dynamo.disable``, as torch.optim's ``zero_grad`` has it)."""
+    return optimizer._step(closure)
 
 
 __all__ = ["Optimizer"]

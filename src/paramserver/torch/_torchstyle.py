@@ -118,6 +118,11 @@ class SGDKeys(TorchKeys):
             raise ParamError(f"{where}: Nesterov momentum requires a momentum and zero "
                              "dampening")
 
+    def __init__(self, fields: Mapping[str, Any] | None = None, *, lazy_sparse: bool = False,
+                 **given: Any):
+        super().__init__(fields, **given)
+        self.lazy_sparse = bool(lazy_sparse)
+
     def updater(self, values: Mapping[str, Any]) -> dict[str, Any]:
         if values["nesterov"]:
             return {"type": "kNesterov", "momentum": values["momentum"]}
@@ -244,7 +249,13 @@ def _fields(state_dtype: str, stochastic_rounding: bool) -> dict[str, Any]:
 class SGD(Optimizer):
     """``torch.optim.SGD``'s arguments and defaults on paramserver (kSGD, or kNesterov with
     ``nesterov=True``, in torch's form: ``buf = momentum·buf + (1 − dampening)·g;
-    w −= lr·buf``). See :mod:`paramserver.torch._torchstyle`."""
+    w −= lr·buf``). See :mod:`paramserver.torch._torchstyle`.
+
+    A sparse gradient (``nn.Embedding(sparse=True)``) is applied as torch.optim.SGD applies
+    it: every row goes on through its momentum buffer (and weight decay), the rows not in
+    the batch with a zero gradient. ``lazy_sparse=True`` asks for the lazy rule instead
+    (SPEC section 10): only the batch's rows and their momentum change, which is cheaper on
+    a large table and is not what torch computes."""
 
     def __init__(self, params: Iterable[Any], lr: float | torch.Tensor = 1e-3,
                  momentum: float = 0.0, dampening: float = 0.0, weight_decay: float = 0.0,
@@ -252,8 +263,9 @@ class SGD(Optimizer):
                  foreach: bool | None = None, differentiable: bool = False,
                  fused: bool | None = None, param_conf: RulesLike = None, seed: int = 0,
                  placement: Placement = "auto", state_dtype: str = "float32",
-                 stochastic_rounding: bool = False):
-        keys = SGDKeys(_fields(state_dtype, stochastic_rounding), momentum=momentum,
+                 stochastic_rounding: bool = False, lazy_sparse: bool = False):
+        keys = SGDKeys(_fields(state_dtype, stochastic_rounding), lazy_sparse=lazy_sparse,
+                       momentum=momentum,
                        dampening=dampening, nesterov=nesterov, maximize=maximize,
                        foreach=foreach, differentiable=differentiable, fused=fused)
         super().__init__(**_make(keys, params, lr, weight_decay, param_conf, seed, placement))
