@@ -733,7 +733,8 @@ class Optimizer(torch.optim.Optimizer):
         arrays: dict[str, np.ndarray] = {f"param/{p.name}": p.data for p in pset.owners}
         for idx, entry in sd["state"].items():
             for role, t in entry.items():
-                arrays[f"state/{names[idx]}/{role}"] = t.numpy()
+                arrays[f"state/{names[idx]}/{role}"] = (t.numpy() if isinstance(t, torch.Tensor)
+                                                        else np.asarray(t))  # an int step
         # the master is the checkpoint's values (param/<name>), not its metadata
         meta = {"kind": _CHECKPOINT_KIND,
                 **{k: v for k, v in sd["paramserver"].items() if k != "master"},
