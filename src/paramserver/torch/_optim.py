@@ -57,6 +57,8 @@ from ._rules import ParamRule, RulesLike, parse_rules, resolve
 from ._torchstate import export_entry, import_entry, torch_key
 
 _CHECKPOINT_KIND = "paramserver.torch.Optimizer"
+#: Updaters kept for settings not in use now (a group's settings may go back and forth).
+_KEPT_UPDATERS = 16
 
 #: Where the values, gradients and state live and the update runs (see the module docstring).
 Placement = Literal["auto", "host", "offload", "device"]
@@ -179,6 +181,13 @@ class Optimizer(torch.optim.Optimizer):
             raise e.at("param group") from None
         conf.__dict__["weight_decay"] = 1.0
         updater = create_updater(conf)
+        if len(self._updaters) >= _KEPT_UPDATERS:
+            # Schedulers that cycle a setting (OneCycleLR's betas) make new settings at
+            # every step: the oldest updaters not in use go.
+            in_use = {id(u) for u in getattr(self, "_owner_updaters", ())}
+            old = [k for k, u in self._updaters.items() if id(u) not in in_use]
+            for k in old[:len(self._updaters) - _KEPT_UPDATERS + 1]:
+                del self._updaters[k]
         self._updaters[settings] = updater
         return updater
 
@@ -221,6 +230,11 @@ class Optimizer(torch.optim.Optimizer):
                                 f"is {type(t).__name__}")
             if not (t.is_leaf or t.retains_grad):
                 raise ParamError("can't optimize a non-leaf Tensor")
+        sparse = [[len(self.param_groups), j] for j, t in enumerate(params) if t.is_sparse]
+        if sparse:
+            raise ParamError(f"Sparse params at indices {sparse}: {type(self).__name__} "
+                             "requires dense parameter tensors (sparse gradients of dense "
+                             "parameters, nn.Embedding(sparse=True), are taken)")
         group["params"] = params
         group = self._keys.make_group(group, self.defaults)
         if len({id(t) for t in params}) != len(params):
@@ -522,8 +536,8 @@ class Optimizer(torch.optim.Optimizer):
         A parameter whose ``.grad`` is still None at :meth:`step` got no gradient and is not
         touched (values, state, update count). ``set_to_none=False`` keeps ``.grad`` as views
         of the flat buffer, into which autograd then adds in place (no copy at ``step()``);
-        a parameter that gets no gradient then has a zero one, and is updated with it, as
-        torch.optim does.
+        a parameter that had a gradient and gets none then has a zero one, and is updated
+        with it, as torch.optim does; one that never had a gradient keeps None.
         """
         self.params.zero_grad(set_to_none)
 

@@ -11,11 +11,11 @@ running job moves across and continues exactly (and ours goes to torch.optim the
 Layout, as torch.optim's: a parameter that has not been updated has no entry (but Adagrad's,
 whose state torch makes with the optimizer); ``step`` is a float tensor of torch's scalar
 type (SparseAdam's a Python int, SGD's absent: torch.optim.SGD keeps only its momentum
-buffer, and nothing without momentum); per-element state is shaped like the parameter; NAdam's ``mu_product`` is a 0-d tensor
-(float64 here, so that our own resumption is exact). State kept in bfloat16 or 8-bit codes
-goes as it is kept (codes and ``<name>_scale`` block scales): paramserver resumes from it
-exactly, and torch.optim cannot read it. Taking a torch.optim state into such an optimizer
-encodes its floats.
+buffer, and nothing without momentum); per-element state is shaped like the parameter;
+NAdam's ``mu_product`` is a 0-d tensor (float64 here, so that our own resumption is
+exact). State kept in bfloat16 or 8-bit codes goes as it is kept (codes and
+``<name>_scale`` block scales): paramserver resumes from it exactly, and torch.optim cannot
+read it. Taking a torch.optim state into such an optimizer encodes its floats.
 """
 
 from __future__ import annotations

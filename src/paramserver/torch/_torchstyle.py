@@ -91,6 +91,10 @@ def _betas(values: Mapping[str, Any], where: str) -> tuple[float, float]:
     if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
         raise ParamError(f"{where}: betas must be two numbers, not {betas!r}")
     b1, b2 = (float(b) for b in betas)
+    for i, b in enumerate((b1, b2)):
+        if not 0.0 <= b < 1.0:
+            raise ParamError(f"{where}: Invalid beta parameter at index {i}: {betas[i]} "
+                             "(betas must be in [0, 1))")
     return b1, b2
 
 
@@ -156,10 +160,12 @@ class AdagradKeys(TorchKeys):
         "foreach": None, "differentiable": False, "fused": None}
 
     def updater(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        # torch.optim.Adagrad fills every parameter's sum with its constructor's value when
+        # it is made; a group's own initial_accumulator_value is kept in the group, unread
         return {"type": "kAdaGrad", "delta": _eps(values),
                 "adagrad_conf": {"lr_decay": values["lr_decay"],
                                  "initial_accumulator_value":
-                                     values["initial_accumulator_value"]}}
+                                     self._defaults["initial_accumulator_value"]}}
 
 
 class RMSpropKeys(TorchKeys):
@@ -232,6 +238,8 @@ def _make(keys: TorchKeys, params: Iterable[Any], lr: float | torch.Tensor,
           weight_decay: float, param_conf: RulesLike, seed: int, placement: Placement
           ) -> dict[str, Any]:
     if isinstance(lr, torch.Tensor):
+        if lr.numel() != 1:
+            raise ParamError(f"Tensor lr must be 1-element, not of shape {tuple(lr.shape)}")
         lr = float(lr.item())
     if not lr >= 0:
         raise ParamError(f"Invalid learning rate: {lr}")
