@@ -63,8 +63,10 @@ from numba.core import sigutils
 from numba.core.caching import (
     CompileResultCacheImpl,
     FunctionCache,
-    NullCache,
     _CacheLocator,
+)
+from numba.core.caching import (
+    NullCache as _NumbaNullCache,
 )
 
 try:
@@ -352,11 +354,11 @@ def _with_cache(dispatcher: Any, cache: bool) -> Any:
     if cache and CACHE_DIR is not None:
         dispatcher._cache = _KernelCache(dispatcher.py_func, dispatcher.targetoptions)
     else:
-        dispatcher._cache = _NoCache()
+        dispatcher._cache = NullCache()
     return dispatcher
 
 
-class _NoCache(NullCache):
+class NullCache(_NumbaNullCache):
     """No cache; the thread pool started before a compile all the same (a parallel
     compile would start it, as numba's, changing torch's thread count)."""
 

@@ -94,7 +94,7 @@ def _betas(values: Mapping[str, Any], where: str) -> tuple[float, float]:
     for i, b in enumerate((b1, b2)):
         if not 0.0 <= b < 1.0:
             raise ParamError(f"{where}: Invalid beta parameter at index {i}: {betas[i]} "
-                             "(betas must be in [0, 1))")
+                             f"(beta{i + 1} must be in [0, 1))")
     return b1, b2
 
 
