@@ -170,8 +170,13 @@ def test_parameters_and_gradients_view_the_flat_buffers() -> None:
     for n, p in model.named_parameters():
         assert torch.equal(p, before[n])  # values kept
         assert np.shares_memory(p.detach().numpy(), pset.values)
-        assert np.shares_memory(p.grad.numpy(), pset.grads)
+        assert p.grad is None  # as in torch: None until autograd writes it
+    opt = pst.Optimizer(model.named_parameters(), "type: kSGD")
     x, y = batch(0, torch.float32)
+    F.cross_entropy(model(x), y).backward()
+    opt.step()  # the first gradients are copied in, and .grad becomes the view
+    assert all(np.shares_memory(p.grad.numpy(), pset.grads) for p in model.parameters())
+    opt.zero_grad(set_to_none=False)
     F.cross_entropy(model(x), y).backward()
     assert np.abs(pset.grads).sum() > 0  # autograd wrote into paramserver's buffer
     assert all(np.shares_memory(p.grad.numpy(), pset.grads) for p in model.parameters())
@@ -249,7 +254,8 @@ def test_a_weight_decay_only_step_shows_the_wd_scale() -> None:
     opt = pst.Optimizer(model.named_parameters(), "type: kSGD weight_decay: 0.5 "
                                                   "learning_rate { base_lr: 0.1 }",
                         param_conf="param { name: 'bias' wd_scale: 0 }")
-    opt.zero_grad(set_to_none=False)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
     opt.step()  # zero gradients (None would skip them, as torch): only weight decay acts
     assert torch.allclose(model.weight, w0 * (1 - 0.1 * 0.5))
     assert torch.equal(model.bias, b0)

@@ -72,6 +72,9 @@ from numba.core.caching import (
     IndexDataCacheFile,
     _CacheLocator,
 )
+from numba.core.caching import (
+    NullCache as _NumbaNullCache,
+)
 
 try:
     import fcntl
@@ -263,13 +266,29 @@ _pool_started = False
 
 
 def _start_thread_pool() -> None:
-    """Start numba's threading layer once: loaded code may call into it (trap 1)."""
+    """Start numba's threading layer once: loaded code may call into it (trap 1).
+
+    Starting numba's OpenMP layer sets the process's OpenMP thread count to numba's (the
+    machine's cores): a caller's ``torch.set_num_threads(1)`` would be undone by a library
+    that merely ran a kernel. What torch counted before is put back; numba's own count
+    (``numba.get_num_threads``) is numba's and stays as it was."""
     global _pool_started
     if not _pool_started:
         from numba.np.ufunc import parallel
 
+        torch = sys.modules.get("torch")  # only if the caller imported it: never imported here
+        before = torch.get_num_threads() if torch is not None else None
         parallel._launch_threads()
+        if torch is not None and torch.get_num_threads() != before:
+            torch.set_num_threads(before)
         _pool_started = True
+
+
+def get_num_threads() -> int:
+    """``numba.get_num_threads``, with the pool started as :func:`_start_thread_pool` does
+    (numba's own would start it and change torch's thread count)."""
+    _start_thread_pool()
+    return int(numba.get_num_threads())
 
 
 def threading_layer() -> str:
@@ -377,9 +396,21 @@ def njit(*args: Any, **options: Any) -> Callable[..., Any]:
 def _with_cache(dispatcher: Any, cache: bool) -> Any:
     if cache and CACHE_DIR is not None:
         dispatcher._cache = _KernelCache(dispatcher.py_func, dispatcher.targetoptions)
+    else:
+        dispatcher._cache = NullCache()
     return dispatcher
+
+
+class NullCache(_NumbaNullCache):
+    """No cache; the thread pool started before a compile all the same (a parallel
+    compile would start it, as numba's, changing torch's thread count)."""
+
+    def load_overload(self, sig: Any, target_context: Any) -> Any:
+        _start_thread_pool()
+        return None
 
 
 configure()
 
-__all__ = ["CACHE_DIR", "caching", "configure", "njit", "reporting", "threading_layer"]
+__all__ = ["CACHE_DIR", "caching", "configure", "get_num_threads", "njit", "reporting",
+           "threading_layer"]

@@ -35,12 +35,12 @@ import numpy as np
 import numpy.typing as npt
 from llvmlite import ir as llvm_ir
 from numba import config as numba_config
-from numba import get_num_threads, prange, set_num_threads, types
+from numba import prange, set_num_threads, types
 from numba.extending import intrinsic, register_jitable
 
 from ..config import ParamError
 from . import quant
-from .cache import njit
+from .cache import get_num_threads, njit
 
 __all__ = ["BLOCK", "CHUNK", "State", "adadelta", "adagrad", "adam", "adamax", "kernel_for",
            "nadam", "nesterov", "radam", "rmsprop", "sgd", "signed_state", "state_like",

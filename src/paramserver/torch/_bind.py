@@ -2,9 +2,10 @@
 
 :func:`bind` lays the parameters out in a :class:`~paramserver.params.ParamSet` (one flat
 buffer of owner values, one of gradients) and points every ``torch.nn.Parameter`` at its
-place there: ``p.data`` becomes a view of the values and ``p.grad`` a view of the gradients.
-Autograd then accumulates into paramserver's gradient buffer in place, and an update of the
-flat values is seen by the module at once. Nothing is copied after binding.
+place there: ``p.data`` becomes a view of the values, and ``p.grad`` -- None until autograd
+writes it, as in torch -- a view of the gradients from the first step that finds a gradient
+(:meth:`BoundTensors.attach_grads`). Autograd then accumulates into paramserver's gradient
+buffer in place, and an update of the flat values is seen by the module at once.
 
 Sharing (``share_from``) makes the sharer's tensor a view of its owner's values, reshaped
 (row-major) to the sharer's shape, with a gradient of its own.
@@ -59,10 +60,17 @@ class BoundTensors:
     def _set_views(self, names: list[str], tensors: list[torch.Tensor],
                    value_views: list[torch.Tensor],
                    grad_views: Sequence[torch.Tensor | None], *, keep_grads: bool) -> None:
-        """Point every tensor's ``.data`` and ``.grad`` at its views (a gradient already
-        there is kept when ``keep_grads``). A row-sparse table's tensor (SPEC §10) has no
-        gradient view (None): a worker's replica computes with the rows of its batch
-        (``torch/_tables.py``)."""
+        """Point every tensor's ``.data`` at its view of the values.
+
+        With ``keep_grads`` (a user's tensors, bound for an optimizer) ``.grad`` stays as it
+        is -- None until autograd writes it, as in torch; a dense gradient already there is
+        copied into the buffer and the view takes its place -- and :meth:`attach_grads`
+        makes it the view of the flat gradients at the first step it holds a gradient; from
+        then on autograd adds into the flat buffer. Without (a cluster worker's replica,
+        whose gradient buffer is the truth and whose idle parameters are told by hooks,
+        :meth:`watch_grads`) every ``.grad`` is the view at once. A row-sparse table's
+        tensor (SPEC §10) has no gradient view (None): a worker's replica computes with the
+        rows of its batch (``torch/_tables.py``)."""
         self.names = names
         self.tensors = tensors
         self._index = {id(t): i for i, t in enumerate(tensors)}
@@ -72,12 +80,15 @@ class BoundTensors:
         with torch.no_grad():
             for t, v, g in zip(tensors, value_views, grad_views, strict=True):
                 old = t.grad
-                if g is None:
-                    attach(t, v, None)
-                    continue
-                if keep_grads and old is not None and old.shape == g.shape:
-                    g.copy_(old.detach())  # a gradient already there is kept
-                attach(t, v, g)
+                if g is None or (keep_grads and old is None):
+                    attach(t, v, None if g is None else old)
+                elif keep_grads and old is not None and old.is_sparse \
+                        and old.shape == g.shape:
+                    attach(t, v, old)  # as it is: step() takes its rows
+                else:
+                    if keep_grads and old is not None and old.shape == g.shape:
+                        g.copy_(old.detach())  # a gradient already there is kept
+                    attach(t, v, g)
 
     # -- access -----------------------------------------------------------------------------
 
@@ -125,14 +136,16 @@ class BoundTensors:
     #: kept as rows for a lazy update (:meth:`take_rows`) rather than made dense.
     lazy_rows: bool = False
 
-    def attach_grads(self) -> list[bool]:
-        """Make every ``.grad`` a view of :attr:`grads` again, keeping its gradient.
+    def attach_grads(self, lazy: bool = True) -> list[bool]:
+        """Make every ``.grad`` a view of :attr:`grads`, keeping its gradient.
 
-        A ``.grad`` that torch allocated anew (after ``zero_grad()`` set it to None, or with
-        ``create_graph=True``) is copied in. A ``.grad`` that is None stays None (its part
-        of the buffer reads as zero): that parameter got no gradient, and is not updated. A
-        sparse ``.grad`` stays as it is, its rows kept for :meth:`take_rows`, where the
-        binding updates lazily (``lazy_rows``); elsewhere it is made dense.
+        A ``.grad`` that torch allocated (the first gradient a parameter gets, one after
+        ``zero_grad()`` set it to None, or with ``create_graph=True``) is copied in and the
+        view takes its place. A ``.grad`` that is None stays None (its part of the buffer
+        reads as zero): that parameter got no gradient, and is not updated. A sparse
+        ``.grad`` stays as it is (as torch keeps it): with ``lazy`` where the binding
+        updates lazily (``lazy_rows``) its rows are kept for :meth:`take_rows`; otherwise
+        it is copied in dense.
 
         Returns:
             For each tensor, whether its ``.grad`` was None (torch.optim skips those).
@@ -149,12 +162,13 @@ class BoundTensors:
                     missing[i] = True
                     continue
                 if cur.is_sparse:
-                    rows = self._rows_of(i, cur) if self.lazy_rows else None
+                    rows = self._rows_of(i, cur) if lazy and self.lazy_rows else None
                     if rows is not None:
                         self._rows[i] = rows
                         g.zero_()
-                        continue
-                    cur = cur.to_dense()
+                    else:
+                        g.copy_(cur.detach().to_dense())
+                    continue
                 if cur.data_ptr() != g.data_ptr() or cur.stride() != g.stride():
                     g.copy_(cur.detach())
                 t.grad = g
@@ -211,8 +225,9 @@ class BoundTensors:
 
         Keeping the views (``set_to_none=False``) lets autograd add straight into the flat
         buffer; after None it allocates a gradient, which ``step()`` copies in. Either way a
-        parameter whose ``.grad`` is None at ``step()`` is not updated, as torch.optim skips
-        it, and one with a zero gradient is."""
+        parameter whose ``.grad`` is None at ``step()`` (one that never had a gradient, or
+        had it set to None) is not updated, as torch.optim skips it, and one with a zero
+        gradient is."""
         with torch.no_grad():
             if set_to_none:
                 for t, g in zip(self.tensors, self._grad_views, strict=True):

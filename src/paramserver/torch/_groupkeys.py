@@ -69,6 +69,9 @@ class GroupKeys:
     #: Whether the optimizer's state goes by torch.optim's names and layout, and takes
     #: torch.optim's ``state_dict`` (:mod:`._torchstate`): the torch-style constructors.
     torch_state: bool = False
+    #: Whether a sparse gradient (``nn.Embedding(sparse=True)``) updates only its rows and
+    #: their state (SPEC section 10's lazy rule), or every element, its rows made dense.
+    lazy_sparse: bool = True
 
     def defaults(self) -> dict[str, Any]:
         raise NotImplementedError

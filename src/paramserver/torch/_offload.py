@@ -51,7 +51,9 @@ CHUNK = 1 << 24
 
 class OffloadParams(HostUpdates, BoundTensors):
     """Parameters on a device with their master values, gradients and updater state in
-    (pinned) host memory; see the module docstring.
+    (pinned) host memory; see the module docstring. A sparse gradient
+    (``nn.Embedding(sparse=True)``) is taken at ``step()`` as rows, updated lazily on the
+    host as the host binding's are.
 
     Args:
         named: ``(name, tensor)`` pairs: leaf floating-point tensors on one device.
@@ -63,6 +65,8 @@ class OffloadParams(HostUpdates, BoundTensors):
             taken as they are (not read back from the lower-precision parameters).
         chunk: values per piece of the update (see the module docstring).
     """
+
+    lazy_rows = True
 
     def __init__(self, named: Sequence[tuple[str, torch.Tensor]],
                  confs: dict[str, ParamConf] | None = None, *, initialise: Any = (),
@@ -143,7 +147,7 @@ class OffloadParams(HostUpdates, BoundTensors):
         """A parameter's gradient is complete: copy it to its host buffer (converted)."""
         i = self._index[id(t)]
         g = t.grad
-        if g is None:
+        if g is None or g.is_sparse:  # a sparse one is taken at step() (its rows)
             return
         dst = self._host_grads[i]
         if self.cuda:
@@ -172,7 +176,7 @@ class OffloadParams(HostUpdates, BoundTensors):
                                  f"of shape {tuple(t.shape)} on {t.device}; make the optimizer "
                                  "after moving or casting the module")
 
-    def attach_grads(self) -> list[bool]:
+    def attach_grads(self, lazy: bool = True) -> list[bool]:
         """Every gradient in its host buffer: the hooks' copies waited for, the others
         made now. Returns, per tensor, whether its ``.grad`` was None (skipped)."""
         if self.cuda:
@@ -183,12 +187,22 @@ class OffloadParams(HostUpdates, BoundTensors):
             self._end_queued = False
         self.take_writes()
         missing = [False] * len(self.tensors)
+        self._rows = {}
         with torch.no_grad():
             for i, t in enumerate(self.tensors):
                 g = t.grad
                 if g is None:
                     self._host_grads[i].zero_()
                     missing[i] = True
+                    continue
+                if g.is_sparse:  # its rows (lazy), or made dense, as the host binding's
+                    rows = self._rows_of(i, g) if lazy else None
+                    if rows is not None:
+                        self._rows[i] = rows
+                        self._host_grads[i].zero_()
+                    else:
+                        self._host_grads[i].copy_(g.detach().to_dense())
+                    self._copied[i] = None
                     continue
                 seen = self._copied[i]
                 if seen is None or seen[0]() is not g or seen[1] != g._version:
@@ -268,6 +282,13 @@ class OffloadParams(HostUpdates, BoundTensors):
                           skip=part)
             self._publish(k for k in range(i, j) if part is None or not part[k - i])
             i = j
+
+    def update_rows(self, updater: Updater, step: int, k: int, ids: np.ndarray,
+                    rows: np.ndarray, state: UpdaterState, lr_scale: float, wd: float,
+                    grad_scale: float) -> None:
+        """The host binding's lazy update of owner ``k``'s rows, then its values copied out."""
+        super().update_rows(updater, step, k, ids, rows, state, lr_scale, wd, grad_scale)
+        self._publish([k])
 
     def finish(self) -> None:
         """The compute stream waits for the values' copies before the next forward pass."""

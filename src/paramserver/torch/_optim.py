@@ -57,6 +57,8 @@ from ._rules import ParamRule, RulesLike, parse_rules, resolve
 from ._torchstate import export_entry, import_entry, torch_key
 
 _CHECKPOINT_KIND = "paramserver.torch.Optimizer"
+#: Updaters kept for settings not in use now (a group's settings may go back and forth).
+_KEPT_UPDATERS = 16
 
 #: Where the values, gradients and state live and the update runs (see the module docstring).
 Placement = Literal["auto", "host", "offload", "device"]
@@ -179,6 +181,13 @@ class Optimizer(torch.optim.Optimizer):
             raise e.at("param group") from None
         conf.__dict__["weight_decay"] = 1.0
         updater = create_updater(conf)
+        if len(self._updaters) >= _KEPT_UPDATERS:
+            # Schedulers that cycle a setting (OneCycleLR's betas) make new settings at
+            # every step: the oldest updaters not in use go.
+            in_use = {id(u) for u in getattr(self, "_owner_updaters", ())}
+            old = [k for k, u in self._updaters.items() if id(u) not in in_use]
+            for k in old[:len(self._updaters) - _KEPT_UPDATERS + 1]:
+                del self._updaters[k]
         self._updaters[settings] = updater
         return updater
 
@@ -221,6 +230,11 @@ class Optimizer(torch.optim.Optimizer):
                                 f"is {type(t).__name__}")
             if not (t.is_leaf or t.retains_grad):
                 raise ParamError("can't optimize a non-leaf Tensor")
+        sparse = [[len(self.param_groups), j] for j, t in enumerate(params) if t.is_sparse]
+        if sparse:
+            raise ParamError(f"Sparse params at indices {sparse}: {type(self).__name__} "
+                             "requires dense parameter tensors (sparse gradients of dense "
+                             "parameters, nn.Embedding(sparse=True), are taken)")
         group["params"] = params
         group = self._keys.make_group(group, self.defaults)
         if len({id(t) for t in params}) != len(params):
@@ -450,14 +464,23 @@ class Optimizer(torch.optim.Optimizer):
     # -- the torch.optim interface ----------------------------------------------------------
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
-        """One update of every parameter from its ``.grad``; returns the closure's loss."""
+        """One update of every parameter from its ``.grad``; returns the closure's loss.
+
+        Under ``torch.compile`` (``torch.compile(opt.step)``, or a compiled training step
+        that calls it) the step is a graph break: it runs as it does without compiling
+        (paramserver's kernels are not torch operations to trace)."""
+        if torch.compiler.is_compiling():
+            return _step_eagerly(self, closure)
+        return self._step(closure)
+
+    def _step(self, closure: Callable[[], Any] | None) -> Any:
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         tp = self.params
         tp.check()
-        missing = tp.attach_grads()
+        missing = tp.attach_grads(self._keys.lazy_sparse)
         rows = tp.take_rows() if tp.lazy_rows else {}
         # torch's rule: a parameter whose .grad is None is not touched (nor is a frozen one);
         # an owner is idle when it and every sharer of it are. Sparse gradients are applied
@@ -513,8 +536,8 @@ class Optimizer(torch.optim.Optimizer):
         A parameter whose ``.grad`` is still None at :meth:`step` got no gradient and is not
         touched (values, state, update count). ``set_to_none=False`` keeps ``.grad`` as views
         of the flat buffer, into which autograd then adds in place (no copy at ``step()``);
-        a parameter that gets no gradient then has a zero one, and is updated with it, as
-        torch.optim does.
+        a parameter that had a gradient and gets none then has a zero one, and is updated
+        with it, as torch.optim does; one that never had a gradient keeps None.
         """
         self.params.zero_grad(set_to_none)
 
@@ -724,7 +747,8 @@ class Optimizer(torch.optim.Optimizer):
         arrays: dict[str, np.ndarray] = {f"param/{p.name}": p.data for p in pset.owners}
         for idx, entry in sd["state"].items():
             for role, t in entry.items():
-                arrays[f"state/{names[idx]}/{role}"] = t.numpy()
+                arrays[f"state/{names[idx]}/{role}"] = (t.numpy() if isinstance(t, torch.Tensor)
+                                                        else np.asarray(t))  # an int step
         # the master is the checkpoint's values (param/<name>), not its metadata
         meta = {"kind": _CHECKPOINT_KIND,
                 **{k: v for k, v in sd["paramserver"].items() if k != "master"},
@@ -800,6 +824,13 @@ class Optimizer(torch.optim.Optimizer):
             lines.append(f"  {p.name} {tuple(p.shape)} lr_scale {conf.lr_scale:g} wd_scale "
                          f"{conf.wd_scale:g}{extra}")
         return "\n".join(lines)
+
+
+@torch._disable_dynamo
+def _step_eagerly(optimizer: Optimizer, closure: Callable[[], Any] | None) -> Any:
+    """:meth:`Optimizer.step` outside torch.compile's tracing (torch's own lazy
+    ``torch._dynamo.disable``, as torch.optim's ``zero_grad`` has it)."""
+    return optimizer._step(closure)
 
 
 __all__ = ["Optimizer"]

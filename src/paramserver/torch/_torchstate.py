@@ -10,11 +10,12 @@ running job moves across and continues exactly (and ours goes to torch.optim the
 
 Layout, as torch.optim's: a parameter that has not been updated has no entry (but Adagrad's,
 whose state torch makes with the optimizer); ``step`` is a float tensor of torch's scalar
-type; per-element state is shaped like the parameter; NAdam's ``mu_product`` is a 0-d tensor
-(float64 here, so that our own resumption is exact). State kept in bfloat16 or 8-bit codes
-goes as it is kept (codes and ``<name>_scale`` block scales): paramserver resumes from it
-exactly, and torch.optim cannot read it. Taking a torch.optim state into such an optimizer
-encodes its floats.
+type (SparseAdam's a Python int, SGD's absent: torch.optim.SGD keeps only its momentum
+buffer, and nothing without momentum); per-element state is shaped like the parameter;
+NAdam's ``mu_product`` is a 0-d tensor (float64 here, so that our own resumption is
+exact). State kept in bfloat16 or 8-bit codes goes as it is kept (codes and
+``<name>_scale`` block scales): paramserver resumes from it exactly, and torch.optim cannot
+read it. Taking a torch.optim state into such an optimizer encodes its floats.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import torch
 
 from ..numerics.quant import SCALE
 from ..state import COUNT, UpdaterState
-from ..updaters import MASTER, AdaGrad, Updater, fill_segment
+from ..updaters import MASTER, SGD, AdaGrad, Nesterov, SparseAdam, Updater, fill_segment
 
 #: torch.optim's name of the update count.
 STEP = "step"
@@ -53,7 +54,7 @@ def scalar_dtype() -> torch.dtype:
 
 
 def export_entry(updater: Updater, state: UpdaterState, shape: tuple[int, ...]
-                 ) -> dict[str, torch.Tensor] | None:
+                 ) -> dict[str, Any] | None:
     """One parameter's state (``state``: its one segment) as torch.optim keeps it: copies,
     by torch's names; None for a parameter not yet updated (torch keeps nothing for it,
     but for Adagrad)."""
@@ -62,14 +63,17 @@ def export_entry(updater: Updater, state: UpdaterState, shape: tuple[int, ...]
     if count == 0 and not eager:
         return None
     initial = updater.initial_state() if count == 0 else {}
-    out: dict[str, torch.Tensor] = {}
+    out: dict[str, Any] = {}
     for r in updater.roles:
         if r.name == MASTER:
             continue
         a = state[r.name]
         key = torch_key(updater, r.name)
         if r.name == COUNT:
-            out[key] = torch.tensor(float(count), dtype=scalar_dtype())
+            if isinstance(updater, SparseAdam):
+                out[key] = count
+            elif not isinstance(updater, (SGD, Nesterov)):
+                out[key] = torch.tensor(float(count), dtype=scalar_dtype())
         elif r.per == "segment":
             out[key] = torch.tensor(float(a[0]), dtype=torch.float64)
         elif r.per == "element":
@@ -79,7 +83,7 @@ def export_entry(updater: Updater, state: UpdaterState, shape: tuple[int, ...]
             out[key] = torch.from_numpy(arr).view(shape)
         else:
             out[key] = torch.from_numpy(a.copy())
-    return out
+    return out or None
 
 
 def import_entry(updater: Updater, entry: Mapping[str, Any], state: UpdaterState,

@@ -91,6 +91,10 @@ def _betas(values: Mapping[str, Any], where: str) -> tuple[float, float]:
     if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
         raise ParamError(f"{where}: betas must be two numbers, not {betas!r}")
     b1, b2 = (float(b) for b in betas)
+    for i, b in enumerate((b1, b2)):
+        if not 0.0 <= b < 1.0:
+            raise ParamError(f"{where}: Invalid beta parameter at index {i}: {betas[i]} "
+                             f"(beta{i + 1} must be in [0, 1))")
     return b1, b2
 
 
@@ -117,6 +121,11 @@ class SGDKeys(TorchKeys):
         if values["nesterov"] and (values["momentum"] <= 0 or values["dampening"] != 0):
             raise ParamError(f"{where}: Nesterov momentum requires a momentum and zero "
                              "dampening")
+
+    def __init__(self, fields: Mapping[str, Any] | None = None, *, lazy_sparse: bool = False,
+                 **given: Any):
+        super().__init__(fields, **given)
+        self.lazy_sparse = bool(lazy_sparse)
 
     def updater(self, values: Mapping[str, Any]) -> dict[str, Any]:
         if values["nesterov"]:
@@ -151,10 +160,12 @@ class AdagradKeys(TorchKeys):
         "foreach": None, "differentiable": False, "fused": None}
 
     def updater(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        # torch.optim.Adagrad fills every parameter's sum with its constructor's value when
+        # it is made; a group's own initial_accumulator_value is kept in the group, unread
         return {"type": "kAdaGrad", "delta": _eps(values),
                 "adagrad_conf": {"lr_decay": values["lr_decay"],
                                  "initial_accumulator_value":
-                                     values["initial_accumulator_value"]}}
+                                     self._defaults["initial_accumulator_value"]}}
 
 
 class RMSpropKeys(TorchKeys):
@@ -227,6 +238,8 @@ def _make(keys: TorchKeys, params: Iterable[Any], lr: float | torch.Tensor,
           weight_decay: float, param_conf: RulesLike, seed: int, placement: Placement
           ) -> dict[str, Any]:
     if isinstance(lr, torch.Tensor):
+        if lr.numel() != 1:
+            raise ParamError(f"Tensor lr must be 1-element, not of shape {tuple(lr.shape)}")
         lr = float(lr.item())
     if not lr >= 0:
         raise ParamError(f"Invalid learning rate: {lr}")
@@ -244,7 +257,13 @@ def _fields(state_dtype: str, stochastic_rounding: bool) -> dict[str, Any]:
 class SGD(Optimizer):
     """``torch.optim.SGD``'s arguments and defaults on paramserver (kSGD, or kNesterov with
     ``nesterov=True``, in torch's form: ``buf = momentum·buf + (1 − dampening)·g;
-    w −= lr·buf``). See :mod:`paramserver.torch._torchstyle`."""
+    w −= lr·buf``). See :mod:`paramserver.torch._torchstyle`.
+
+    A sparse gradient (``nn.Embedding(sparse=True)``) is applied as torch.optim.SGD applies
+    it: every row goes on through its momentum buffer (and weight decay), the rows not in
+    the batch with a zero gradient. ``lazy_sparse=True`` asks for the lazy rule instead
+    (SPEC section 10): only the batch's rows and their momentum change, which is cheaper on
+    a large table and is not what torch computes."""
 
     def __init__(self, params: Iterable[Any], lr: float | torch.Tensor = 1e-3,
                  momentum: float = 0.0, dampening: float = 0.0, weight_decay: float = 0.0,
@@ -252,8 +271,9 @@ class SGD(Optimizer):
                  foreach: bool | None = None, differentiable: bool = False,
                  fused: bool | None = None, param_conf: RulesLike = None, seed: int = 0,
                  placement: Placement = "auto", state_dtype: str = "float32",
-                 stochastic_rounding: bool = False):
-        keys = SGDKeys(_fields(state_dtype, stochastic_rounding), momentum=momentum,
+                 stochastic_rounding: bool = False, lazy_sparse: bool = False):
+        keys = SGDKeys(_fields(state_dtype, stochastic_rounding), lazy_sparse=lazy_sparse,
+                       momentum=momentum,
                        dampening=dampening, nesterov=nesterov, maximize=maximize,
                        foreach=foreach, differentiable=differentiable, fused=fused)
         super().__init__(**_make(keys, params, lr, weight_decay, param_conf, seed, placement))
