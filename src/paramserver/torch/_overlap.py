@@ -23,9 +23,14 @@ again -- and updated by ``step()`` when, between its start and ``step()``:
 
 - one of its gradients changed (a new tensor, or its version counter moved: clipping by
   ``clip_grad_norm_``, ``GradScaler.unscale_``, an edit by hand) or became None;
-- a parameter of it was written (``load_state_dict``, ``torch.nn.init``...);
 - the step's settings for it changed (a group's ``lr`` or ``weight_decay`` written after
   backward, another setting, ``clip_norm`` turned on).
+
+A parameter written between backward and ``step()`` (``load_state_dict``, an in-place op
+under ``no_grad``) after its bucket started may have read, or been overwritten by, the
+published early update: ``step()`` then raises, with everything rolled back and the write
+undone (the gradients kept, so that ``step()`` may be called again). Writes before the forward
+pass or after ``step()`` are taken as without overlap.
 
 ``zero_grad()`` (a step skipped, as ``GradScaler`` skips one on an inf), ``state_dict()``,
 ``load_state_dict()``, checkpoints and new param groups roll back whatever was started:
@@ -198,7 +203,7 @@ class Overlapper:
 
     def _begin_pass(self) -> None:
         if self._started:
-            self.cancel()
+            self.cancel(check=False)
             raise ParamError(
                 f"a backward pass after early updates started (overlap: "
                 f"Overlap(accumulate={self.conf.accumulate}) says step() follows every "
@@ -320,7 +325,7 @@ class Overlapper:
         started, armed = self._started, self._armed
         error = self._join()
         if error is not None:
-            self.cancel()
+            self.cancel(check=False)
             raise error
         if not started or armed is None:
             self._reset()
@@ -333,8 +338,9 @@ class Overlapper:
             lr_scale, wd, sign = opt._sync_groups()
             opt._plan()
         except ParamError:
-            self.cancel()
+            self.cancel(check=False)
             raise
+        self._refuse_writes(opt)
         clip = any(run.updater.conf.clip_norm > 0 for run in opt._runs)
         gscale = opt._grad_scale * sign
         done = np.zeros(len(tp.pset.owners), bool)
@@ -370,16 +376,41 @@ class Overlapper:
                 return False
         return True
 
-    def cancel(self) -> None:
+    def _refuse_writes(self, opt: Optimizer) -> None:
+        """Raise, everything rolled back, if a parameter of a started bucket was written."""
+        tp = self.tp
+        written = sorted({i for bucket in self._started for k in range(bucket.a, bucket.b)
+                          for i in opt._share_group[k]
+                          if tp.tensors[i]._version != tp._versions[i]})
+        if not written:
+            return
+        # What was written may have read (or been overwritten by) an early update's values:
+        # neither the write nor the update can be trusted.
+        self._rollback(self._started, keep_writes=False)
+        for i in written:
+            tp._versions[i] = tp.tensors[i]._version
+        self._reset()
+        raise ParamError(
+            f"parameter(s) {[tp.names[i] for i in written]} written between backward and "
+            "step() after overlap had started updating them: the write is undone and the "
+            "parameters are as before this step (their gradients kept); with overlap, write "
+            "parameters after step() or before the forward pass")
+
+    def cancel(self, check: bool = True) -> None:
         """Roll back everything started and not committed (``zero_grad()`` without a step,
-        ``state_dict()``, ``load_state_dict()``, a new layout, an error)."""
+        ``state_dict()``, ``load_state_dict()``, a new layout, an error); with ``check``,
+        raise if a parameter it had updated was written meanwhile (see :meth:`settle`)."""
         self._join()
-        self._rollback(self._started)
+        opt = self._opt()
+        if check and opt is not None:
+            self._refuse_writes(opt)
+        self._rollback(self._started, keep_writes=False)
         self._reset()
 
-    def _rollback(self, buckets: list[_Bucket]) -> None:
+    def _rollback(self, buckets: list[_Bucket], keep_writes: bool = True) -> None:
         """Buckets' values and state as they were before their update, published again
-        (but to parameters written since, whose writes ``step()`` takes)."""
+        (with ``keep_writes``, but to parameters written since, whose writes ``step()``
+        takes)."""
         if not buckets:
             return
         tp = self.tp
@@ -397,15 +428,15 @@ class Overlapper:
             pset.values[lo:hi] = self._backup_values[lo:hi]
             opt._state.segments(a, b).copy_from(self._backup_state.segments(a, b))
             owners += [k for k in range(a, b)
-                       if all(tp.tensors[i]._version == tp._versions[i]
-                              for i in opt._share_group[k])]
+                       if not keep_writes or all(tp.tensors[i]._version == tp._versions[i]
+                                                 for i in opt._share_group[k])]
             self._log("rollback", bucket.index)
         tp._publish(owners)
         tp.finish()
 
     def close(self) -> None:
         """Roll back what is pending, remove the hooks, stop the worker."""
-        self.cancel()
+        self.cancel(check=False)
         for h in self._hooks:
             h.remove()
         self._hooks = []
