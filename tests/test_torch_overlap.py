@@ -290,6 +290,41 @@ def test_declared_accumulation_updates_early_in_the_last_pass(kind: str) -> None
     _same(serial, model_a, early, model_b)
 
 
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_activation_checkpointing_keeps_one_backward_pass(reentrant: bool) -> None:
+    """A checkpointed segment recomputed during backward (a reentrant one runs a backward
+    pass of its own inside) is still one pass: buckets start and commit, values exact."""
+    from torch.utils.checkpoint import checkpoint
+
+    class Ck(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b, self.c = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 2)
+
+        def forward(self, x: Any) -> Any:
+            h = torch.tanh(self.a(x))
+            return checkpoint(lambda z: self.c(torch.tanh(self.b(z))), h,
+                              use_reentrant=reentrant)
+
+    models = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        models.append(Ck())
+    serial = pst.Adam(models[0].parameters(), lr=1e-2, placement="offload")
+    early = pst.Adam(models[1].parameters(), lr=1e-2, placement="offload",
+                     overlap=pst.Overlap(bucket=8))
+    early.overlap.trace = []
+    for s in range(5):
+        x = torch.randn(4, 8, generator=torch.Generator().manual_seed(s))
+        for m, o in zip(models, (serial, early), strict=True):
+            o.zero_grad()
+            m(x).pow(2).sum().backward()
+            o.step()
+        assert len(_events(early, "commit")) == 5 and not _events(early, "rollback")
+        early.overlap.trace.clear()
+    _same(serial, models[0], early, models[1])
+
+
 def test_a_skipped_step_rolls_back_and_saving_sees_no_half_step(tmp_path: Any) -> None:
     """zero_grad() without step() (a step skipped, as GradScaler skips one) rolls back;
     state_dict() between backward and step() saves the state before the step."""

@@ -41,6 +41,10 @@ Hence gradient accumulation is a contract: ``Overlap(accumulate=k)`` says that `
 follows every ``k``-th backward pass (the default 1); the early updates run only in the
 ``k``-th pass since the last step. A further backward pass before ``step()`` after early
 updates started is an error (raised from that ``backward()``, with everything rolled back).
+A pass begins where a gradient lands that already landed since the last step (a gradient
+lands once per pass), so a reentrant activation checkpoint's inner backward is no pass of its
+own; a parameter used both inside such a segment and outside it lands twice in one pass and
+is taken for a new pass (use ``use_reentrant=False``, torch's recommended form).
 
 ``clip_norm`` in the updater needs every gradient before any update: with it, only the
 gradient copies overlap the backward pass (as without ``overlap``), and the update runs in
@@ -166,8 +170,7 @@ class Overlapper:
 
     def _reset(self) -> None:
         self._passes = 0  # backward passes begun since the last step
-        self._in_pass = False
-        self._landed: set[int] = set()
+        self._landed: set[int] = set()  # the tensors whose gradients landed in this pass
         self._armed: _Armed | None = None
         self._started: list[_Bucket] = []
 
@@ -181,7 +184,9 @@ class Overlapper:
         """A gradient is in the host buffer (the binding's hook ran first): start its bucket
         if it was the last one the bucket waited for."""
         i = self.tp._index[id(t)]
-        if not self._in_pass or i in self._landed:
+        if self._passes == 0 or i in self._landed:
+            # A gradient lands once per backward pass: again, it is the next pass. (Not an
+            # end-of-pass callback: a reentrant checkpoint's inner backward would end it.)
             self._begin_pass()
         self._landed.add(i)
         self._log("land", i)
@@ -211,16 +216,11 @@ class Overlapper:
                 "already updated. Everything was rolled back: give Overlap(accumulate=...) "
                 "the number of backward passes per step, or call step() or zero_grad() first")
         self._passes += 1
-        self._in_pass = True
         self._landed = set()
         self._armed = None
         self._log("pass", self._passes)
-        torch.autograd.Variable._execution_engine.queue_callback(self._end_pass)
         if self._passes == self.conf.accumulate:
             self._armed = self._arm()
-
-    def _end_pass(self) -> None:
-        self._in_pass = False
 
     def _arm(self) -> _Armed | None:
         """The buckets and ``step()``'s numbers for them, or None where nothing may start."""
