@@ -61,13 +61,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from ..cluster.passes import kernel_guard
 from ..config import ParamError
 from ..state import UpdaterState
 
 if TYPE_CHECKING:
     from ..updaters import Updater
     from ._offload import OffloadParams
-    from ._optim import Optimizer
 
 #: Values per bucket by default (a bucket is at least one parameter).
 BUCKET = 1 << 22
@@ -148,7 +148,7 @@ class _Armed:
 class Overlapper:
     """The early updates of one optimizer's offload binding (see the module docstring)."""
 
-    def __init__(self, opt: Optimizer, tp: OffloadParams, conf: Overlap):
+    def __init__(self, opt: Any, tp: OffloadParams, conf: Overlap):
         self._opt = weakref.ref(opt)
         self.tp = tp
         self.conf = conf
@@ -301,9 +301,10 @@ class Overlapper:
                     o = int(pset.offsets[k]) - lo
                     grads[o:o + p.size] += p.grad.reshape(-1)
         skip = armed.skip[a:b]
-        bucket.updater.apply(armed.step, pset.values[lo:hi], grads, state,
-                             armed.lr_scale[a:b], armed.wd[a:b], armed.gscale[a:b],
-                             grad_norm=None, skip=skip if skip.any() else None)
+        with kernel_guard():  # numba's workqueue layer: one parallel launch at a time
+            bucket.updater.apply(armed.step, pset.values[lo:hi], grads, state,
+                                 armed.lr_scale[a:b], armed.wd[a:b], armed.gscale[a:b],
+                                 grad_norm=None, skip=skip if skip.any() else None)
         tp._publish(k for k in range(a, b) if not armed.skip[k])
         self._log("done", bucket.index)
 
@@ -362,7 +363,7 @@ class Overlapper:
         self._reset()
         return done if done.any() else None
 
-    def _unchanged(self, opt: Optimizer, armed: _Armed, bucket: _Bucket) -> bool:
+    def _unchanged(self, opt: Any, armed: _Armed, bucket: _Bucket) -> bool:
         """The bucket's gradients and parameters are what its update used."""
         tp = self.tp
         for k in range(bucket.a, bucket.b):
@@ -376,7 +377,7 @@ class Overlapper:
                 return False
         return True
 
-    def _refuse_writes(self, opt: Optimizer) -> None:
+    def _refuse_writes(self, opt: Any) -> None:
         """Raise, everything rolled back, if a parameter of a started bucket was written."""
         tp = self.tp
         written = sorted({i for bucket in self._started for k in range(bucket.a, bucket.b)
