@@ -826,7 +826,8 @@ class Optimizer(torch.optim.Optimizer):
         parameters (their names, per-parameter scales and sharing)."""
         self._plan()
         lines = [f"{type(self).__name__} on {self.params!r}, step {self.step_count}, "
-                 f"placement {self.placement!r}"]
+                 f"placement {self.placement!r}"
+                 + (f", {self._overlap_conf}" if self._overlap_conf is not None else "")]
         for gi, group in enumerate(self.param_groups):
             updater = self._updater_for(self._settings(group))
             lines.append(f"param group {gi} (lr {group['lr']:g}, weight_decay "
