@@ -121,7 +121,7 @@ EOF
 export -f env_part singa_part
 export PY
 part env env_part
-part tests $PY -m pytest -q -rs -p no:cacheprovider tests/test_gpu.py tests/test_torch_placement.py
+part tests $PY -m pytest -q -rs -p no:cacheprovider tests/test_gpu.py tests/test_torch_placement.py tests/test_torch_overlap.py
 part device-update $PY benchmarks/gpu_check.py device-update --params 100 --steps 100
 part resume $PY benchmarks/gpu_check.py resume
 part autocast $PY benchmarks/gpu_check.py autocast

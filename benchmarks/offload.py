@@ -21,9 +21,15 @@ where DeepSpeed is not installed); the load average is printed before and after.
 GPU part (with CUDA only): a small transformer-like stack of Linear layers in bfloat16
 trained with ``paramserver.torch.Adam(placement="offload")`` against the same model trained
 fully on the GPU with ``torch.optim.Adam(fused=True)`` (fp32 parameters under bf16
-autocast): training-step time, forward and backward included.
+autocast): training-step time, forward and backward included; the same offload with
+``overlap=pst.Overlap(bucket=...)`` (each bucket's host update started during backward); and
+the GPU's idle time per offloaded step, serial and overlapped (the step's time less the time
+of its forward and backward alone: what the GPU waits for the host). Then 50 steps of the
+serial and the overlapped offload from the same start, whose values must be equal bit for
+bit.
 
-    python benchmarks/offload.py [--rounds 7] [--params 100] [--no-deepspeed] [--gpu-only]
+    python benchmarks/offload.py [--rounds 7] [--params 100] [--bucket 4194304]
+                                 [--no-deepspeed] [--gpu-only]
 """
 
 from __future__ import annotations
@@ -170,6 +176,9 @@ def gpu_part(args: argparse.Namespace) -> None:
 
     offloaded = model().to(torch.bfloat16)
     opt_off = pst.Adam(offloaded.parameters(), lr=1e-4, placement="offload")
+    overlapped = model().to(torch.bfloat16)
+    opt_ovl = pst.Adam(overlapped.parameters(), lr=1e-4, placement="offload",
+                       overlap=pst.Overlap(bucket=args.bucket))
     resident = model()
     opt_gpu = torch.optim.Adam(resident.parameters(), lr=1e-4, fused=True)
 
@@ -196,6 +205,12 @@ def gpu_part(args: argparse.Namespace) -> None:
         host_step.append(time.perf_counter() - t)
         torch.cuda.synchronize()
 
+    def step_ovl() -> None:
+        opt_ovl.zero_grad()
+        overlapped(x.bfloat16()).float().pow(2).mean().backward()
+        opt_ovl.step()
+        torch.cuda.synchronize()
+
     def step_gpu() -> None:
         opt_gpu.zero_grad()
         with torch.autocast("cuda", torch.bfloat16):
@@ -205,6 +220,7 @@ def gpu_part(args: argparse.Namespace) -> None:
         torch.cuda.synchronize()
 
     steps = {"offload (bf16, fp32 master on host)": step_off,
+             "offload, overlapped (overlap=...)": step_ovl,
              "all on the GPU (fused Adam)": step_gpu,
              "offload: forward+backward only": fb_only,
              "offload: optimizer step alone": step_timed}
@@ -226,7 +242,8 @@ def gpu_part(args: argparse.Namespace) -> None:
     print(f"  {'  of which opt.step() on the host':<38} {summary(host_step)}")
     off = statistics.median(times["offload (bf16, fp32 master on host)"])
     gpu = statistics.median(times["all on the GPU (fused Adam)"])
-    print(f"  offloaded / on the GPU: {off / gpu:.2f}x")
+    ovl = statistics.median(times["offload, overlapped (overlap=...)"])
+    print(f"  offloaded / on the GPU: {off / gpu:.2f}x serial, {ovl / gpu:.2f}x overlapped")
     # The GPU waits while the host updates; the copies of gradients and values overlap the
     # backward pass and the update, so they should add nothing to that wait.
     idle = off - statistics.median(times["offload: forward+backward only"])
@@ -234,6 +251,35 @@ def gpu_part(args: argparse.Namespace) -> None:
     print(f"  GPU idle per offloaded step (step - forward+backward): {idle * 1e3:.1f} ms; "
           f"host optimizer step {opt_time * 1e3:.1f} ms; target idle <= step: "
           f"{'met' if idle <= opt_time else 'NOT met'}")
+    # Overlapped: the GPU's own work is the same (same shapes, same kernels, same copies).
+    idle_ovl = ovl - statistics.median(times["offload: forward+backward only"])
+    print(f"  GPU idle per overlapped offloaded step: {idle_ovl * 1e3:.1f} ms "
+          f"({idle_ovl / opt_time:.2f}x the host step; target <= 0.5x: "
+          f"{'met' if idle_ovl <= 0.5 * opt_time else 'NOT met'})")
+    same_after_steps(model, x, args.bucket, 50)
+
+
+def same_after_steps(model: Callable[[], torch.nn.Module], x: torch.Tensor, bucket: int,
+                     steps: int) -> None:
+    """The serial and the overlapped offload, ``steps`` steps from the same start: their
+    masters and parameters must be equal bit for bit."""
+    models = [model().to(torch.bfloat16) for _ in range(2)]
+    opts = [pst.Adam(models[0].parameters(), lr=1e-4, placement="offload"),
+            pst.Adam(models[1].parameters(), lr=1e-4, placement="offload",
+                     overlap=pst.Overlap(bucket=bucket))]
+    for s in range(steps):
+        for m, o in zip(models, opts, strict=True):
+            o.zero_grad()
+            m((x * (1 + s / steps)).bfloat16()).float().pow(2).mean().backward()
+            o.step()
+    torch.cuda.synchronize()
+    same = (bool((opts[0].params.pset.values == opts[1].params.pset.values).all())
+            and all(torch.equal(a, b) for a, b in zip(models[0].parameters(),
+                                                        models[1].parameters(), strict=True)))
+    print(f"  overlapped and serial offload after {steps} steps: "
+          f"{'bit for bit equal' if same else 'DIFFERENT'}")
+    if not same:
+        raise SystemExit(1)
 
 
 def main() -> None:
@@ -241,6 +287,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7, help="timed rounds (default 7, at least 5)")
     ap.add_argument("--params", type=float, default=100.0, help="millions of parameters "
                     "(default 100)")
+    ap.add_argument("--bucket", type=int, default=1 << 22, help="values per bucket of the "
+                    "overlapped offload (default 4194304)")
     ap.add_argument("--no-deepspeed", action="store_true", help="do not try DeepSpeed")
     ap.add_argument("--gpu-only", action="store_true", help="only the GPU part")
     args = ap.parse_args()

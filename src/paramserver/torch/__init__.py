@@ -26,6 +26,7 @@ except ImportError as e:  # pragma: no cover - depends on the installation
 from ._bind import TorchParams, bind, binding_of
 from ._cluster import LossFn, TorchCluster, TorchJob, load_job, parse_job, train_on_cluster
 from ._optim import Optimizer, Placement
+from ._overlap import Overlap
 from ._rules import ParamRule, parse_rules, rules_from_text
 from ._torchstyle import (
     SGD,
@@ -41,6 +42,6 @@ from ._torchstyle import (
 )
 
 __all__ = ["SGD", "Adadelta", "Adagrad", "Adam", "AdamW", "Adamax", "LossFn", "NAdam",
-           "Optimizer", "ParamRule", "Placement", "RAdam", "RMSprop", "SparseAdam",
+           "Optimizer", "Overlap", "ParamRule", "Placement", "RAdam", "RMSprop", "SparseAdam",
            "TorchCluster", "TorchJob", "TorchParams", "bind", "binding_of", "load_job",
            "parse_job", "parse_rules", "rules_from_text", "train_on_cluster"]

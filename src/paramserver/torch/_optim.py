@@ -53,6 +53,7 @@ from ..state import COUNT, UpdaterState
 from ..updaters import Updater, create_updater
 from ._bind import TorchParams, binding_of
 from ._groupkeys import GroupKeys, SingaKeys, hashable
+from ._overlap import OverlapLike, Overlapper, overlap_conf
 from ._rules import ParamRule, RulesLike, parse_rules, resolve
 from ._torchstate import export_entry, import_entry, torch_key
 
@@ -114,6 +115,10 @@ class Optimizer(torch.optim.Optimizer):
             otherwise), ``"host"``, ``"offload"`` (an fp32 master and the state in host
             memory for a model on a GPU, in any float dtype) or ``"device"`` (updates on
             the tensors' device); see the module docstring and ``docs/torch.md``.
+        overlap: with ``placement="offload"``, ``True`` or an :class:`Overlap`: each bucket
+            of parameters is updated on the host as soon as its gradients have landed during
+            backward, with the same arithmetic as ``step()`` (see :mod:`._overlap`: its
+            contract on gradient accumulation, what is rolled back). Off by default.
 
     As torch.optim: :meth:`zero_grad` sets ``.grad`` to None (or zeroes it with
     ``set_to_none=False``), and a parameter whose ``.grad`` is None at :meth:`step` -- it
@@ -131,11 +136,15 @@ class Optimizer(torch.optim.Optimizer):
 
     def __init__(self, params: Iterable[Any], updater: UpdaterConf | dict[str, Any] | str
                  = "type: kSGD", *, param_conf: RulesLike = None, seed: int = 0,
-                 placement: Placement = "auto", _keys: GroupKeys | None = None,
-                 _lr: float = 0.0, _weight_decay: float = 0.0):
+                 placement: Placement = "auto", overlap: OverlapLike = False,
+                 _keys: GroupKeys | None = None, _lr: float = 0.0,
+                 _weight_decay: float = 0.0):
         if placement not in _PLACEMENTS:
             raise ParamError(f"placement must be one of {list(_PLACEMENTS)}, not {placement!r}")
         self.placement = placement
+        self._overlap_conf = overlap_conf(overlap, placement)
+        #: the early updates of ``overlap`` (None without it)
+        self.overlap: Overlapper | None = None
         if _keys is None:  # paramserver's own: an updater configuration, SINGA's keys
             self.updater = create_updater(updater)
             self._keys: GroupKeys = SingaKeys(self.updater.conf, self.updater)
@@ -264,6 +273,9 @@ class Optimizer(torch.optim.Optimizer):
                 named.append((name, t))
         tensors = [t for _, t in named]
         old_state: dict[int, UpdaterState] = {}
+        if self.overlap is not None:
+            self.overlap.close()
+            self.overlap = None
         if self._ready:
             old_state = self._export_state()
             self._take_lr_writes(len(self._reported))
@@ -302,6 +314,8 @@ class Optimizer(torch.optim.Optimizer):
         self._plan()
         if old_state:
             self._import_state(old_state)
+        if self._overlap_conf is not None:
+            self.overlap = Overlapper(self, self.params, self._overlap_conf)
 
     def _binding_class(self, tensors: list[torch.Tensor]) -> type:
         """The binding of the placement asked for (``auto``: by where the tensors are)."""
@@ -480,6 +494,8 @@ class Optimizer(torch.optim.Optimizer):
                 loss = closure()
         tp = self.params
         tp.check()
+        # owners updated during backward (overlap), their inputs unchanged: passed over below
+        done = self.overlap.settle() if self.overlap is not None else None
         missing = tp.attach_grads(self._keys.lazy_sparse)
         rows = tp.take_rows() if tp.lazy_rows else {}
         # torch's rule: a parameter whose .grad is None is not touched (nor is a frozen one);
@@ -490,6 +506,8 @@ class Optimizer(torch.optim.Optimizer):
         if any(idle) or rows:
             skip = np.array([all(idle[t] for t in share) for share in self._share_group])
             skip[list(rows)] = True
+        if done is not None:
+            skip = done if skip is None else skip | done
         lr_scale, wd, sign = self._sync_groups()
         self._plan()
         pset = tp.pset
@@ -523,7 +541,7 @@ class Optimizer(torch.optim.Optimizer):
             tp.restore_grads()
         tp.finish()
         for k, p in enumerate(pset.owners):
-            if skip is None or not skip[k] or k in rows:
+            if skip is None or not skip[k] or k in rows or (done is not None and done[k]):
                 p.version += 1
         self.step_count += 1
         for gi in range(len(self.param_groups)):
@@ -538,7 +556,12 @@ class Optimizer(torch.optim.Optimizer):
         of the flat buffer, into which autograd then adds in place (no copy at ``step()``);
         a parameter that had a gradient and gets none then has a zero one, and is updated
         with it, as torch.optim does; one that never had a gradient keeps None.
+
+        With ``overlap``, updates started during a backward pass that no ``step()`` took
+        are rolled back (a skipped step).
         """
+        if self.overlap is not None:
+            self.overlap.cancel()
         self.params.zero_grad(set_to_none)
 
     @property
@@ -596,6 +619,8 @@ class Optimizer(torch.optim.Optimizer):
         # A scheduler's (or the user's) write to group["lr"] since the last step is taken
         # in now, so that the saved lr_scale is the one the next step would use; so are
         # writes to other keys (refused when no setting reads them).
+        if self.overlap is not None:
+            self.overlap.cancel()  # a step not taken is not saved
         self._check_keys()
         self._take_lr_writes(len(self.param_groups))
         self._plan()
@@ -629,6 +654,8 @@ class Optimizer(torch.optim.Optimizer):
         """Restore :meth:`state_dict`'s output -- or, for a torch-style optimizer, the
         ``state_dict`` of torch.optim's class of the same name, so that a job moves across
         and continues exactly. Checked whole before anything changes."""
+        if self.overlap is not None:
+            self.overlap.cancel()
         meta = state_dict.get("paramserver")
         torch_style = self._keys.torch_state
         if "state" not in state_dict or "param_groups" not in state_dict:
@@ -813,7 +840,8 @@ class Optimizer(torch.optim.Optimizer):
         parameters (their names, per-parameter scales and sharing)."""
         self._plan()
         lines = [f"{type(self).__name__} on {self.params!r}, step {self.step_count}, "
-                 f"placement {self.placement!r}"]
+                 f"placement {self.placement!r}"
+                 + (f", {self._overlap_conf}" if self._overlap_conf is not None else "")]
         for gi, group in enumerate(self.param_groups):
             updater = self._updater_for(self._settings(group))
             lines.append(f"param group {gi} (lr {group['lr']:g}, weight_decay "

@@ -13,9 +13,9 @@ offload, device) and paramserver checkpoints work as for the general optimizer.
 
 Their state goes by torch.optim's names and layout, and ``load_state_dict`` takes the
 ``state_dict`` of torch.optim's class of the same name (:mod:`._torchstate`). Beyond
-torch.optim's arguments each takes paramserver's ``param_conf``, ``seed``, ``placement`` and
-``state_dtype`` (``"bfloat16"`` or ``"int8"``: the state kept smaller, as the updaters'
-``state_dtype``) and ``stochastic_rounding``.
+torch.optim's arguments each takes paramserver's ``param_conf``, ``seed``, ``placement``,
+``overlap`` and ``state_dtype`` (``"bfloat16"`` or ``"int8"``: the state kept smaller, as
+the updaters' ``state_dtype``) and ``stochastic_rounding``.
 
 ``differentiable=True`` is refused (paramserver's updates are not recorded by autograd); the
 implementation flags (``foreach``, ``fused``, ``capturable``) are accepted and change
@@ -33,6 +33,7 @@ from ..config import ParamError
 from ..config.job import UpdaterConf
 from ._groupkeys import GroupKeys
 from ._optim import Optimizer, Placement
+from ._overlap import OverlapLike
 from ._rules import RulesLike
 
 #: Implementation flags of torch.optim's constructors: accepted, with no effect here.
@@ -235,8 +236,8 @@ class SparseAdamKeys(BetasKeys):
 
 
 def _make(keys: TorchKeys, params: Iterable[Any], lr: float | torch.Tensor,
-          weight_decay: float, param_conf: RulesLike, seed: int, placement: Placement
-          ) -> dict[str, Any]:
+          weight_decay: float, param_conf: RulesLike, seed: int, placement: Placement,
+          overlap: OverlapLike = False) -> dict[str, Any]:
     if isinstance(lr, torch.Tensor):
         if lr.numel() != 1:
             raise ParamError(f"Tensor lr must be 1-element, not of shape {tuple(lr.shape)}")
@@ -246,6 +247,7 @@ def _make(keys: TorchKeys, params: Iterable[Any], lr: float | torch.Tensor,
     if not weight_decay >= 0:
         raise ParamError(f"Invalid weight_decay value: {weight_decay}")
     return {"params": params, "param_conf": param_conf, "seed": seed, "placement": placement,
+            "overlap": overlap,
             "_keys": keys, "_lr": float(lr), "_weight_decay": float(weight_decay)}
 
 
@@ -270,13 +272,15 @@ class SGD(Optimizer):
                  nesterov: bool = False, *, maximize: bool = False,
                  foreach: bool | None = None, differentiable: bool = False,
                  fused: bool | None = None, param_conf: RulesLike = None, seed: int = 0,
-                 placement: Placement = "auto", state_dtype: str = "float32",
+                 placement: Placement = "auto",
+                 overlap: OverlapLike = False, state_dtype: str = "float32",
                  stochastic_rounding: bool = False, lazy_sparse: bool = False):
         keys = SGDKeys(_fields(state_dtype, stochastic_rounding), lazy_sparse=lazy_sparse,
                        momentum=momentum,
                        dampening=dampening, nesterov=nesterov, maximize=maximize,
                        foreach=foreach, differentiable=differentiable, fused=fused)
-        super().__init__(**_make(keys, params, lr, weight_decay, param_conf, seed, placement))
+        super().__init__(**_make(keys, params, lr, weight_decay, param_conf, seed, placement,
+                                       overlap))
 
 
 class Adam(Optimizer):
@@ -290,12 +294,14 @@ class Adam(Optimizer):
                  capturable: bool = False, differentiable: bool = False,
                  fused: bool | None = None, decoupled_weight_decay: bool = False,
                  param_conf: RulesLike = None, seed: int = 0, placement: Placement = "auto",
+                 overlap: OverlapLike = False,
                  state_dtype: str = "float32", stochastic_rounding: bool = False):
         keys = AdamKeys(_fields(state_dtype, stochastic_rounding), betas=tuple(betas), eps=eps,
                         amsgrad=amsgrad, maximize=maximize, foreach=foreach,
                         capturable=capturable, differentiable=differentiable, fused=fused,
                         decoupled_weight_decay=decoupled_weight_decay)
-        super().__init__(**_make(keys, params, lr, weight_decay, param_conf, seed, placement))
+        super().__init__(**_make(keys, params, lr, weight_decay, param_conf, seed, placement,
+                                       overlap))
 
 
 class AdamW(Optimizer):
@@ -308,12 +314,14 @@ class AdamW(Optimizer):
                  maximize: bool = False, foreach: bool | None = None,
                  capturable: bool = False, differentiable: bool = False,
                  fused: bool | None = None, param_conf: RulesLike = None, seed: int = 0,
-                 placement: Placement = "auto", state_dtype: str = "float32",
+                 placement: Placement = "auto",
+                 overlap: OverlapLike = False, state_dtype: str = "float32",
                  stochastic_rounding: bool = False):
         keys = AdamWKeys(_fields(state_dtype, stochastic_rounding), betas=tuple(betas),
                          eps=eps, amsgrad=amsgrad, maximize=maximize, foreach=foreach,
                          capturable=capturable, differentiable=differentiable, fused=fused)
-        super().__init__(**_make(keys, params, lr, weight_decay, param_conf, seed, placement))
+        super().__init__(**_make(keys, params, lr, weight_decay, param_conf, seed, placement,
+                                       overlap))
 
 
 class Adagrad(Optimizer):
@@ -326,12 +334,14 @@ class Adagrad(Optimizer):
                  foreach: bool | None = None, *, maximize: bool = False,
                  differentiable: bool = False, fused: bool | None = None,
                  param_conf: RulesLike = None, seed: int = 0, placement: Placement = "auto",
+                 overlap: OverlapLike = False,
                  state_dtype: str = "float32", stochastic_rounding: bool = False):
         keys = AdagradKeys(_fields(state_dtype, stochastic_rounding), lr_decay=lr_decay,
                            initial_accumulator_value=initial_accumulator_value, eps=eps,
                            maximize=maximize, foreach=foreach, differentiable=differentiable,
                            fused=fused)
-        super().__init__(**_make(keys, params, lr, weight_decay, param_conf, seed, placement))
+        super().__init__(**_make(keys, params, lr, weight_decay, param_conf, seed, placement,
+                                       overlap))
 
 
 class RMSprop(Optimizer):
@@ -344,12 +354,14 @@ class RMSprop(Optimizer):
                  momentum: float = 0.0, centered: bool = False, capturable: bool = False,
                  foreach: bool | None = None, maximize: bool = False,
                  differentiable: bool = False, *, param_conf: RulesLike = None, seed: int = 0,
-                 placement: Placement = "auto", state_dtype: str = "float32",
+                 placement: Placement = "auto",
+                 overlap: OverlapLike = False, state_dtype: str = "float32",
                  stochastic_rounding: bool = False):
         keys = RMSpropKeys(_fields(state_dtype, stochastic_rounding), alpha=alpha, eps=eps,
                            momentum=momentum, centered=centered, capturable=capturable,
                            foreach=foreach, maximize=maximize, differentiable=differentiable)
-        super().__init__(**_make(keys, params, lr, weight_decay, param_conf, seed, placement))
+        super().__init__(**_make(keys, params, lr, weight_decay, param_conf, seed, placement,
+                                       overlap))
 
 
 class Adadelta(Optimizer):
@@ -361,11 +373,13 @@ class Adadelta(Optimizer):
                  foreach: bool | None = None, *, capturable: bool = False,
                  maximize: bool = False, differentiable: bool = False,
                  param_conf: RulesLike = None, seed: int = 0, placement: Placement = "auto",
+                 overlap: OverlapLike = False,
                  state_dtype: str = "float32", stochastic_rounding: bool = False):
         keys = AdadeltaKeys(_fields(state_dtype, stochastic_rounding), rho=rho, eps=eps,
                             foreach=foreach, capturable=capturable, maximize=maximize,
                             differentiable=differentiable)
-        super().__init__(**_make(keys, params, lr, weight_decay, param_conf, seed, placement))
+        super().__init__(**_make(keys, params, lr, weight_decay, param_conf, seed, placement,
+                                       overlap))
 
 
 class Adamax(Optimizer):
@@ -377,12 +391,14 @@ class Adamax(Optimizer):
                  weight_decay: float = 0.0, foreach: bool | None = None, *,
                  maximize: bool = False, differentiable: bool = False,
                  capturable: bool = False, param_conf: RulesLike = None, seed: int = 0,
-                 placement: Placement = "auto", state_dtype: str = "float32",
+                 placement: Placement = "auto",
+                 overlap: OverlapLike = False, state_dtype: str = "float32",
                  stochastic_rounding: bool = False):
         keys = AdamaxKeys(_fields(state_dtype, stochastic_rounding), betas=tuple(betas),
                           eps=eps, foreach=foreach, maximize=maximize,
                           differentiable=differentiable, capturable=capturable)
-        super().__init__(**_make(keys, params, lr, weight_decay, param_conf, seed, placement))
+        super().__init__(**_make(keys, params, lr, weight_decay, param_conf, seed, placement,
+                                       overlap))
 
 
 class NAdam(Optimizer):
@@ -396,14 +412,16 @@ class NAdam(Optimizer):
                  decoupled_weight_decay: bool = False, *, foreach: bool | None = None,
                  maximize: bool = False, capturable: bool = False,
                  differentiable: bool = False, param_conf: RulesLike = None, seed: int = 0,
-                 placement: Placement = "auto", state_dtype: str = "float32",
+                 placement: Placement = "auto",
+                 overlap: OverlapLike = False, state_dtype: str = "float32",
                  stochastic_rounding: bool = False):
         keys = NAdamKeys(_fields(state_dtype, stochastic_rounding), betas=tuple(betas),
                          eps=eps, momentum_decay=momentum_decay,
                          decoupled_weight_decay=decoupled_weight_decay, foreach=foreach,
                          maximize=maximize, capturable=capturable,
                          differentiable=differentiable)
-        super().__init__(**_make(keys, params, lr, weight_decay, param_conf, seed, placement))
+        super().__init__(**_make(keys, params, lr, weight_decay, param_conf, seed, placement,
+                                       overlap))
 
 
 class RAdam(Optimizer):
@@ -417,12 +435,14 @@ class RAdam(Optimizer):
                  foreach: bool | None = None, maximize: bool = False,
                  capturable: bool = False, differentiable: bool = False,
                  param_conf: RulesLike = None, seed: int = 0, placement: Placement = "auto",
+                 overlap: OverlapLike = False,
                  state_dtype: str = "float32", stochastic_rounding: bool = False):
         keys = RAdamKeys(_fields(state_dtype, stochastic_rounding), betas=tuple(betas),
                          eps=eps, decoupled_weight_decay=decoupled_weight_decay,
                          foreach=foreach, maximize=maximize, capturable=capturable,
                          differentiable=differentiable)
-        super().__init__(**_make(keys, params, lr, weight_decay, param_conf, seed, placement))
+        super().__init__(**_make(keys, params, lr, weight_decay, param_conf, seed, placement,
+                                       overlap))
 
 
 class SparseAdam(Optimizer):
@@ -435,11 +455,13 @@ class SparseAdam(Optimizer):
     def __init__(self, params: Iterable[Any], lr: float | torch.Tensor = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  maximize: bool = False, *, param_conf: RulesLike = None, seed: int = 0,
-                 placement: Placement = "auto", state_dtype: str = "float32",
+                 placement: Placement = "auto",
+                 overlap: OverlapLike = False, state_dtype: str = "float32",
                  stochastic_rounding: bool = False):
         keys = SparseAdamKeys(_fields(state_dtype, stochastic_rounding), betas=tuple(betas),
                               eps=eps, maximize=maximize)
-        super().__init__(**_make(keys, params, lr, 0.0, param_conf, seed, placement))
+        super().__init__(**_make(keys, params, lr, 0.0, param_conf, seed, placement,
+                                       overlap))
 
 
 __all__ = ["SGD", "Adadelta", "Adagrad", "Adam", "AdamW", "Adamax", "NAdam", "RAdam",
