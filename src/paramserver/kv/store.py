@@ -919,6 +919,10 @@ def _check_out(out: Any, shape: tuple[int, ...], where: str) -> None:
 def _updater_text(updater: Any) -> str:
     if updater is None:
         return ""
+    from .mxnet_optimizers import is_mxnet_optimizer, to_declaration
+
+    if is_mxnet_optimizer(updater):  # MXNet's optimizer: the updater computing the same
+        updater = to_declaration(updater)
     if isinstance(updater, Updater):
         return updater.conf.to_json()
     if isinstance(updater, (UpdaterConf, Mapping, str)):

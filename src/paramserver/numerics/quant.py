@@ -79,6 +79,9 @@ SIGNED_STATE: dict[str, tuple[bool, ...]] = {
     "rmsprop_centered": (False, True),  # the square average, the gradient's mean
     "rmsprop_centered_momentum": (False, True, True),  # ... the momentum buffer, the mean
     "adadelta": (False, False),
+    "signum": (True,),
+    "signsgd": (),
+    "ftrl": (True, False),  # z, n
     "adam": (True, False),
     "amsgrad": (True, False, False),  # m, v, the running maximum of v
     "adam_inner_delta": (True, False),
