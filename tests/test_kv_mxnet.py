@@ -410,3 +410,76 @@ def test_mxnet_optimizers_by_name_and_from_mxnets_attributes() -> None:
     assert got == kv.optimizer.Adam(learning_rate=0.1, wd=0.01, rescale_grad=0.5,
                                     clip_gradient=2.0, beta1=0.8, beta2=0.9,
                                     epsilon=1e-7).declaration()
+
+
+# -- row_sparse_pull and the store types as MXNet's ------------------------------------------------
+
+
+def test_row_sparse_pull_into_a_table_shaped_out_writes_by_id_as_mxnet() -> None:
+    """Checked against MXNet 1.9.1: ids [3, 3, 0, 1] on a 4-row table give rows 0, 1 and 3 at
+    their ids and row 2 zero (MXNet's out holds only the rows pulled), whatever out held —
+    also when there are as many ids as rows."""
+    table = np.arange(12, dtype=np.float32).reshape(4, 3) + 1
+    with kv.create("local") as store:
+        store.init("t", table, row_sparse=True)
+        out = np.full((4, 3), 7, np.float32)
+        assert store.row_sparse_pull("t", out=out, row_ids=np.array([3, 3, 0, 1])) is out
+        assert out.tolist() == [[1, 2, 3], [4, 5, 6], [0, 0, 0], [10, 11, 12]]
+        for ids in (np.array([3.0, 3.0, 0.0, 1.0], np.float32),  # MXNet's float32 ids
+                    np.array([[3, 0], [0, 1]]), [3, 3, 0, 1]):  # 2-D: read flat
+            out = np.full((4, 3), 7, np.float32)
+            store.row_sparse_pull("t", out=out, row_ids=ids)
+            assert out.tolist() == [[1, 2, 3], [4, 5, 6], [0, 0, 0], [10, 11, 12]], ids
+        rows = np.zeros((3, 3), np.float32)  # one row per id, in their order
+        store.row_sparse_pull("t", out=rows, row_ids=np.array([2.0, 0.0, 2.0]))
+        assert rows.tolist() == [[7, 8, 9], [1, 2, 3], [7, 8, 9]]
+        with pytest.raises(ParamError, match=r"row id 1\.5 is not a whole number"):
+            store.row_sparse_pull("t", out=rows, row_ids=np.array([1.5, 0, 0]))
+        with pytest.raises(ParamError, match=r"whole numbers \(int or float\), not bool"):
+            store.row_sparse_pull("t", row_ids=np.array([True]))
+        with pytest.raises(ParamError, match=r"out must be a numpy array of shape \(2, 3\)"):
+            store.row_sparse_pull("t", out=rows, row_ids=[0, 1])
+
+
+def test_row_sparse_pull_of_lists_of_keys_and_outs_as_mxnet() -> None:
+    t = np.arange(12, dtype=np.float32).reshape(4, 3) + 1
+    u = np.arange(8, dtype=np.float32).reshape(4, 2)
+    with kv.create("local") as store:
+        store.init(["t", "u"], [t, u], row_sparse=True)
+        o1 = [np.zeros((4, 3), np.float32) for _ in range(2)]
+        o2 = [np.zeros((4, 2), np.float32) for _ in range(2)]
+        store.row_sparse_pull(["t", "u"], out=[o1, o2],  # a list of outs per key, ids each
+                              row_ids=[[np.array([0]), np.array([2])],
+                                       [np.array([1.0]), np.array([3])]])
+        # MXNet 1.9.1 gives exactly these
+        assert [o.tolist() for o in o1] == [[[1, 2, 3], [0] * 3, [0] * 3, [0] * 3],
+                                            [[0] * 3, [0] * 3, [7, 8, 9], [0] * 3]]
+        assert [o.tolist() for o in o2] == [[[0, 0], [2, 3], [0, 0], [0, 0]],
+                                            [[0, 0], [0, 0], [0, 0], [6, 7]]]
+        outs = [np.zeros((4, 3), np.float32) for _ in range(2)]
+        store.row_sparse_pull("t", out=outs, row_ids=np.array([1]))  # one ids for all outs
+        assert all(o[1].tolist() == [4, 5, 6] and not o[[0, 2, 3]].any() for o in outs)
+        got = store.row_sparse_pull(["t", "u"], row_ids=[[0], [3]])  # no out: the rows
+        assert got[0].tolist() == [[1, 2, 3]] and got[1].tolist() == [[6, 7]]
+        with pytest.raises(ParamError, match=r"the number of row_ids \(2\) doesn't match the "
+                                             r"number of outs \(4\)"):
+            store.row_sparse_pull(["t", "u"], out=[o1, o2], row_ids=[[0], [1]])
+
+
+@pytest.mark.parametrize(("name", "mode"), [
+    ("local", "local"), ("device", "local"), ("local_allreduce_cpu", "local"),
+    ("local_allreduce_device", "local"), ("nccl", "local"), ("Local", "local"),
+    ("dist_sync", "dist_sync"), ("dist_device_sync", "dist_sync"),
+    ("dist_sync_device", "dist_sync"), ("dist", "dist_sync"), ("dist_async", "dist_async"),
+    ("dist_device_async", "dist_async")])
+def test_mxnets_store_types_are_paramservers_modes(name: str, mode: str) -> None:
+    with kv.create(name, num_workers=1 if mode == "local" else 2) as store:
+        assert store.type == mode
+
+
+def test_store_types_that_cannot_apply_are_refused() -> None:
+    with pytest.raises(ParamError, match="Horovod all-reduces gradients between workers"):
+        kv.create("horovod")
+    with pytest.raises(ParamError, match=r"Invalid Input: 'teststore', valid values are: "
+                                         r"\{'local', 'device', 'nccl'"):
+        kv.create("teststore")
