@@ -21,6 +21,7 @@ SINGA's (one field, read by each method's kernel call: no second copy of a kerne
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
@@ -611,7 +612,7 @@ class SGD(_Fused):
 
     Config = SGDConf
     kernel = "sgd"
-    mxnet_clip = 1  # kernels.CLIP_SCALED: clip(rescale_grad·g) + wd·w
+    mxnet_clip: ClassVar[int | None] = 1  # kernels.CLIP_SCALED: clip(rescale_grad·g) + wd·w
     torch_names: ClassVar[dict[str, str]] = {"history": "momentum_buffer"}
 
     @property
@@ -657,13 +658,34 @@ class Nesterov(_Fused):
     w = w − lr·(g + momentum·buf)``."""
 
     kernel = "nesterov"
-    kernel_rule = "nesterov"
-    mxnet_clip = 1  # MXNet's NAG: SINGA's rule (its mom is -history), clip before wd
+    mxnet_clip: ClassVar[int | None] = 1  # MXNet's NAG (see in_place)
     state_roles = ("history",)
     torch_names: ClassVar[dict[str, str]] = {"history": "momentum_buffer"}
 
+    def __init__(self, conf: UpdaterConf):
+        super().__init__(conf)
+        #: form mxnet: MXNet's in-place nag_mom_update (its store's dense keys); False: the
+        #: formula, as MXNet updates a row-sparse weight (densely, through a copy)
+        self.in_place = self.mxnet_form
+
+    @property
+    def kernel_rule(self) -> str:  # type: ignore[override]
+        return "nag_mxnet" if self.in_place else "nesterov"
+
     def extra(self) -> dict[str, Any]:
-        return {"momentum": self.conf.momentum, "torch_form": self.torch_form}
+        return {"momentum": self.conf.momentum, "torch_form": self.torch_form,
+                "mxnet": self.in_place}
+
+    def apply_rows(self, step: int, values: np.ndarray, ids: np.ndarray, rows: np.ndarray,
+                   dim: int, state: UpdaterState, lr_scale: float = 1.0,
+                   wd_scale: float = 1.0, grad_scale: float = 1.0, *,
+                   refuse_nonfinite: bool = False) -> int:
+        updater = self
+        if self.in_place and not self.conf.lazy_update:  # MXNet's dense update of a table
+            updater = copy.copy(self)
+            updater.in_place = False
+        return Updater.apply_rows(updater, step, values, ids, rows, dim, state, lr_scale,
+                                  wd_scale, grad_scale, refuse_nonfinite=refuse_nonfinite)
 
 
 class AdaGradConf(Parameter):
@@ -683,7 +705,7 @@ class AdaGrad(_Fused):
     Config = AdaGradConf
     kernel = "adagrad"
     kernel_rule = "adagrad"
-    mxnet_clip = 1
+    mxnet_clip: ClassVar[int | None] = 1
     state_roles = ("history",)
     torch_names: ClassVar[dict[str, str]] = {"history": "sum"}
 
@@ -735,7 +757,7 @@ class RMSProp(_Fused):
 
     Config = RMSPropConf
     kernel = "rmsprop"
-    mxnet_clip = 2  # kernels.CLIP_DECAYED: clip(rescale_grad·g + wd·w)
+    mxnet_clip: ClassVar[int | None] = 2  # kernels.CLIP_DECAYED: clip(rescale_grad·g + wd·w)
     torch_names: ClassVar[dict[str, str]] = {"history": "square_avg",
                                              "momentum_buffer": "momentum_buffer",
                                              "grad_avg": "grad_avg"}
@@ -817,7 +839,7 @@ class AdaDelta(_Fused):
     Config = AdaDeltaConf
     kernel = "adadelta"
     kernel_rule = "adadelta"
-    mxnet_clip = 1
+    mxnet_clip: ClassVar[int | None] = 1
     state_roles = ("history", "update")
     torch_names: ClassVar[dict[str, str]] = {"history": "square_avg", "update": "acc_delta"}
 
@@ -867,7 +889,7 @@ class Adam(_Fused):
     kernel = "adam"
     counted = True
     decoupled = False
-    mxnet_clip = 2
+    mxnet_clip: ClassVar[int | None] = 2
     torch_names: ClassVar[dict[str, str]] = {**_ADAM_NAMES, "vmax": "max_exp_avg_sq"}
 
     @property
@@ -913,7 +935,7 @@ class AdamW(Adam):
 
     conf_name = "adamw_conf"
     decoupled = True
-    mxnet_clip = None
+    mxnet_clip: ClassVar[int | None] = None
 
 
 class SparseAdamConf(Parameter):
@@ -931,7 +953,7 @@ class SparseAdam(Adam):
     row-sparse gradient (only its rows, and their state, are updated; SPEC section 10)."""
 
     Config = SparseAdamConf
-    mxnet_clip = None
+    mxnet_clip: ClassVar[int | None] = None
 
     def extra(self) -> dict[str, Any]:
         return {"beta1": self.own.beta1, "beta2": self.own.beta2, "delta": self.conf.delta,
@@ -1073,7 +1095,7 @@ class Ftrl(_Fused):
     Config = FtrlConf
     kernel = "ftrl"
     kernel_rule = "ftrl"
-    mxnet_clip = 1
+    mxnet_clip: ClassVar[int | None] = 1
     state_roles = ("z", "n")
 
     def __init__(self, conf: UpdaterConf):
@@ -1092,6 +1114,19 @@ class Ftrl(_Fused):
     def extra(self) -> dict[str, Any]:
         return {"lamda1": self.own.lamda1, "beta": self.own.beta}
 
+    def _run(self, w: np.ndarray, g: np.ndarray, state: UpdaterState, lr: np.ndarray,
+             wd: np.ndarray, gscale: np.ndarray, check: bool = False,
+             bf16_values: np.ndarray | None = None, skip: np.ndarray | None = None) -> int:
+        # The closed form divides by the rate: a segment of rate 0 (lr_scale 0, a frozen
+        # Param) is left as it is, values and state.
+        frozen = np.asarray(lr) == 0
+        if frozen.any():
+            skip = frozen if skip is None else (np.asarray(skip, bool) | frozen)
+            if skip.all():
+                return 0 if not check else int(g.size - np.count_nonzero(np.isfinite(g)))
+            lr = np.where(frozen, 1.0, lr)
+        return super()._run(w, g, state, lr, wd, gscale, check, bf16_values, skip)
+
 
 class SignumConf(Parameter):
     wd_lh: float = field(0.0, lower=0.0, finite=True,
@@ -1108,7 +1143,7 @@ class Signum(_Fused):
 
     Config = SignumConf
     kernel = "signum"
-    mxnet_clip = 1
+    mxnet_clip: ClassVar[int | None] = 1
 
     @property
     def kernel_rule(self) -> str:  # type: ignore[override]
@@ -1164,7 +1199,7 @@ class LAMB(_Fused):
     Config = LAMBConf
     kernel = "lamb"
     kernel_rule = "lamb"
-    mxnet_clip = 1
+    mxnet_clip: ClassVar[int | None] = 1
     counted = True
     low_precision_state = False
     state_roles = ("m", "v")

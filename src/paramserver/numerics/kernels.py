@@ -113,6 +113,17 @@ def _nesterov_rule(w, g, h, u, x, k, p):  # type: ignore[no-untyped-def]
 
 
 @register_jitable(inline="always")
+def _nag_mxnet_rule(w, g, h, u, x, k, p):  # type: ignore[no-untyped-def]
+    # MXNet 1.9.1's nag_mom_update as its store runs it, in place (out is the weight): h is
+    # MXNet's mom; k0 = lr, k1 = lr*wd; p0 = momentum, p1 = 1 + momentum. The kernel writes
+    # the new weight before it updates mom, whose weight decay term then reads the new
+    # weight: mom = momentum*mom - lr*(clip(rescale*grad) + wd*w_new).
+    h = p[0] * h
+    w1 = w - h + p[1] * (h - k[0] * g)
+    return w1, h - k[0] * g - k[1] * (w1 - w), u, x
+
+
+@register_jitable(inline="always")
 def _adagrad_rule(w, g, h, u, x, k, p):  # type: ignore[no-untyped-def]
     # k0 = lr, k1 = 1 - lr * wd (MXNet's decoupled decay) or 1; p0 = delta under the square
     # root (SINGA's form), p1 = delta after it (torch.optim's eps); the other is 0.
@@ -904,6 +915,7 @@ _RULES: dict[str, Callable[..., Any]] = {
     "momentum": _momentum_rule,
     "singa_momentum": _singa_momentum_rule,
     "nesterov": _nesterov_rule,
+    "nag_mxnet": _nag_mxnet_rule,
     "adagrad": _adagrad_rule,
     "rmsprop": _rmsprop_rule,
     "rmsprop_momentum": _rmsprop_rule,
@@ -1270,6 +1282,7 @@ def nesterov(
     *,
     momentum: float,
     torch_form: bool = False,
+    mxnet: bool = False,
     clip_low: float = 0.0,
     clip_high: float = 0.0,
     check: bool = False,
@@ -1294,6 +1307,10 @@ def nesterov(
       gscale: gradient scale per segment (``1/number_of_sharers``).
       momentum: in [0, 1].
       torch_form: torch.optim's form of the momentum (above).
+      mxnet: MXNet 1.9.1's NAG as its store runs it: ``h`` is MXNet's ``mom`` (SINGA's
+        history negated), and the weight decay of the new ``h`` reads the new ``w``
+        (``nag_mom_update`` in place writes the weight first): ``h = momentum*h;
+        w1 = w - h + (1+momentum)*(h - lr*g); h = h - lr*(g + wd*(w1 - w))``.
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
       check: read the gradient first, and write nothing if it holds NaN or Inf.
       stochastic: round bfloat16 and 8-bit state stochastically (else to nearest).
@@ -1304,6 +1321,11 @@ def nesterov(
       skip: per segment, whether to pass it over (a Param that got no gradient in this
         step): nothing of it is read or written; None: none.
     """
+    if mxnet:
+        lr64 = _f64(lr)
+        return _launch("nag_mxnet", w, g, {"h": h}, offsets, gscale, wd, (lr64, lr64 * _f64(wd)),
+                       (momentum, 1.0 + momentum), clip_low, clip_high, check, stochastic,
+                       step, bf16_values, skip=skip, clip_at=clip_at)
     return _launch(
         "nesterov",
         w,
@@ -2212,6 +2234,8 @@ def warmup(dtype: npt.DTypeLike = np.float32, state_dtype: str = "float32", *,
             sgd(w, w.copy(), st("momentum", 0), offsets, 0.0, momentum=0.5,
                 torch_form=torch_form, **kw)
         nesterov(w, w.copy(), st("nesterov", 0), offsets, 0.0, momentum=0.5, **kw)
+        nesterov(w, w.copy(), st("nag_mxnet", 0), offsets, 0.0, momentum=0.5, mxnet=True,
+                 **kw)
         adagrad(w, w.copy(), st("adagrad", 0), offsets, 0.0, **kw)
         rmsprop(w, w.copy(), st("rmsprop", 0), offsets, 0.0, rho=0.9, **kw)
         rmsprop(w, w.copy(), st("rmsprop_momentum", 0), offsets, 0.0, rho=0.9,

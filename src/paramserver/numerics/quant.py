@@ -73,6 +73,7 @@ SIGNED_STATE: dict[str, tuple[bool, ...]] = {
     "momentum": (True,),
     "singa_momentum": (True,),  # the momentum rule with k1 = 1 (kernels: one multiply fewer)
     "nesterov": (True,),
+    "nag_mxnet": (True,),
     "adagrad": (False,),
     "rmsprop": (False,),
     "rmsprop_momentum": (False, True),

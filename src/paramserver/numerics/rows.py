@@ -43,6 +43,7 @@ from .kernels import (
     _adam_rule,
     _adamax_rule,
     _momentum_rule,
+    _nag_mxnet_rule,
     _nesterov_rule,
     _rmsprop_rule,
     _sgd_rule,
@@ -169,6 +170,7 @@ def _variant(kernel: Any, clip_at: int) -> Any:
 _sgd_rows = _row_kernel(_sgd_rule, 0, "_sgd_rows")
 _momentum_rows = _row_kernel(_momentum_rule, 1, "_momentum_rows")
 _nesterov_rows = _row_kernel(_nesterov_rule, 1, "_nesterov_rows")
+_nag_mxnet_rows = _row_kernel(_nag_mxnet_rule, 1, "_nag_mxnet_rows")
 _adagrad_rows = _row_kernel(_adagrad_rule, 1, "_adagrad_rows")
 _rmsprop_rows = _row_kernel(_rmsprop_rule, 1, "_rmsprop_rows")
 _rmsprop_momentum_rows = _row_kernel(_rmsprop_rule, 2, "_rmsprop_momentum_rows")
@@ -292,9 +294,13 @@ def sgd(w: np.ndarray, g: np.ndarray, ids: npt.ArrayLike, dim: int, h: np.ndarra
 
 def nesterov(w: np.ndarray, g: np.ndarray, ids: npt.ArrayLike, dim: int, h: np.ndarray,
              lr: float, wd: float = 0.0, gscale: float = 1.0, *, momentum: float,
-             torch_form: bool = False, clip_low: float = 0.0, clip_high: float = 0.0,
-             check: bool = False, clip_at: int = 0) -> int:
+             torch_form: bool = False, mxnet: bool = False, clip_low: float = 0.0,
+             clip_high: float = 0.0, check: bool = False, clip_at: int = 0) -> int:
     """Nesterov on rows ``ids``: as :func:`paramserver.kernels.nesterov` (see :func:`sgd`)."""
+    if mxnet:
+        return _launch(_nag_mxnet_rows, w, g, ids, dim, {"h": h}, gscale, wd,
+                       (_f(lr), _f(lr) * _f(wd)), (momentum, 1.0 + momentum), clip_low,
+                       clip_high, check, clip_at)
     return _launch(_nesterov_rows, w, g, ids, dim, {"h": h}, gscale, wd,
                    (1.0, _f(lr)) if torch_form else (_f(lr), 1.0),
                    (momentum, 1.0 + momentum), clip_low, clip_high, check, clip_at)
