@@ -307,7 +307,7 @@ MX_CASES = {
     "rmsprop": {"learning_rate": 0.01, "gamma1": 0.8},
     "rmsprop-centered": {"learning_rate": 0.01, "gamma1": 0.8, "gamma2": 0.7,
                          "centered": True},
-    "adadelta": {"rho": 0.8},
+    "adadelta": {"rho": 0.8, "learning_rate": 0.5},  # not used, as MXNet's
     "ftrl": {"learning_rate": 0.3, "lamda1": 0.05, "beta": 0.5},
     "signum": {"learning_rate": 0.01, "momentum": 0.8, "wd_lh": 0.2},
     "signum-sgd": {"learning_rate": 0.01, "momentum": 0.0},

@@ -149,10 +149,11 @@ def declaration(name: str, **kwargs: Any) -> dict[str, Any]:
                          "not built")
     lr = a["learning_rate"]
     lr = default_lr if lr is None else lr
+    if default_lr is None:  # AdaDelta: MXNet takes a learning_rate and does not use it
+        lr = 1.0
     decl: dict[str, Any] = {
         "type": method, "form": "mxnet",
-        "learning_rate": {"type": "kFixed", "base_lr": _number(1.0 if lr is None else lr,
-                                                               "learning_rate", where)},
+        "learning_rate": {"type": "kFixed", "base_lr": _number(lr, "learning_rate", where)},
         "weight_decay": _number(a["wd"], "wd", where),
         "rescale_grad": _number(a["rescale_grad"], "rescale_grad", where),
     }

@@ -768,6 +768,8 @@ class KVStore:
             raise ParamError(f"{path}: not a key-value store's state (format "
                              f"{meta.get('format')!r}, expected {FORMAT!r})")
         saved, held = str(meta.get("updater", "")), self._updater_held()
+        if saved and not saved.startswith(FUNCTION):  # as this version writes it (its
+            saved = _updater_text(json.loads(saved))  # defaults of later fields filled in)
         if held and saved and held != saved and not take_updater:
             raise ParamError(f"{path} was saved with the updater {saved}, and the store has "
                              f"{held}: set_updater() the file's first")
