@@ -32,8 +32,8 @@ from paramserver.numerics import kernels
 from paramserver.state import COUNT
 
 RTOL, ATOL = 2e-5, 2e-6  # float32 against a float64 reference
-BUILTINS = ["kAdaDelta", "kAdaGrad", "kAdam", "kAdamMax", "kAdamW", "kNAdam", "kNesterov",
-            "kRAdam", "kRMSProp", "kSGD", "kSparseAdam"]
+BUILTINS = ["kAdaDelta", "kAdaGrad", "kAdam", "kAdamMax", "kAdamW", "kFtrl", "kLAMB",
+            "kNAdam", "kNesterov", "kRAdam", "kRMSProp", "kSGD", "kSignum", "kSparseAdam"]
 
 # Each method with hyper-parameters away from their defaults.
 METHODS: dict[str, dict[str, Any]] = {
@@ -56,6 +56,11 @@ METHODS: dict[str, dict[str, Any]] = {
     "nadam": {"type": "kNAdam", "beta1": 0.8, "beta2": 0.95, "delta": 1e-6,
               "momentum_decay": 0.05, "decoupled_weight_decay": True},
     "radam": {"type": "kRAdam", "beta1": 0.8, "beta2": 0.95, "delta": 1e-6},
+    "ftrl": {"type": "kFtrl", "lamda1": 0.02, "beta": 0.5},
+    "signum": {"type": "kSignum", "momentum": 0.8, "wd_lh": 0.1},
+    "signsgd": {"type": "kSignum"},
+    "lamb": {"type": "kLAMB", "beta1": 0.8, "beta2": 0.95, "delta": 1e-6,
+             "upper_bound": 3.0},
 }
 
 # The learning rate halves every 2 steps, so that the rate given to each step is checked too.
@@ -85,14 +90,36 @@ def reference(conf: dict[str, Any], w: np.ndarray, g: np.ndarray, state: dict[st
     """One update as SPEC §5 writes it, in float64; updates ``state``, returns the new w."""
     kind = conf["type"]
     g = np.asarray(g, np.float64)
+    if kind == "kSignum" and not conf.get("momentum"):  # signSGD: w decays, the sign of g
+        return w * (1 - lr * wd) - lr * np.sign(g)
     lo, hi = conf.get("clip_low", 0.0), conf.get("clip_high", 0.0)
     if hi > lo:
         g = np.clip(g, lo, hi)
     g = g * grad_scale
     decoupled = kind == "kAdamW" or conf.get("decoupled_weight_decay", False)
+    zero = np.zeros_like(w)
+    if kind == "kFtrl":  # wd is the L2 term of the closed form, not in the gradient
+        z = state["z"] = state.get("z", zero) + g - (
+            np.sqrt(state.get("n", zero) + g * g) - np.sqrt(state.get("n", zero))) * w / lr
+        n = state["n"] = state.get("n", zero) + g * g
+        l1 = conf["lamda1"]
+        return np.where(np.abs(z) > l1, (np.sign(z) * l1 - z)
+                        / ((conf["beta"] + np.sqrt(n)) / lr + wd), 0.0)
+    if kind == "kLAMB":  # the weight decay joins after the moments
+        b1, b2 = conf["beta1"], conf["beta2"]
+        t = state["t"] = state.get("t", 0) + 1
+        m = state["m"] = b1 * state.get("m", zero) + (1 - b1) * g
+        v = state["v"] = b2 * state.get("v", zero) + (1 - b2) * g * g
+        u = (m / (1 - b1**t)) / (np.sqrt(v / (1 - b2**t)) + conf["delta"]) + wd * w
+        r1 = min(np.linalg.norm(w), conf.get("upper_bound", np.inf))
+        r2 = np.linalg.norm(u)
+        return w - (lr * r1 / r2 if r1 and r2 else lr) * u
     if wd > 0 and not decoupled:
         g = g + wd * w
-    zero = np.zeros_like(w)
+    if kind == "kSignum":  # the sign of the momentum; wd_lh decays w apart
+        m_ = conf["momentum"]
+        u = state["u"] = m_ * state.get("u", zero) + (1 - m_) * g
+        return w * (1 - lr * conf["wd_lh"]) - lr * np.sign(u)
     mom, delta, rho = conf.get("momentum", 0.0), conf.get("delta", 1e-8), conf.get("rho", 0.0)
     if kind == "kSGD" and mom > 0:
         h = state["h"] = mom * state.get("h", zero) - lr * g

@@ -21,6 +21,7 @@ SINGA's (one field, read by each method's kernel call: no second copy of a kerne
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
@@ -59,6 +60,10 @@ class Updater:
     #: ``exp_avg``); the update count is torch's ``step``. Used by paramserver.torch's
     #: torch-style optimizers, whose ``state_dict`` is torch.optim's.
     torch_names: ClassVar[dict[str, str]] = {}
+    #: Where MXNet 1.9.1 clips this method's gradient (``kernels.CLIP_SCALED``: after
+    #: ``rescale_grad``; ``CLIP_DECAYED``: after the weight decay is added too); None: the
+    #: method has no ``form: mxnet``.
+    mxnet_clip: ClassVar[int | None] = None
 
     def __init__(self, conf: UpdaterConf):
         self.conf = conf
@@ -68,6 +73,22 @@ class Updater:
             raise ParamError(f"state_dtype {conf.state_dtype}: {type(self).__name__} keeps "
                              "its state as it declares it; bfloat16 and int8 state are for "
                              "the built-in methods")
+        if self.mxnet_form and self.mxnet_clip is None:
+            have = ", ".join(sorted(n for n, c in updaters.items()
+                                    if getattr(c, "mxnet_clip", None) is not None))
+            raise ParamError(f"form mxnet: {type(self).__name__} has no MXNet form; the "
+                             f"methods with one are {have}")
+
+    @property
+    def mxnet_form(self) -> bool:
+        """Whether the rules take MXNet 1.9.1's form (``form: mxnet``)."""
+        return bool(self.conf.form == "mxnet")
+
+    @property
+    def clip_at(self) -> int:
+        """Where the kernels clip the gradient: before ``grad_scale`` (SPEC §5), or where
+        MXNet does (``form: mxnet``; :data:`paramserver.numerics.kernels.CLIP_SCALED`)."""
+        return int(self.mxnet_clip) if self.mxnet_form and self.mxnet_clip is not None else 0
 
     # -- state ------------------------------------------------------------------------------
 
@@ -225,7 +246,7 @@ class Updater:
         if values.shape != (state.size,):
             raise ParamError(f"values of shape {values.shape} for a state of {state.size} "
                              "values")
-        gscale = _per_segment(grad_scale, n)
+        gscale = _per_segment(grad_scale, n) * self.conf.rescale_grad
         if self.conf.clip_norm > 0:
             if grad_norm is None:
                 raise ParamError(
@@ -285,6 +306,15 @@ class Updater:
         if self.keeps_master:
             raise ParamError("row-sparse updates do not keep a float32 master copy yet: "
                              "use value_dtype float32 for a table")
+        if not self.conf.lazy_update:  # every row: a dense update, zero where not pushed
+            from .numerics.rows import check_rows
+
+            dim = int(dim)
+            ids = check_rows(ids, values.size // dim if dim else 0)
+            dense = np.zeros((values.size // dim, dim), values.dtype)
+            dense[ids] = np.asarray(rows).reshape(ids.size, dim)
+            return self.apply(step, values, dense.reshape(-1), state, lr_scale, wd_scale,
+                              grad_scale, refuse_nonfinite=refuse_nonfinite)
         odd = [r.name for r in state.roles[1:] if r.per == "block"
                or (r.per == "element" and r.type_for(state.dtype) != state.dtype)]
         if odd:
@@ -297,7 +327,8 @@ class Updater:
         np.add(counts, 1, out=counts)
         self._start(state, counts == 1)
         nonfinite = self._run_rows(values, rows, ids, int(dim), state, lr, wd,
-                                   float(grad_scale), refuse_nonfinite)
+                                   float(grad_scale) * self.conf.rescale_grad,
+                                   refuse_nonfinite)
         if nonfinite and refuse_nonfinite:
             np.subtract(counts, 1, out=counts)
         return nonfinite
@@ -539,7 +570,7 @@ class _Fused(Updater):
         nonfinite: int = getattr(kernels, self.kernel)(
             w, g, *self.state_arrays(state), state.offsets, lr, wd, gscale,
             clip_low=self.conf.clip_low, clip_high=self.conf.clip_high, check=check,
-            stochastic=self.conf.stochastic_rounding, skip=skip, **kw)
+            stochastic=self.conf.stochastic_rounding, skip=skip, clip_at=self.clip_at, **kw)
         return nonfinite
 
     @property
@@ -562,7 +593,7 @@ class _Fused(Updater):
             kw["step"] = float(state.counts[0])
         nonfinite: int = getattr(row_kernels, self.kernel)(
             w, g, ids, dim, *arrays, lr, wd, gscale, clip_low=self.conf.clip_low,
-            clip_high=self.conf.clip_high, check=check, **kw)
+            clip_high=self.conf.clip_high, check=check, clip_at=self.clip_at, **kw)
         return nonfinite
 
 
@@ -581,6 +612,7 @@ class SGD(_Fused):
 
     Config = SGDConf
     kernel = "sgd"
+    mxnet_clip: ClassVar[int | None] = 1  # kernels.CLIP_SCALED: clip(rescale_grad·g) + wd·w
     torch_names: ClassVar[dict[str, str]] = {"history": "momentum_buffer"}
 
     @property
@@ -615,7 +647,8 @@ class SGD(_Fused):
                                 momentum=self.conf.momentum,
                                 dampening=0.0 if int(state.counts[0]) == 1 else damp,
                                 torch_form=self.torch_form, clip_low=self.conf.clip_low,
-                                clip_high=self.conf.clip_high, check=check)
+                                clip_high=self.conf.clip_high, check=check,
+                                clip_at=self.clip_at)
 
 
 @register_updater("kNesterov", aliases=("nesterov",))
@@ -625,12 +658,34 @@ class Nesterov(_Fused):
     w = w − lr·(g + momentum·buf)``."""
 
     kernel = "nesterov"
-    kernel_rule = "nesterov"
+    mxnet_clip: ClassVar[int | None] = 1  # MXNet's NAG (see in_place)
     state_roles = ("history",)
     torch_names: ClassVar[dict[str, str]] = {"history": "momentum_buffer"}
 
+    def __init__(self, conf: UpdaterConf):
+        super().__init__(conf)
+        #: form mxnet: MXNet's in-place nag_mom_update (its store's dense keys); False: the
+        #: formula, as MXNet updates a row-sparse weight (densely, through a copy)
+        self.in_place = self.mxnet_form
+
+    @property
+    def kernel_rule(self) -> str:  # type: ignore[override]
+        return "nag_mxnet" if self.in_place else "nesterov"
+
     def extra(self) -> dict[str, Any]:
-        return {"momentum": self.conf.momentum, "torch_form": self.torch_form}
+        return {"momentum": self.conf.momentum, "torch_form": self.torch_form,
+                "mxnet": self.in_place}
+
+    def apply_rows(self, step: int, values: np.ndarray, ids: np.ndarray, rows: np.ndarray,
+                   dim: int, state: UpdaterState, lr_scale: float = 1.0,
+                   wd_scale: float = 1.0, grad_scale: float = 1.0, *,
+                   refuse_nonfinite: bool = False) -> int:
+        updater = self
+        if self.in_place and not self.conf.lazy_update:  # MXNet's dense update of a table
+            updater = copy.copy(self)
+            updater.in_place = False
+        return Updater.apply_rows(updater, step, values, ids, rows, dim, state, lr_scale,
+                                  wd_scale, grad_scale, refuse_nonfinite=refuse_nonfinite)
 
 
 class AdaGradConf(Parameter):
@@ -650,6 +705,7 @@ class AdaGrad(_Fused):
     Config = AdaGradConf
     kernel = "adagrad"
     kernel_rule = "adagrad"
+    mxnet_clip: ClassVar[int | None] = 1
     state_roles = ("history",)
     torch_names: ClassVar[dict[str, str]] = {"history": "sum"}
 
@@ -658,7 +714,8 @@ class AdaGrad(_Fused):
         return False
 
     def extra(self) -> dict[str, Any]:
-        return {"delta": self.conf.delta, "torch_form": self.torch_form}
+        return {"delta": self.conf.delta, "torch_form": self.torch_form,
+                "decoupled": self.mxnet_form}
 
     def initial_state(self) -> dict[str, float]:
         # torch's sum starts at this value (a table's first update sets every row's)
@@ -700,13 +757,22 @@ class RMSProp(_Fused):
 
     Config = RMSPropConf
     kernel = "rmsprop"
+    mxnet_clip: ClassVar[int | None] = 2  # kernels.CLIP_DECAYED: clip(rescale_grad·g + wd·w)
     torch_names: ClassVar[dict[str, str]] = {"history": "square_avg",
                                              "momentum_buffer": "momentum_buffer",
                                              "grad_avg": "grad_avg"}
 
+    def __init__(self, conf: UpdaterConf):
+        super().__init__(conf)
+        if self.mxnet_form and conf.momentum > 0 and not self.centered:
+            raise ParamError("form mxnet: MXNet's RMSProp uses momentum (its gamma2) only "
+                             "when centered (rmsprop_conf { centered: true }); give momentum "
+                             "0 or centered")
+
     @property
     def uses_momentum(self) -> bool:
-        return self.torch_form and self.conf.momentum > 0
+        return (self.torch_form or (self.mxnet_form and self.centered)) \
+            and self.conf.momentum > 0
 
     @property
     def centered(self) -> bool:
@@ -734,7 +800,8 @@ class RMSProp(_Fused):
         c = self.conf
         momentum = c.momentum if self.uses_momentum else 0.0
         kw = {"rho": self.own.rho, "delta": c.delta, "torch_form": self.torch_form,
-              "momentum": momentum, "centered": self.centered}
+              "momentum": momentum, "centered": self.centered,
+              "lr_in_buffer": self.mxnet_form}
         arrays = super().state_arrays(state)
         if momentum > 0:
             kw["u"] = arrays[1]
@@ -755,7 +822,8 @@ class RMSProp(_Fused):
                                     rho=self.own.rho, delta=c.delta, torch_form=self.torch_form,
                                     momentum=momentum,
                                     u=state["momentum_buffer"] if momentum > 0 else None,
-                                    clip_low=c.clip_low, clip_high=c.clip_high, check=check)
+                                    clip_low=c.clip_low, clip_high=c.clip_high, check=check,
+                                    clip_at=self.clip_at)
 
 
 class AdaDeltaConf(Parameter):
@@ -771,6 +839,7 @@ class AdaDelta(_Fused):
     Config = AdaDeltaConf
     kernel = "adadelta"
     kernel_rule = "adadelta"
+    mxnet_clip: ClassVar[int | None] = 1
     state_roles = ("history", "update")
     torch_names: ClassVar[dict[str, str]] = {"history": "square_avg", "update": "acc_delta"}
 
@@ -779,7 +848,7 @@ class AdaDelta(_Fused):
         return False
 
     def extra(self) -> dict[str, Any]:
-        return {"rho": self.own.rho, "delta": self.conf.delta}
+        return {"rho": self.own.rho, "delta": self.conf.delta, "decoupled": self.mxnet_form}
 
 
 class AdamConf(Parameter):
@@ -820,6 +889,7 @@ class Adam(_Fused):
     kernel = "adam"
     counted = True
     decoupled = False
+    mxnet_clip: ClassVar[int | None] = 2
     torch_names: ClassVar[dict[str, str]] = {**_ADAM_NAMES, "vmax": "max_exp_avg_sq"}
 
     @property
@@ -846,8 +916,11 @@ class Adam(_Fused):
         return super().state_arrays(state)[:2]  # vmax goes by name (extra_for)
 
     def extra(self) -> dict[str, Any]:
-        return {"beta1": self.own.beta1, "beta2": self.own.beta2, "delta": self.conf.delta,
-                "decoupled": self.decoupled, "bias_correction": self.own.bias_correction}
+        kw = {"beta1": self.own.beta1, "beta2": self.own.beta2, "delta": self.conf.delta,
+              "decoupled": self.decoupled, "bias_correction": self.own.bias_correction}
+        if self.mxnet_form:  # MXNet's: lr·sqrt(1 - beta2^t)/(1 - beta1^t)·m/(sqrt(v) + delta)
+            kw["delta_before_correction"] = True
+        return kw
 
     def extra_for(self, state: UpdaterState) -> dict[str, Any]:
         kw = self.extra()
@@ -862,6 +935,7 @@ class AdamW(Adam):
 
     conf_name = "adamw_conf"
     decoupled = True
+    mxnet_clip: ClassVar[int | None] = None
 
 
 class SparseAdamConf(Parameter):
@@ -879,6 +953,7 @@ class SparseAdam(Adam):
     row-sparse gradient (only its rows, and their state, are updated; SPEC section 10)."""
 
     Config = SparseAdamConf
+    mxnet_clip: ClassVar[int | None] = None
 
     def extra(self) -> dict[str, Any]:
         return {"beta1": self.own.beta1, "beta2": self.own.beta2, "delta": self.conf.delta,
@@ -1000,6 +1075,159 @@ class AdamMax(_Fused):
     def extra(self) -> dict[str, Any]:
         return {"beta1": self.own.beta1, "beta2": self.own.beta2, "delta": self.conf.delta,
                 "bias_correction": self.own.bias_correction}
+
+
+class FtrlConf(Parameter):
+    lamda1: float = field(0.01, lower=0.0, finite=True,
+                          doc="The L1 regularisation (MXNet's spelling): a value whose z is "
+                              "within [-lamda1, lamda1] is 0.")
+    beta: float = field(1.0, lower=0.0, finite=True,
+                        doc="The per-coordinate rate's beta: lr / (beta + sqrt(n)).")
+
+
+@register_updater("kFtrl", aliases=("ftrl",))
+class Ftrl(_Fused):
+    """FTRL-Proximal (McMahan et al. 2013), as MXNet's Ftrl: ``z += g − (sqrt(n + g²) −
+    sqrt(n))·w/lr; n += g²; w = (sign(z)·lamda1 − z) / ((beta + sqrt(n))/lr + wd)`` where
+    ``|z| > lamda1``, else 0. ``weight_decay`` is the L2 term of that closed form (it is not
+    added to the gradient); momentum is not used. Sparse solutions for click-through models."""
+
+    Config = FtrlConf
+    kernel = "ftrl"
+    kernel_rule = "ftrl"
+    mxnet_clip: ClassVar[int | None] = 1
+    state_roles = ("z", "n")
+
+    def __init__(self, conf: UpdaterConf):
+        super().__init__(conf)
+        if conf.learning_rate.base_lr <= 0:
+            raise ParamError("kFtrl divides by the learning rate: base_lr must be > 0")
+
+    @property
+    def uses_momentum(self) -> bool:
+        return False
+
+    @property
+    def has_row_kernel(self) -> bool:
+        return False
+
+    def extra(self) -> dict[str, Any]:
+        return {"lamda1": self.own.lamda1, "beta": self.own.beta}
+
+    def _run(self, w: np.ndarray, g: np.ndarray, state: UpdaterState, lr: np.ndarray,
+             wd: np.ndarray, gscale: np.ndarray, check: bool = False,
+             bf16_values: np.ndarray | None = None, skip: np.ndarray | None = None) -> int:
+        # The closed form divides by the rate: a segment of rate 0 (lr_scale 0, a frozen
+        # Param) is left as it is, values and state.
+        frozen = np.asarray(lr) == 0
+        if frozen.any():
+            skip = frozen if skip is None else (np.asarray(skip, bool) | frozen)
+            if skip.all():
+                return 0 if not check else int(g.size - np.count_nonzero(np.isfinite(g)))
+            lr = np.where(frozen, 1.0, lr)
+        return super()._run(w, g, state, lr, wd, gscale, check, bf16_values, skip)
+
+
+class SignumConf(Parameter):
+    wd_lh: float = field(0.0, lower=0.0, finite=True,
+                         doc="Decoupled weight decay (Loshchilov & Hutter): w *= 1 - lr*wd_lh "
+                             "at each step, besides weight_decay in the momentum (with "
+                             "momentum > 0 only).")
+
+
+@register_updater("kSignum", aliases=("signum",))
+class Signum(_Fused):
+    """Signum (Bernstein et al. 2018), as MXNet's: ``u = momentum·u + (1 − momentum)·g;
+    w = (1 − lr·wd_lh)·w − lr·sign(u)``; with momentum 0, signSGD: ``w = (1 − lr·wd)·w −
+    lr·sign(g)`` (the weight decay decoupled)."""
+
+    Config = SignumConf
+    kernel = "signum"
+    mxnet_clip: ClassVar[int | None] = 1
+
+    @property
+    def kernel_rule(self) -> str:  # type: ignore[override]
+        return "signum" if self.conf.momentum > 0 else "signsgd"
+
+    @property
+    def state_roles(self) -> tuple[str, ...]:  # type: ignore[override]
+        return ("momentum",) if self.conf.momentum > 0 else ()
+
+    def __init__(self, conf: UpdaterConf):
+        super().__init__(conf)
+        if conf.momentum >= 1:
+            raise ParamError("kSignum's momentum must be < 1 (the gradient enters it times "
+                             "1 - momentum)")
+        if conf.momentum == 0 and self.own.wd_lh > 0:
+            raise ParamError("signum_conf { wd_lh } is the decoupled decay of Signum with "
+                             "momentum; without momentum (signSGD) weight_decay is decoupled "
+                             "already: give weight_decay")
+
+    def state_arrays(self, state: UpdaterState) -> list[Any]:
+        return super().state_arrays(state) or [np.zeros(0, state.dtype)]
+
+    @property
+    def has_row_kernel(self) -> bool:
+        return False
+
+    def extra(self) -> dict[str, Any]:
+        return {"momentum": self.conf.momentum, "wd_lh": self.own.wd_lh}
+
+
+class LAMBConf(Parameter):
+    beta1: float = field(0.9, lower=0.0, upper=1.0, doc="Decay of the first moment.")
+    beta2: float = field(0.999, lower=0.0, upper=1.0, doc="Decay of the second moment.")
+    bias_correction: bool = field(True, doc="Correct the moments' bias towards 0.")
+    lower_bound: float | None = field(None, lower=0.0, finite=True,
+                                      doc="Clamp ||w|| of the trust ratio from below "
+                                          "(None: no clamp).")
+    upper_bound: float | None = field(None, lower=0.0, finite=True,
+                                      doc="Clamp ||w|| of the trust ratio from above "
+                                          "(None: no clamp).")
+
+    def check(self) -> list[str]:
+        return _betas_below_one(self, ("beta1", "beta2")) if self.bias_correction else []
+
+
+@register_updater("kLAMB", aliases=("lamb",))
+class LAMB(_Fused):
+    """LAMB (You et al. 2020), as MXNet's: Adam's moments of the gradient, ``u = m̂/(sqrt(v̂) +
+    delta) + wd·w``, and the step ``lr·(||w||/||u||)·u`` with the norms of the whole Param
+    (or key piece): two passes (:func:`paramserver.numerics.kernels.lamb`). Float state;
+    a row-sparse table needs ``lazy_update: false`` (the norms are of the whole table)."""
+
+    Config = LAMBConf
+    kernel = "lamb"
+    kernel_rule = "lamb"
+    mxnet_clip: ClassVar[int | None] = 1
+    counted = True
+    low_precision_state = False
+    state_roles = ("m", "v")
+    torch_names: ClassVar[dict[str, str]] = _ADAM_NAMES
+
+    @property
+    def roles(self) -> tuple[Role, ...]:  # float state, as the values
+        return Updater.roles.fget(self)  # type: ignore[attr-defined,no-any-return]
+
+    @property
+    def uses_momentum(self) -> bool:
+        return False
+
+    @property
+    def has_row_kernel(self) -> bool:
+        return False
+
+    def _run_rows(self, w: np.ndarray, g: np.ndarray, ids: np.ndarray, dim: int,
+                  state: UpdaterState, lr: float, wd: float, gscale: float,
+                  check: bool = False) -> int:
+        raise ParamError("kLAMB's trust ratio takes the norms of the whole table: a "
+                         "row-sparse table's update needs lazy_update: false")
+
+    def extra(self) -> dict[str, Any]:
+        own = self.own
+        return {"beta1": own.beta1, "beta2": own.beta2, "delta": self.conf.delta,
+                "bias_correction": own.bias_correction, "lower_bound": own.lower_bound,
+                "upper_bound": own.upper_bound}
 
 
 __all__ = ["COUNT", "Updater", "create_updater", "fill_segment", "register_updater"]

@@ -121,13 +121,28 @@ class UpdaterConf(ComponentConf):
                                  "(after clip_low/clip_high and the mean of shared gradients), "
                                  "as torch.nn.utils.clip_grad_norm_ does. On the cluster the "
                                  "servers reduce the norm across them once per step.")
-    form: str = field("singa", enum=("singa", "torch"),
+    form: str = field("singa", enum=("singa", "torch", "mxnet"),
                       doc="The form of the rules: SINGA's (SPEC section 5), or torch.optim's "
                           "where the two differ: kSGD and kNesterov keep torch's momentum "
                           "buffer (buf = momentum*buf + (1 - dampening)*g; w -= lr*buf, so a "
                           "change of rate applies to all of it), kAdaGrad and kRMSProp add "
                           "delta after the square root, and kRMSProp uses momentum as "
-                          "torch.optim.RMSprop does. The other methods are the same in both.")
+                          "torch.optim.RMSprop does. The other methods are the same in both. "
+                          "Or MXNet 1.9.1's (kSGD, kNesterov, kAdam, kAdaGrad, kRMSProp, "
+                          "kAdaDelta, kFtrl, kSignum, kLAMB; docs/updaters.md): the clip "
+                          "after rescale_grad (and, for kAdam and kRMSProp, after the weight "
+                          "decay), kAdam's delta added before the bias correction, kAdaGrad's "
+                          "and kAdaDelta's weight decay decoupled, the centred kRMSProp's "
+                          "momentum buffer holding the steps.")
+    rescale_grad: float = field(1.0, finite=True,
+                                doc="Multiply every gradient by this before the update "
+                                    "(MXNet's rescale_grad, often 1/batch size); beyond "
+                                    "SINGA.")
+    lazy_update: bool = field(True, doc="A row-sparse table's push updates only the rows "
+                                        "pushed, their state only (true, MXNet's "
+                                        "lazy_update); false: every row, as a dense update "
+                                        "with a zero gradient elsewhere (state decays, weight "
+                                        "decay acts on every row).")
     state_dtype: str = field("float32", enum=STATE_DTYPES,
                              doc="How the method keeps its per-element state (histories, "
                                  "moments): float32 (as the values), bfloat16 (half the "

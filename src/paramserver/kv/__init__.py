@@ -5,14 +5,17 @@
   ``row_sparse_pull``, ``set_updater``, ``barrier``, ``save``/``load``, and ``run`` for a
   function on every worker;
 - :class:`RowSparse` (:func:`row_sparse`): a row-sparse gradient ``(ids, rows)``;
-- :class:`Fill`: a value the servers fill themselves with an init method.
+- :class:`Fill`: a value the servers fill themselves with an init method;
+- :mod:`optimizer` (:mod:`.mxnet_optimizers`): MXNet 1.9.1's optimizers by MXNet's names and
+  arguments, for ``set_optimizer``.
 
 See ``docs/kv.md`` for how MXNet's KVStore calls map.
 """
 
 from __future__ import annotations
 
+from . import mxnet_optimizers as optimizer
 from .store import MODES, KVStore, create
 from .values import Fill, RowSparse, row_sparse
 
-__all__ = ["MODES", "Fill", "KVStore", "RowSparse", "create", "row_sparse"]
+__all__ = ["MODES", "Fill", "KVStore", "RowSparse", "create", "optimizer", "row_sparse"]

@@ -74,12 +74,9 @@ from ..config.job import ClusterConf, UpdaterConf
 from ..params import ParamSet
 from ..paths import shown
 from ..updaters import Updater, create_updater
+from .modes import MODES, mode_of
 from .values import Fill, RowResidual, RowSparse, value_dtype
 
-#: The modes, and the names MXNet users know them by.
-MODES = {"local": "local", "device": "local", "dist_sync": "dist_sync",
-         "dist_sync_device": "dist_sync", "dist_device_sync": "dist_sync",
-         "dist_async": "dist_async"}
 FORMAT = "paramserver-kv/1"
 
 
@@ -622,43 +619,33 @@ class KVStore:
 
     def row_sparse_pull(self, key: Any, out: Any = None, priority: int = 0,
                         row_ids: Any = None) -> Any:
-        """Rows ``row_ids`` of a table (need not be sorted or unique): into ``out`` — an
-        array of ``len(row_ids)`` rows (in the order of ``row_ids``), or one of the table's
-        shape (those rows written, the others left) — or returned as a new array of rows.
-        Lists of keys, outs and row ids go together. Only the rows asked for travel."""
-        if row_ids is None:
-            raise ParamError("row_sparse_pull needs row_ids")
-        if _is_list(key):
-            outs = out if out is not None else [None] * len(key)
-            if not _is_list(outs) or not _is_list(row_ids) or not (
-                    len(outs) == len(row_ids) == len(key)):
-                raise ParamError("row_sparse_pull: lists of keys, outs and row_ids go "
-                                 "together, one of each per key")
-            return [self._rows_one(k, o, r) for k, o, r in zip(key, outs, row_ids, strict=True)]
-        if _is_list(out):
-            ids_list = row_ids if _is_list(row_ids) else [row_ids] * len(out)
-            return [self._rows_one(key, o, r) for o, r in zip(out, ids_list, strict=True)]
-        return self._rows_one(key, out, row_ids)
+        """Rows ``row_ids`` of a table (any order, repeats; ints, or floats of whole numbers;
+        any shape, read flat): into ``out`` of the table's shape (the rows named written at
+        their ids, every other row 0, as MXNet's), or of ``len(row_ids)`` rows (in the order
+        of ``row_ids``), or returned as a new array of rows. Keys, outs and row ids pair as
+        MXNet's (:mod:`paramserver.kv.rowsparse`). Only the rows asked for travel."""
+        from .rowsparse import pull_plan
+
+        plan = pull_plan(key, out, row_ids)
+        got = [self._rows_one(k, o, r) for k, o, r in plan]
+        if out is not None:
+            return out
+        return got if _is_list(key) else got[0]
 
     def _rows_one(self, key: Any, out: np.ndarray | None, row_ids: Any) -> np.ndarray:
+        from .rowsparse import place_rows, row_ids_of
+
         k = self._key(key)
         where = f"row_sparse_pull of key {key!r}"
         if not k.row_sparse:
             raise ParamError(f"{where}: the key is not row-sparse (init it with "
                              "row_sparse=True); pull it whole with pull()")
-        ids = np.asarray(row_ids)
-        if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
-            raise ParamError(f"{where}: row_ids must be a 1-D array of integers, not "
-                             f"{ids.dtype} of shape {ids.shape}")
-        ids = ids.astype(np.int64, copy=False)
-        if ids.size and (ids.min() < 0 or ids.max() >= k.num_rows):
-            bad = ids[(ids < 0) | (ids >= k.num_rows)][0]
-            raise ParamError(f"{where}: row id {int(bad)} is outside the table's rows "
-                             f"[0, {k.num_rows})")
-        row_shape = k.shape[1:]
-        whole = out is not None and tuple(out.shape) == k.shape and ids.size != k.num_rows
-        if out is not None and not whole:
-            _check_out(out, (ids.size, *row_shape), where)
+        ids = row_ids_of(row_ids, k.num_rows, where)
+        if out is not None:
+            whole = isinstance(out, np.ndarray) and out.shape == k.shape
+            _check_out(out, k.shape if whole else (ids.size, *k.shape[1:]),
+                       where + ("" if whole else " (out: the table's shape, or one row per "
+                                                 "row id)"))
         self._finish(k)
         unique, at = np.unique(ids, return_inverse=True)
         pendings, spans = [], []
@@ -672,13 +659,7 @@ class KVStore:
         for (a, b), reply in zip(spans, self._wait(pendings), strict=True):
             assert isinstance(reply, Values)
             rows[a:b] = reply.values.reshape(b - a, k.dim)
-        if whole:
-            assert out is not None
-            out.reshape(k.num_rows, k.dim)[unique] = rows
-            return out
-        target = out if out is not None else np.empty((ids.size, *row_shape), k.dtype)
-        target.reshape(ids.size, k.dim)[...] = rows[at]
-        return target
+        return place_rows(out, k.shape, ids, unique, at.reshape(-1), rows, k.dtype)
 
     def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> Any:
         """:meth:`push`, then :meth:`pull` into ``out`` (by default into ``value``)."""
@@ -787,6 +768,8 @@ class KVStore:
             raise ParamError(f"{path}: not a key-value store's state (format "
                              f"{meta.get('format')!r}, expected {FORMAT!r})")
         saved, held = str(meta.get("updater", "")), self._updater_held()
+        if saved and not saved.startswith(FUNCTION):  # as this version writes it (its
+            saved = _updater_text(json.loads(saved))  # defaults of later fields filled in)
         if held and saved and held != saved and not take_updater:
             raise ParamError(f"{path} was saved with the updater {saved}, and the store has "
                              f"{held}: set_updater() the file's first")
@@ -919,6 +902,10 @@ def _check_out(out: Any, shape: tuple[int, ...], where: str) -> None:
 def _updater_text(updater: Any) -> str:
     if updater is None:
         return ""
+    from .mxnet_optimizers import is_mxnet_optimizer, to_declaration
+
+    if is_mxnet_optimizer(updater):  # MXNet's optimizer: the updater computing the same
+        updater = to_declaration(updater)
     if isinstance(updater, Updater):
         return updater.conf.to_json()
     if isinstance(updater, (UpdaterConf, Mapping, str)):
@@ -971,8 +958,9 @@ def create(name: str = "local", *, num_workers: int = 1, num_servers: int = 1,
     Args:
         name: the mode: ``local`` (one worker), ``dist_sync`` (workers in step: each key is
             updated once per round with the sum of every worker's push), ``dist_async``
-            (each push applied as it comes); MXNet's ``device``, ``dist_sync_device`` and
-            ``dist_device_sync`` are accepted.
+            (each push applied as it comes); MXNet's names of its types are read as
+            :func:`~paramserver.kv.modes.mode_of` says (``device``, ``nccl``,
+            ``local_allreduce_cpu``, ``dist_device_sync``, ...; any case).
         num_workers: workers (``run`` runs them); with one, the store returned is rank 0.
         num_servers: servers (keys are placed on them as :mod:`~paramserver.cluster.keys`
             says).
@@ -992,10 +980,7 @@ def create(name: str = "local", *, num_workers: int = 1, num_servers: int = 1,
             and benchmarks (e.g. to count the bytes of every message).
         **options: the Ray backend's (``placement``, ``server_options``, ...).
     """
-    mode = MODES.get(name)
-    if mode is None:
-        raise ParamError(f"Invalid Input: '{name}', valid values are: "
-                         f"{{{', '.join(repr(m) for m in MODES)}}} (key-value store type)")
+    mode = mode_of(name)
     for what, n in (("num_workers", num_workers), ("num_servers", num_servers),
                     ("bound", bound)):
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -1012,7 +997,7 @@ def create(name: str = "local", *, num_workers: int = 1, num_servers: int = 1,
                        staleness=staleness, on_worker_failure=on_worker_failure,
                        nonfinite=nonfinite, ray_address=ray_address)
     comp = Compression.parse(compression)
-    spec = StoreSpec(name if mode == name else mode, num_workers, num_servers, int(bound),
+    spec = StoreSpec(mode, num_workers, num_servers, int(bound),
                      (comp.type, comp.threshold), conf.to_json())
     params = ParamSet([])
     layouts = plan_servers(params, num_servers)

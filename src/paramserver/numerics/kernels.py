@@ -15,6 +15,9 @@ For every element, in the order of SPEC §5:
 3. if ``wd > 0``: ``g = g + wd * w`` (not for AdamW, whose decay is decoupled);
 4. the method's rule, which updates ``w`` and the state in place.
 
+(``clip_at`` moves step 1 after step 2, or after step 3: MXNet's order, see
+:data:`CLIP_SCALED`.)
+
 The gradient is only read. Every kernel is one pass over memory: each array is read once and
 written at most once. Arithmetic is done in the arrays' precision (float32 or float64): the
 per-segment coefficients are computed in float64 by the Python wrapper and then rounded to the
@@ -42,12 +45,20 @@ from ..config import ParamError
 from . import quant
 from .cache import get_num_threads, njit
 
-__all__ = ["BLOCK", "CHUNK", "State", "adadelta", "adagrad", "adam", "adamax", "kernel_for",
-           "nadam", "nesterov", "radam", "rmsprop", "sgd", "signed_state", "state_like",
+__all__ = ["BLOCK", "CHUNK", "CLIP_DECAYED", "CLIP_GRADIENT", "CLIP_SCALED", "State",
+           "adadelta", "adagrad", "adam", "adamax", "ftrl", "kernel_for", "lamb", "nadam",
+           "nesterov", "radam", "rmsprop", "sgd", "signed_state", "signum", "state_like",
            "threads_for", "warmup"]
 
 BLOCK = quant.BLOCK
 """Values per block of 8-bit state (one float32 scale each)."""
+
+#: Where the gradient is clipped into ``[clip_low, clip_high]`` (the ``clip_at`` of every
+#: kernel): before it is scaled (SPEC §5's order, the default); after it is scaled by
+#: ``gscale`` (MXNet's ``clip(rescale_grad * g)``: SGD, NAG, AdaGrad, AdaDelta, Signum, Ftrl,
+#: LAMB); after the weight decay is added too (MXNet's ``clip(rescale_grad * g + wd * w)``:
+#: Adam, RMSProp).
+CLIP_GRADIENT, CLIP_SCALED, CLIP_DECAYED = 0, 1, 2
 
 CHUNK = 1 << 15
 """Elements per parallel work item. The range is cut into chunks regardless of segment
@@ -102,11 +113,22 @@ def _nesterov_rule(w, g, h, u, x, k, p):  # type: ignore[no-untyped-def]
 
 
 @register_jitable(inline="always")
+def _nag_mxnet_rule(w, g, h, u, x, k, p):  # type: ignore[no-untyped-def]
+    # MXNet 1.9.1's nag_mom_update as its store runs it, in place (out is the weight): h is
+    # MXNet's mom; k0 = lr, k1 = lr*wd; p0 = momentum, p1 = 1 + momentum. The kernel writes
+    # the new weight before it updates mom, whose weight decay term then reads the new
+    # weight: mom = momentum*mom - lr*(clip(rescale*grad) + wd*w_new).
+    h = p[0] * h
+    w1 = w - h + p[1] * (h - k[0] * g)
+    return w1, h - k[0] * g - k[1] * (w1 - w), u, x
+
+
+@register_jitable(inline="always")
 def _adagrad_rule(w, g, h, u, x, k, p):  # type: ignore[no-untyped-def]
-    # k0 = lr; p0 = delta under the square root (SINGA's form), p1 = delta after it
-    # (torch.optim's eps); the other is 0.
+    # k0 = lr, k1 = 1 - lr * wd (MXNet's decoupled decay) or 1; p0 = delta under the square
+    # root (SINGA's form), p1 = delta after it (torch.optim's eps); the other is 0.
     h = h + g * g
-    return w - k[0] * g / (np.sqrt(h + p[0]) + p[1]), h, u, x
+    return w * k[1] - k[0] * g / (np.sqrt(h + p[0]) + p[1]), h, u, x
 
 
 @register_jitable(inline="always")
@@ -145,21 +167,54 @@ def _rmsprop_centered_rule(w, g, h, a, x, k, p):  # type: ignore[no-untyped-def]
 @register_jitable(inline="always")
 def _rmsprop_centered_momentum_rule(w, g, h, u, a, k, p):  # type: ignore[no-untyped-def]
     # torch.optim.RMSprop(centered=True, momentum=p4): u the momentum buffer, a (the third
-    # state) the running mean of g; k, p as _rmsprop_rule.
+    # state) the running mean of g; p as _rmsprop_rule; k0 = lr, k1 = 1 (torch.optim's
+    # buffer, u = p4*u + g/avg; w -= lr*u), or k0 = 1, k1 = lr (MXNet's RMSPropAlex, whose
+    # buffer holds the steps: delta = gamma2*delta - lr*g/avg; w += delta, with u = -delta).
     h = p[0] * h + p[1] * g * g
     a = p[0] * a + p[1] * g
-    u = p[4] * u + g / _centered_avg(h, a, p)
+    u = p[4] * u + k[1] * g / _centered_avg(h, a, p)
     return w - k[0] * u, h, u, a
 
 
 @register_jitable(inline="always")
 def _adadelta_rule(w, g, h, u, x, k, p):  # type: ignore[no-untyped-def]
-    # k0 = lr; p0 = rho, p1 = 1 - rho, p2 = delta.
-    # sqrt(u + delta) / sqrt(h + delta) as one square root of a quotient: one sqrt fewer.
+    # k0 = lr, k1 = 1 - lr * wd (MXNet's decoupled decay) or 1; p0 = rho, p1 = 1 - rho,
+    # p2 = delta. sqrt(u + delta) / sqrt(h + delta) as one square root of a quotient: one
+    # sqrt fewer.
     h = p[0] * h + p[1] * g * g
     t = g * np.sqrt((u + p[2]) / (h + p[2]))
     u = p[0] * u + p[1] * t * t
-    return w - k[0] * t, h, u, x
+    return w * k[1] - k[0] * t, h, u, x
+
+
+@register_jitable(inline="always")
+def _signum_rule(w, g, u, v, x, k, p):  # type: ignore[no-untyped-def]
+    # Signum (Bernstein et al. 2018, MXNet's): u = p0*u + p1*g (p0 = momentum, p1 = 1 -
+    # momentum); w = w*k1 - k0*sign(u), k0 = lr, k1 = 1 - lr*wd_lh. (MXNet keeps -u.)
+    u = p[0] * u + p[1] * g
+    step = k[0] if u > 0 else (-k[0] if u < 0 else k[0] - k[0])
+    return w * k[1] - step, u, v, x
+
+
+@register_jitable(inline="always")
+def _signsgd_rule(w, g, h, u, x, k, p):  # type: ignore[no-untyped-def]
+    # signSGD (MXNet's Signum without momentum): w = w*k1 - k0*sign(g), k0 = lr,
+    # k1 = 1 - lr*wd (its weight decay is decoupled).
+    step = k[0] if g > 0 else (-k[0] if g < 0 else k[0] - k[0])
+    return w * k[1] - step, h, u, x
+
+
+@register_jitable(inline="always")
+def _ftrl_rule(w, g, z, n, x, k, p):  # type: ignore[no-untyped-def]
+    # FTRL-Proximal (McMahan et al. 2013, MXNet's Ftrl): k0 = lr, k1 = wd (the L2 term of the
+    # closed form, not added to g); p0 = lamda1 (L1), p1 = beta.
+    n1 = n + g * g
+    z = z + (g - (np.sqrt(n1) - np.sqrt(n)) * w / k[0])
+    if abs(z) > p[0]:
+        w = ((p[0] if z > 0 else -p[0]) - z) / ((p[1] + np.sqrt(n1)) / k[0] + k[1])
+    else:
+        w = z - z  # 0 (NaN stays NaN)
+    return w, z, n1, x
 
 
 @register_jitable(inline="always")
@@ -583,10 +638,12 @@ def _u8_stochastic(y, offset, key, index):  # type: ignore[no-untyped-def]
 
 def _fused_kernel(rule: Callable[..., Any], nstate: int, name: str,
                   load: Callable[..., Any] = _as_is, store: Callable[..., Any] = _as_is_store,
-                  stochastic: bool = False, parallel: bool = True, master: bool = False) -> Any:
+                  stochastic: bool = False, parallel: bool = True, master: bool = False,
+                  clip_at: int = 0) -> Any:
     """The kernel of ``rule`` with ``nstate`` state arrays, stored through ``load`` and
     ``store`` (float state by default); with ``master``, ``w`` is the float32 master copy and
-    ``wv`` gets its bfloat16 rounding; see above."""
+    ``wv`` gets its bfloat16 rounding; ``clip_at`` (:data:`CLIP_GRADIENT`,
+    :data:`CLIP_SCALED` or :data:`CLIP_DECAYED`) is where the clip happens; see above."""
     per_element = load is _as_is  # float state: count NaN and Inf element by element
 
     def kernel(w, wv, g, h, u, x, hs, us, xs, offsets, counts, seg, hyp, clip, check):  # type: ignore[no-untyped-def]
@@ -638,12 +695,16 @@ def _fused_kernel(rule: Callable[..., Any], nstate: int, name: str,
                         bad += d != d
                     else:
                         worst = max(worst, _magnitude(gi))
-                    if clip:
+                    if clip and clip_at == 0:
                         gi = min(max(gi, clip_low), clip_high)
                     gi = gi * gscale
+                    if clip and clip_at == 1:
+                        gi = min(max(gi, clip_low), clip_high)
                     wi = ws[i]
                     if wd > 0:
                         gi = gi + wd * wi
+                    if clip and clip_at == 2:
+                        gi = min(max(gi, clip_low), clip_high)
                     # The stand-in for a state a rule does not keep is any value of the type.
                     hi = load(hs_[i]) if nstate >= 1 else gi
                     ui = load(us_[i]) if nstate >= 2 else gi
@@ -670,7 +731,7 @@ def _fused_kernel(rule: Callable[..., Any], nstate: int, name: str,
 
 def _blockwise_kernel(rule: Callable[..., Any], nstate: int, name: str,
                       codes: tuple[str, ...], stochastic: bool = False,
-                      parallel: bool = True, master: bool = False) -> Any:
+                      parallel: bool = True, master: bool = False, clip_at: int = 0) -> Any:
     """The kernel of ``rule`` over 8-bit block-wise state, each array kept as its entry of
     ``codes`` (``"int8"`` or ``"uint8"``); see above."""
     codes = (*codes, *(codes[-1:] * 3))[:3]  # the unused ones: any code
@@ -749,12 +810,16 @@ def _blockwise_kernel(rule: Callable[..., Any], nstate: int, name: str,
                     for i in range(bend - pos):
                         gi = gs[i]
                         worst = max(worst, _magnitude(gi))
-                        if clip:
+                        if clip and clip_at == 0:
                             gi = min(max(gi, clip_low), clip_high)
                         gi = gi * gscale
+                        if clip and clip_at == 1:
+                            gi = min(max(gi, clip_low), clip_high)
                         wi = ws[i]
                         if wd > 0:
                             gi = gi + wd * wi
+                        if clip and clip_at == 2:
+                            gi = min(max(gi, clip_low), clip_high)
                         hi = load0(hb[i], off0)
                         ui = load1(ub[i], off1) if nstate >= 2 else gi
                         xi = load2(xb[i], off2) if nstate >= 3 else gi
@@ -850,12 +915,16 @@ _RULES: dict[str, Callable[..., Any]] = {
     "momentum": _momentum_rule,
     "singa_momentum": _singa_momentum_rule,
     "nesterov": _nesterov_rule,
+    "nag_mxnet": _nag_mxnet_rule,
     "adagrad": _adagrad_rule,
     "rmsprop": _rmsprop_rule,
     "rmsprop_momentum": _rmsprop_rule,
     "rmsprop_centered": _rmsprop_centered_rule,
     "rmsprop_centered_momentum": _rmsprop_centered_momentum_rule,
     "adadelta": _adadelta_rule,
+    "signum": _signum_rule,
+    "signsgd": _signsgd_rule,
+    "ftrl": _ftrl_rule,
     "adam": _adam_rule,
     "amsgrad": _amsgrad_rule,
     "adam_inner_delta": _adam_inner_delta_rule,
@@ -882,11 +951,16 @@ def signed_state(rule: str) -> tuple[bool, ...]:
 
 
 def kernel_for(rule: str, codes: tuple[str, ...] = (), stochastic: bool = False,
-               parallel: bool = True, master: bool = False) -> Any:
+               parallel: bool = True, master: bool = False, clip_at: int = 0) -> Any:
     """The compiled-on-first-use kernel of ``rule`` for state stored as ``codes`` (one per
     state array: ``"float"``, ``"bfloat16"``, ``"int8"`` or ``"uint8"``); with ``master``,
-    the one that also writes the bfloat16 rounding of the values it updates."""
-    key = (rule, codes, stochastic and bool(codes) and codes[0] != "float", parallel, master)
+    the one that also writes the bfloat16 rounding of the values it updates; ``clip_at``:
+    where the gradient is clipped (:data:`CLIP_GRADIENT`, the default, and the others)."""
+    if clip_at not in (CLIP_GRADIENT, CLIP_SCALED, CLIP_DECAYED):
+        raise ParamError(f"clip_at must be {CLIP_GRADIENT}, {CLIP_SCALED} or {CLIP_DECAYED}, "
+                         f"not {clip_at!r}")
+    key = (rule, codes, stochastic and bool(codes) and codes[0] != "float", parallel, master,
+           int(clip_at))
     found = _made.get(key)
     if found is not None:
         return found
@@ -898,19 +972,22 @@ def kernel_for(rule: str, codes: tuple[str, ...] = (), stochastic: bool = False,
 
 
 def _make(rule: str, codes: tuple[str, ...], stochastic: bool, parallel: bool,
-          master: bool) -> Any:
+          master: bool, clip_at: int) -> Any:
     fn = _RULES[rule]
     nstate = len(codes)
-    name = f"_{rule}_kernel" + ("_master" if master else "")
+    name = (f"_{rule}_kernel" + ("_master" if master else "")
+            + ("" if clip_at == CLIP_GRADIENT else f"_clip{clip_at}"))
     if not codes or codes[0] == "float":
-        return _fused_kernel(fn, nstate, name, parallel=parallel, master=master)
+        return _fused_kernel(fn, nstate, name, parallel=parallel, master=master,
+                             clip_at=clip_at)
     suffix = ("_".join(codes) if len(set(codes)) > 1 else codes[0]) + ("_sr" if stochastic
                                                                         else "")
     if codes[0] == "bfloat16":
         return _fused_kernel(fn, nstate, f"{name}_{suffix}", _bf16_load,
-                             _STORES["bfloat16", stochastic], stochastic, parallel, master)
+                             _STORES["bfloat16", stochastic], stochastic, parallel, master,
+                             clip_at)
     return _blockwise_kernel(fn, nstate, f"{name}_{suffix}", codes, stochastic, parallel,
-                             master)
+                             master, clip_at)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -972,6 +1049,7 @@ def _launch(
     step: PerSegment | None = None,
     bf16_values: np.ndarray | None = None,
     skip: npt.ArrayLike | None = None,
+    clip_at: int = 0,
 ) -> int:
     if not isinstance(w, np.ndarray) or w.dtype not in (np.float32, np.float64):
         raise ParamError(f"w must be a float32 or float64 numpy array, not {_describe(w)}")
@@ -1041,7 +1119,7 @@ def _launch(
     scales = [sc for _, _, sc in found if sc is not None] + [_NO_SCALES] * 3
     n = w.shape[0]
     parallel = n > CHUNK
-    kernel = kernel_for(rule, codes, stochastic, parallel, master)
+    kernel = kernel_for(rule, codes, stochastic, parallel, master, clip_at)
     wv = bf16_values if bf16_values is not None else w[:0]
     args = (w, wv, gv, *arrays[:3], *scales[:3], offsets, counts, seg, hyp,
             bool(clip_high > clip_low), bool(check))
@@ -1133,6 +1211,7 @@ def sgd(
     bf16_values: np.ndarray | None = None,
     step: PerSegment | None = None,
     skip: npt.ArrayLike | None = None,
+    clip_at: int = 0,
 ) -> int:
     """SGD: ``h = momentum*h - lr*g; w = w + h``, or ``w = w - lr*g`` when momentum is 0.
 
@@ -1182,13 +1261,13 @@ def sgd(
             stochastic,
             step,
             bf16_values,
-            skip=skip,
+            skip=skip, clip_at=clip_at,
         )
     else:
         return _launch(
             "sgd", w, g, {}, offsets, gscale, wd, (lr,), (), clip_low, clip_high, check,
             bf16_values=bf16_values,
-            skip=skip,
+            skip=skip, clip_at=clip_at,
         )
 
 
@@ -1203,6 +1282,7 @@ def nesterov(
     *,
     momentum: float,
     torch_form: bool = False,
+    mxnet: bool = False,
     clip_low: float = 0.0,
     clip_high: float = 0.0,
     check: bool = False,
@@ -1210,6 +1290,7 @@ def nesterov(
     bf16_values: np.ndarray | None = None,
     step: PerSegment | None = None,
     skip: npt.ArrayLike | None = None,
+    clip_at: int = 0,
 ) -> int:
     """Nesterov: ``h0 = h; h = momentum*h + lr*g; w = w - ((1+momentum)*h - momentum*h0)``.
 
@@ -1226,6 +1307,10 @@ def nesterov(
       gscale: gradient scale per segment (``1/number_of_sharers``).
       momentum: in [0, 1].
       torch_form: torch.optim's form of the momentum (above).
+      mxnet: MXNet 1.9.1's NAG as its store runs it: ``h`` is MXNet's ``mom`` (SINGA's
+        history negated), and the weight decay of the new ``h`` reads the new ``w``
+        (``nag_mom_update`` in place writes the weight first): ``h = momentum*h;
+        w1 = w - h + (1+momentum)*(h - lr*g); h = h - lr*(g + wd*(w1 - w))``.
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
       check: read the gradient first, and write nothing if it holds NaN or Inf.
       stochastic: round bfloat16 and 8-bit state stochastically (else to nearest).
@@ -1236,6 +1321,11 @@ def nesterov(
       skip: per segment, whether to pass it over (a Param that got no gradient in this
         step): nothing of it is read or written; None: none.
     """
+    if mxnet:
+        lr64 = _f64(lr)
+        return _launch("nag_mxnet", w, g, {"h": h}, offsets, gscale, wd, (lr64, lr64 * _f64(wd)),
+                       (momentum, 1.0 + momentum), clip_low, clip_high, check, stochastic,
+                       step, bf16_values, skip=skip, clip_at=clip_at)
     return _launch(
         "nesterov",
         w,
@@ -1252,7 +1342,7 @@ def nesterov(
         stochastic,
         step,
         bf16_values,
-        skip=skip,
+        skip=skip, clip_at=clip_at,
     )
 
 
@@ -1267,6 +1357,7 @@ def adagrad(
     *,
     delta: float = 1e-8,
     torch_form: bool = False,
+    decoupled: bool = False,
     clip_low: float = 0.0,
     clip_high: float = 0.0,
     check: bool = False,
@@ -1274,9 +1365,12 @@ def adagrad(
     bf16_values: np.ndarray | None = None,
     step: PerSegment | None = None,
     skip: npt.ArrayLike | None = None,
+    clip_at: int = 0,
 ) -> int:
     """AdaGrad: ``h = h + g*g; w = w - lr*g/sqrt(h + delta)``; with ``torch_form``,
-    torch.optim.Adagrad's ``w = w - lr*g/(sqrt(h) + delta)``.
+    torch.optim.Adagrad's ``w = w - lr*g/(sqrt(h) + delta)``. With ``decoupled`` (MXNet's
+    AdaGrad), the weight decay is not added to the gradient: ``w = w*(1 - lr*wd) -
+    lr*g/sqrt(h + delta)``.
 
     Args:
       w: values, updated in place (1-D, float32 or float64, C-contiguous).
@@ -1288,6 +1382,7 @@ def adagrad(
       gscale: gradient scale per segment (``1/number_of_sharers``).
       delta: added under the square root (after it with ``torch_form``); > 0.
       torch_form: torch.optim's placement of delta (above).
+      decoupled: MXNet's decoupled weight decay (above).
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
       check: read the gradient first, and write nothing if it holds NaN or Inf.
       stochastic: round bfloat16 and 8-bit state stochastically (else to nearest).
@@ -1298,6 +1393,7 @@ def adagrad(
       skip: per segment, whether to pass it over (a Param that got no gradient in this
         step): nothing of it is read or written; None: none.
     """
+    coupled_wd, decay = _decay(_f64(lr), wd, decoupled)
     return _launch(
         "adagrad",
         w,
@@ -1305,8 +1401,8 @@ def adagrad(
         {"h": h},
         offsets,
         gscale,
-        wd,
-        (lr,),
+        coupled_wd,
+        (lr, decay),
         (0.0, delta) if torch_form else (delta, 0.0),
         clip_low,
         clip_high,
@@ -1314,7 +1410,7 @@ def adagrad(
         stochastic,
         step,
         bf16_values,
-        skip=skip,
+        skip=skip, clip_at=clip_at,
     )
 
 
@@ -1334,6 +1430,7 @@ def rmsprop(
     u: State | None = None,
     centered: bool = False,
     a: State | None = None,
+    lr_in_buffer: bool = False,
     clip_low: float = 0.0,
     clip_high: float = 0.0,
     check: bool = False,
@@ -1341,6 +1438,7 @@ def rmsprop(
     bf16_values: np.ndarray | None = None,
     step: PerSegment | None = None,
     skip: npt.ArrayLike | None = None,
+    clip_at: int = 0,
 ) -> int:
     """RMSProp: ``h = rho*h + (1-rho)*g*g; w = w - lr*g/sqrt(h + delta)``.
 
@@ -1366,6 +1464,9 @@ def rmsprop(
       u: the momentum buffer, updated in place (needed when ``momentum > 0``).
       centered: keep the running mean of the gradient, ``a`` (above).
       a: the running mean of the gradient, updated in place (needed with ``centered``).
+      lr_in_buffer: (centred, with momentum) MXNet's RMSPropAlex: the buffer holds the
+        steps, ``u = momentum*u + lr*g/avg; w = w - u`` (torch.optim's takes the rate out:
+        the same while the rate does not change).
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
       check: read the gradient first, and write nothing if it holds NaN or Inf.
       stochastic: round bfloat16 and 8-bit state stochastically (else to nearest).
@@ -1377,23 +1478,25 @@ def rmsprop(
         step): nothing of it is read or written; None: none.
     """
     inner, outer = (0.0, delta) if torch_form else (delta, 0.0)
-    if momentum > 0 and (u is None or not torch_form):
-        raise ParamError("RMSProp's momentum is torch.optim's: it needs torch_form and "
-                         "the momentum buffer u")
+    if momentum > 0 and (u is None or not (torch_form or (centered and lr_in_buffer))):
+        raise ParamError("RMSProp's momentum is torch.optim's (torch_form) or MXNet's "
+                         "centred one (centered, lr_in_buffer): it needs one of them and the "
+                         "momentum buffer u")
     if centered:
         if a is None:
             raise ParamError("a centred RMSProp needs a, the running mean of the gradient")
         states: dict[str, State] = {"h": h, "a": a}
         if u is not None and momentum > 0:
             states = {"h": h, "u": u, "a": a}
+        k = (1.0, lr) if lr_in_buffer and momentum > 0 else (lr, 1.0)
         return _launch("rmsprop_centered_momentum" if momentum > 0 else "rmsprop_centered",
-                       w, g, states, offsets, gscale, wd, (lr,),
+                       w, g, states, offsets, gscale, wd, k,
                        (rho, 1.0 - rho, inner, outer, momentum), clip_low, clip_high, check,
-                       stochastic, step, bf16_values, skip=skip)
+                       stochastic, step, bf16_values, skip=skip, clip_at=clip_at)
     if momentum > 0 and u is not None:  # (u is there: refused above otherwise)
         return _launch("rmsprop_momentum", w, g, {"h": h, "u": u}, offsets, gscale, wd,
                        (lr,), (rho, 1.0 - rho, inner, outer, momentum), clip_low, clip_high,
-                       check, stochastic, step, bf16_values, skip=skip)
+                       check, stochastic, step, bf16_values, skip=skip, clip_at=clip_at)
     return _launch(
         "rmsprop",
         w,
@@ -1410,7 +1513,7 @@ def rmsprop(
         stochastic,
         step,
         bf16_values,
-        skip=skip,
+        skip=skip, clip_at=clip_at,
     )
 
 
@@ -1426,6 +1529,7 @@ def adadelta(
     *,
     rho: float,
     delta: float = 1e-8,
+    decoupled: bool = False,
     clip_low: float = 0.0,
     clip_high: float = 0.0,
     check: bool = False,
@@ -1433,9 +1537,11 @@ def adadelta(
     bf16_values: np.ndarray | None = None,
     step: PerSegment | None = None,
     skip: npt.ArrayLike | None = None,
+    clip_at: int = 0,
 ) -> int:
     """AdaDelta: ``h = rho*h + (1-rho)*g*g; t = g*sqrt(u + delta)/sqrt(h + delta);
-    u = rho*u + (1-rho)*t*t; w = w - lr*t``.
+    u = rho*u + (1-rho)*t*t; w = w - lr*t``. With ``decoupled`` (MXNet's AdaDelta), the weight
+    decay is not added to the gradient: ``w = w*(1 - lr*wd) - lr*t``.
 
     Args:
       w: values, updated in place (1-D, float32 or float64, C-contiguous).
@@ -1448,6 +1554,7 @@ def adadelta(
       gscale: gradient scale per segment (``1/number_of_sharers``).
       rho: decay of the running means, in [0, 1].
       delta: added under the square roots; > 0.
+      decoupled: MXNet's decoupled weight decay (above).
       clip_low, clip_high: clip the gradient into this range if ``clip_high > clip_low``.
       check: read the gradient first, and write nothing if it holds NaN or Inf.
       stochastic: round bfloat16 and 8-bit state stochastically (else to nearest).
@@ -1458,6 +1565,7 @@ def adadelta(
       skip: per segment, whether to pass it over (a Param that got no gradient in this
         step): nothing of it is read or written; None: none.
     """
+    coupled_wd, decay = _decay(_f64(lr), wd, decoupled)
     return _launch(
         "adadelta",
         w,
@@ -1465,8 +1573,8 @@ def adadelta(
         {"h": h, "u": u},
         offsets,
         gscale,
-        wd,
-        (lr,),
+        coupled_wd,
+        (lr, decay),
         (rho, 1.0 - rho, delta),
         clip_low,
         clip_high,
@@ -1474,7 +1582,7 @@ def adadelta(
         stochastic,
         step,
         bf16_values,
-        skip=skip,
+        skip=skip, clip_at=clip_at,
     )
 
 
@@ -1502,6 +1610,7 @@ def adam(
     stochastic: bool = False,
     bf16_values: np.ndarray | None = None,
     skip: npt.ArrayLike | None = None,
+    clip_at: int = 0,
 ) -> int:
     """Adam (or AdamW with ``decoupled=True``) with bias correction.
 
@@ -1575,7 +1684,7 @@ def adam(
         stochastic,
         step,
         bf16_values,
-        skip=skip,
+        skip=skip, clip_at=clip_at,
     )
 
 
@@ -1600,6 +1709,7 @@ def adamax(
     stochastic: bool = False,
     bf16_values: np.ndarray | None = None,
     skip: npt.ArrayLike | None = None,
+    clip_at: int = 0,
 ) -> int:
     """AdaMax, the infinity-norm variant of Adam (Kingma & Ba 2015, section 7.1).
 
@@ -1653,7 +1763,7 @@ def adamax(
         stochastic,
         step,
         bf16_values,
-        skip=skip,
+        skip=skip, clip_at=clip_at,
     )
 
 
@@ -1680,6 +1790,7 @@ def nadam(
     stochastic: bool = False,
     bf16_values: np.ndarray | None = None,
     skip: npt.ArrayLike | None = None,
+    clip_at: int = 0,
 ) -> int:
     """NAdam, Adam with Nesterov momentum (Dozat 2016), as torch.optim.NAdam.
 
@@ -1711,7 +1822,8 @@ def nadam(
     coupled_wd, decay = _decay(lr64, wd, decoupled)
     found = _launch("nadam", w, g, {"m": m, "v": v}, offsets, gscale, coupled_wd,
                     (k0, k1, k2, decay), (beta1, 1.0 - beta1, beta2, 1.0 - beta2, delta),
-                    clip_low, clip_high, check, stochastic, step, bf16_values, skip=skip)
+                    clip_low, clip_high, check, stochastic, step, bf16_values,
+                    skip=skip, clip_at=clip_at)
     if not (check and found):
         done = np.broadcast_to(product, (nseg,))
         if skip is not None:
@@ -1741,6 +1853,7 @@ def radam(
     stochastic: bool = False,
     bf16_values: np.ndarray | None = None,
     skip: npt.ArrayLike | None = None,
+    clip_at: int = 0,
 ) -> int:
     """RAdam, Adam with the variance of its adaptive rate rectified (Liu et al. 2020), as
     torch.optim.RAdam.
@@ -1761,7 +1874,277 @@ def radam(
     coupled_wd, decay = _decay(lr64, wd, decoupled)
     return _launch("radam", w, g, {"m": m, "v": v}, offsets, gscale, coupled_wd,
                    (k0, k1, decay), (beta1, 1.0 - beta1, beta2, 1.0 - beta2, delta),
-                   clip_low, clip_high, check, stochastic, step, bf16_values, skip=skip)
+                   clip_low, clip_high, check, stochastic, step, bf16_values,
+                   skip=skip, clip_at=clip_at)
+
+
+def signum(
+    w: np.ndarray,
+    g: np.ndarray,
+    u: State,
+    offsets: npt.ArrayLike,
+    lr: PerSegment,
+    wd: PerSegment = 0.0,
+    gscale: PerSegment = 1.0,
+    *,
+    momentum: float = 0.9,
+    wd_lh: float = 0.0,
+    clip_low: float = 0.0,
+    clip_high: float = 0.0,
+    check: bool = False,
+    stochastic: bool = False,
+    bf16_values: np.ndarray | None = None,
+    step: PerSegment | None = None,
+    skip: npt.ArrayLike | None = None,
+    clip_at: int = 0,
+) -> int:
+    """Signum, the sign of the momentum (Bernstein et al. 2018), as MXNet's.
+
+    ``u = momentum*u + (1-momentum)*g; w = (1 - lr*wd_lh)*w - lr*sign(u)`` (``g`` with the
+    weight decay added). Without momentum, MXNet's signSGD: ``w = (1 - lr*wd)*w -
+    lr*sign(g)``, the weight decay decoupled, ``gscale`` and the clip not used (they do not
+    change a sign), ``u`` not touched (may be empty) and ``wd_lh`` refused.
+
+    Args:
+      w, g, offsets, lr, wd, gscale, clip_low, clip_high, check, stochastic, bf16_values,
+        step, skip, clip_at: as :func:`sgd`'s.
+      u: the momentum (MXNet keeps its negative), updated in place.
+      momentum: in [0, 1).
+      wd_lh: the decoupled weight decay (Loshchilov & Hutter) of Signum with momentum.
+    """
+    lr64 = _f64(lr)
+    if momentum > 0:
+        return _launch("signum", w, g, {"u": u}, offsets, gscale, wd,
+                       (lr64, 1.0 - lr64 * wd_lh), (momentum, 1.0 - momentum), clip_low,
+                       clip_high, check, stochastic, step, bf16_values, skip=skip,
+                       clip_at=clip_at)
+    if wd_lh > 0:
+        raise ParamError("wd_lh is the decoupled weight decay of Signum with momentum; "
+                         "without momentum (signSGD) the weight decay is decoupled already: "
+                         "give weight_decay")
+    return _launch("signsgd", w, g, {}, offsets, 1.0, 0.0, (lr64, 1.0 - lr64 * _f64(wd)), (),
+                   0.0, 0.0, check, False, None, bf16_values, skip=skip)
+
+
+def ftrl(
+    w: np.ndarray,
+    g: np.ndarray,
+    z: State,
+    n: State,
+    offsets: npt.ArrayLike,
+    lr: PerSegment,
+    wd: PerSegment = 0.0,
+    gscale: PerSegment = 1.0,
+    *,
+    lamda1: float = 0.01,
+    beta: float = 1.0,
+    clip_low: float = 0.0,
+    clip_high: float = 0.0,
+    check: bool = False,
+    stochastic: bool = False,
+    bf16_values: np.ndarray | None = None,
+    step: PerSegment | None = None,
+    skip: npt.ArrayLike | None = None,
+    clip_at: int = 0,
+) -> int:
+    """FTRL-Proximal (McMahan et al. 2013, *Ad Click Prediction*), as MXNet's Ftrl.
+
+    ``z += g - (sqrt(n + g*g) - sqrt(n))*w/lr; n += g*g; w = (sign(z)*lamda1 - z) /
+    ((beta + sqrt(n))/lr + wd)`` where ``|z| > lamda1``, else 0. The weight decay is the L2
+    term of that closed form: it is not added to the gradient.
+
+    Args:
+      w, g, offsets, lr, gscale, clip_low, clip_high, check, stochastic, bf16_values, step,
+        skip, clip_at: as :func:`sgd`'s (``lr`` > 0).
+      z: the accumulated adjusted gradients, updated in place.
+      n: the sum of squared gradients, updated in place.
+      wd: the L2 regularisation per segment.
+      lamda1: the L1 regularisation (MXNet's spelling), >= 0.
+      beta: the per-coordinate rate's beta.
+    """
+    return _launch("ftrl", w, g, {"z": z, "n": n}, offsets, gscale, 0.0, (lr, wd),
+                   (lamda1, beta), clip_low, clip_high, check, stochastic, step, bf16_values,
+                   skip=skip, clip_at=clip_at)
+
+
+def _lamb_kernel(w, g, m, v, offsets, seg, hyp, clip, clip_at, check, one):  # type: ignore[no-untyped-def]
+    """LAMB's two passes, segment by segment (see :func:`lamb`). ``seg[:, s] = (gscale, wd,
+    lr, 1/(1 - beta1^t), 1/(1 - beta2^t), skip)``; ``hyp = (clip_low, clip_high, beta1,
+    1 - beta1, beta2, 1 - beta2, epsilon, lower_bound, upper_bound)`` (a bound < 0: none);
+    ``one``: a one-element array of the data type (the step's rate is rounded into it)."""
+    nseg = offsets.shape[0] - 1
+    for s in range(nseg):
+        if offsets[s + 1] < offsets[s]:
+            return -1
+    if check:
+        found = _count(g)
+        if found > 0:
+            return found
+    clip_low = hyp[0]
+    clip_high = hyp[1]
+    b1 = hyp[2]
+    c1 = hyp[3]
+    b2 = hyp[4]
+    c2 = hyp[5]
+    eps = hyp[6]
+    nonfinite = 0
+    for s in range(nseg):
+        if seg[5, s] != 0:
+            continue
+        lo = offsets[s]
+        n = offsets[s + 1] - lo
+        gscale = seg[0, s]
+        wd = seg[1, s]
+        k1 = seg[3, s]
+        k2 = seg[4, s]
+        ws = w[lo:lo + n]
+        gs = g[lo:lo + n]
+        ms = m[lo:lo + n]
+        vs = v[lo:lo + n]
+        nchunks = (n + CHUNK - 1) // CHUNK
+        r1 = 0.0
+        r2 = 0.0
+        bad = 0
+        for c in prange(nchunks):  # pass 1: the moments, and the two norms
+            a = c * CHUNK
+            b = min(a + CHUNK, n)
+            s1 = 0.0
+            s2 = 0.0
+            nb = 0
+            for i in range(a, b):
+                gi = gs[i]
+                d = gi - gi
+                nb += d != d
+                if clip and clip_at == 0:
+                    gi = min(max(gi, clip_low), clip_high)
+                gi = gi * gscale
+                if clip and clip_at != 0:
+                    gi = min(max(gi, clip_low), clip_high)
+                mi = b1 * ms[i] + c1 * gi
+                vi = b2 * vs[i] + c2 * gi * gi
+                ms[i] = mi
+                vs[i] = vi
+                wi = ws[i]
+                ui = (mi * k1) / (np.sqrt(vi * k2) + eps) + wd * wi
+                s1 += np.float64(wi) * np.float64(wi)
+                s2 += np.float64(ui) * np.float64(ui)
+            r1 += s1
+            r2 += s2
+            bad += nb
+        nonfinite += bad
+        r1 = np.sqrt(r1)
+        r2 = np.sqrt(r2)
+        if hyp[7] >= 0:
+            r1 = max(r1, np.float64(hyp[7]))
+        if hyp[8] >= 0:
+            r1 = min(r1, np.float64(hyp[8]))
+        rate = np.float64(seg[2, s])
+        if r1 != 0.0 and r2 != 0.0:
+            rate = rate * r1 / r2
+        one[0] = rate
+        lr = one[0]  # rounded to the data type
+        for c in prange(nchunks):  # pass 2: the step, with the trust ratio
+            a = c * CHUNK
+            b = min(a + CHUNK, n)
+            for i in range(a, b):
+                wi = ws[i]
+                ui = (ms[i] * k1) / (np.sqrt(vs[i] * k2) + eps) + wd * wi
+                ws[i] = wi - lr * ui
+    return nonfinite
+
+
+_lamb = _jit(_lamb_kernel, "_lamb_kernel", True)
+
+
+def lamb(
+    w: np.ndarray,
+    g: np.ndarray,
+    m: np.ndarray,
+    v: np.ndarray,
+    offsets: npt.ArrayLike,
+    lr: PerSegment,
+    wd: PerSegment = 0.0,
+    gscale: PerSegment = 1.0,
+    *,
+    step: PerSegment,
+    beta1: float = 0.9,
+    beta2: float = 0.999,
+    delta: float = 1e-6,
+    bias_correction: bool = True,
+    lower_bound: float | None = None,
+    upper_bound: float | None = None,
+    clip_low: float = 0.0,
+    clip_high: float = 0.0,
+    check: bool = False,
+    stochastic: bool = False,
+    bf16_values: np.ndarray | None = None,
+    skip: npt.ArrayLike | None = None,
+    clip_at: int = 0,
+) -> int:
+    """LAMB (You et al. 2020, *Large Batch Optimization for Deep Learning*), as MXNet's.
+
+    Per segment: ``m`` and ``v`` as Adam's (the weight decay not in the gradient); ``u =
+    m̂/(sqrt(v̂) + delta) + wd*w`` with ``m̂ = m/(1 - beta1^t)``, ``v̂ = v/(1 - beta2^t)``
+    (``m``, ``v`` without ``bias_correction``); ``r1 = ||w||`` clamped into ``[lower_bound,
+    upper_bound]`` (those given), ``r2 = ||u||``; ``w = w - lr*(r1/r2)*u`` (``lr*u`` when
+    either norm is 0). The norms are of the whole segment, so this is two passes: the first
+    updates the moments and sums both norms (in float64), the second takes the step.
+
+    Args:
+      w, g, m, v, offsets, lr, wd, gscale, step, clip_low, clip_high, check, skip, clip_at:
+        as :func:`adam`'s (the clip, wherever it is, comes before the weight decay: LAMB adds
+        it after the moments). State is float (not bfloat16 or 8-bit); ``stochastic`` and
+        ``bf16_values`` are refused.
+      beta1, beta2: decays of the moments, in [0, 1).
+      delta: added to ``sqrt(v̂)`` (MXNet's epsilon, 1e-6).
+      bias_correction: correct the moments' bias (MXNet's default).
+      lower_bound, upper_bound: the clamp of ``||w||`` (None: none).
+    """
+    if stochastic or bf16_values is not None:
+        raise ParamError("LAMB keeps float state and values (no stochastic rounding, no "
+                         "bfloat16 master copy)")
+    if not isinstance(w, np.ndarray) or w.dtype not in (np.float32, np.float64):
+        raise ParamError(f"w must be a float32 or float64 numpy array, not {_describe(w)}")
+    for role, a in (("g", g), ("m", m), ("v", v)):
+        if not isinstance(a, np.ndarray) or a.dtype != w.dtype:
+            raise ParamError(f"{role} must be a {w.dtype} numpy array like w (LAMB keeps float "
+                             f"state), not {_describe(a)}")
+        if a.ndim != 1 or a.shape != w.shape or not a.flags.c_contiguous:
+            raise ParamError(f"{role} must be 1-D, C-contiguous and of w's length "
+                             f"{w.shape[0]}, got shape {a.shape}")
+    for role, a in (("w", w), ("m", m), ("v", v)):
+        if a.ndim != 1 or not a.flags.c_contiguous or not a.flags.writeable:
+            raise ParamError(f"{role} must be a writeable 1-D C-contiguous array")
+    offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+    if offsets.ndim != 1 or offsets.shape[0] < 1 or offsets[0] != 0 or offsets[-1] != w.shape[0]:
+        _bad_offsets(offsets, w)
+    nseg = offsets.shape[0] - 1
+    t = _step(step, skip)
+    if bias_correction:
+        k1 = 1.0 / -np.expm1(t * np.log(beta1)) if beta1 > 0 else np.ones_like(t)
+        k2 = 1.0 / -np.expm1(t * np.log(beta2)) if beta2 > 0 else np.ones_like(t)
+    else:
+        k1 = k2 = np.ones_like(t)
+    seg = np.zeros((6, nseg), w.dtype)
+    try:
+        for row, value in enumerate((gscale, wd, lr, k1, k2)):
+            seg[row] = value
+        if skip is not None:
+            seg[5] = np.asarray(skip, bool)
+    except ValueError:
+        raise ParamError(f"per-segment arguments (and skip) must be scalars or have one entry "
+                         f"per segment ({nseg})") from None
+    hyp = np.array([clip_low, clip_high, beta1, 1.0 - beta1, beta2, 1.0 - beta2, delta,
+                    -1.0 if lower_bound is None else lower_bound,
+                    -1.0 if upper_bound is None else upper_bound], w.dtype)
+    gv = g.view()
+    gv.flags.writeable = False
+    with threads_for(w.shape[0]):
+        found = int(_lamb(w, gv, m, v, offsets, seg, hyp, bool(clip_high > clip_low),
+                          int(clip_at), bool(check), np.zeros(1, w.dtype)))
+    if found == -1:
+        _bad_offsets(offsets, w)
+    return found
 
 
 def nadam_coefficients(lr: np.ndarray, t: np.ndarray, mu_product: np.ndarray, beta1: float,
@@ -1851,6 +2234,8 @@ def warmup(dtype: npt.DTypeLike = np.float32, state_dtype: str = "float32", *,
             sgd(w, w.copy(), st("momentum", 0), offsets, 0.0, momentum=0.5,
                 torch_form=torch_form, **kw)
         nesterov(w, w.copy(), st("nesterov", 0), offsets, 0.0, momentum=0.5, **kw)
+        nesterov(w, w.copy(), st("nag_mxnet", 0), offsets, 0.0, momentum=0.5, mxnet=True,
+                 **kw)
         adagrad(w, w.copy(), st("adagrad", 0), offsets, 0.0, **kw)
         rmsprop(w, w.copy(), st("rmsprop", 0), offsets, 0.0, rho=0.9, **kw)
         rmsprop(w, w.copy(), st("rmsprop_momentum", 0), offsets, 0.0, rho=0.9,
@@ -1871,3 +2256,6 @@ def warmup(dtype: npt.DTypeLike = np.float32, state_dtype: str = "float32", *,
         nadam(w, w.copy(), st("nadam", 0), st("nadam", 1), offsets, 0.0,
               mu_product=np.ones(1), **kw)
         radam(w, w.copy(), st("radam", 0), st("radam", 1), offsets, 0.0, **kw)
+        signum(w, w.copy(), st("signum", 0), offsets, 0.0, momentum=0.5, **kw)
+        signum(w, w.copy(), w[:0], offsets, 0.0, momentum=0.0, **kw)
+        ftrl(w, w.copy(), st("ftrl", 0), st("ftrl", 1), offsets, 1.0, **kw)

@@ -73,12 +73,16 @@ SIGNED_STATE: dict[str, tuple[bool, ...]] = {
     "momentum": (True,),
     "singa_momentum": (True,),  # the momentum rule with k1 = 1 (kernels: one multiply fewer)
     "nesterov": (True,),
+    "nag_mxnet": (True,),
     "adagrad": (False,),
     "rmsprop": (False,),
     "rmsprop_momentum": (False, True),
     "rmsprop_centered": (False, True),  # the square average, the gradient's mean
     "rmsprop_centered_momentum": (False, True, True),  # ... the momentum buffer, the mean
     "adadelta": (False, False),
+    "signum": (True,),
+    "signsgd": (),
+    "ftrl": (True, False),  # z, n
     "adam": (True, False),
     "amsgrad": (True, False, False),  # m, v, the running maximum of v
     "adam_inner_delta": (True, False),

@@ -25,6 +25,7 @@ wrappers take the arguments of :mod:`paramserver.kernels`' (one segment: scalars
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +43,7 @@ from .kernels import (
     _adam_rule,
     _adamax_rule,
     _momentum_rule,
+    _nag_mxnet_rule,
     _nesterov_rule,
     _rmsprop_rule,
     _sgd_rule,
@@ -68,7 +70,7 @@ _NUM_COEFS = 4
 # are any (nothing written), as the dense kernels do.
 
 
-def _row_kernel(rule: Callable[..., Any], nstate: int, name: str) -> Any:
+def _row_kernel(rule: Callable[..., Any], nstate: int, name: str, clip_at: int = 0) -> Any:
     def kernel(w, g, h, u, x, ids, dim, coef, hyp, clip, check):  # type: ignore[no-untyped-def]
         n = ids.shape[0]
         num_rows = w.shape[0] // dim if dim > 0 else 0
@@ -112,12 +114,16 @@ def _row_kernel(rule: Callable[..., Any], nstate: int, name: str) -> Any:
                     gi = gs[j]
                     d = gi - gi
                     bad += d != d
-                    if clip:
+                    if clip and clip_at == 0:
                         gi = min(max(gi, clip_low), clip_high)
                     gi = gi * gscale
+                    if clip and clip_at == 1:
+                        gi = min(max(gi, clip_low), clip_high)
                     wi = ws[j]
                     if wd > 0:
                         gi = gi + wd * wi
+                    if clip and clip_at == 2:
+                        gi = min(max(gi, clip_low), clip_high)
                     hi = hs[j] if nstate >= 1 else gi
                     ui = us[j] if nstate >= 2 else gi
                     xi = xs[j] if nstate >= 3 else gi
@@ -133,12 +139,38 @@ def _row_kernel(rule: Callable[..., Any], nstate: int, name: str) -> Any:
         return nonfinite
 
     kernel.__name__ = kernel.__qualname__ = name
-    return njit(nogil=True, parallel=True, cache=True, fastmath=False, error_model="numpy")(kernel)
+    made = njit(nogil=True, parallel=True, cache=True, fastmath=False,
+                error_model="numpy")(kernel)
+    _MADE[name, clip_at] = made
+    _RULE_OF[made] = (rule, nstate, name)
+    return made
+
+
+_MADE: dict[tuple[str, int], Any] = {}
+_RULE_OF: dict[Any, tuple[Callable[..., Any], int, str]] = {}
+_making = threading.Lock()
+
+
+def _variant(kernel: Any, clip_at: int) -> Any:
+    """``kernel``'s driver with the clip at ``clip_at`` (:data:`~.kernels.CLIP_SCALED`, ...:
+    MXNet's orders), made on first use."""
+    if clip_at == 0:
+        return kernel
+    rule, nstate, name = _RULE_OF[kernel]
+    found = _MADE.get((name, clip_at))
+    if found is None:
+        with _making:
+            found = _MADE.get((name, clip_at))
+            if found is None:
+                found = _row_kernel(rule, nstate, f"{name}_clip{clip_at}", clip_at)
+                _MADE[name, clip_at] = found
+    return found
 
 
 _sgd_rows = _row_kernel(_sgd_rule, 0, "_sgd_rows")
 _momentum_rows = _row_kernel(_momentum_rule, 1, "_momentum_rows")
 _nesterov_rows = _row_kernel(_nesterov_rule, 1, "_nesterov_rows")
+_nag_mxnet_rows = _row_kernel(_nag_mxnet_rule, 1, "_nag_mxnet_rows")
 _adagrad_rows = _row_kernel(_adagrad_rule, 1, "_adagrad_rows")
 _rmsprop_rows = _row_kernel(_rmsprop_rule, 1, "_rmsprop_rows")
 _rmsprop_momentum_rows = _row_kernel(_rmsprop_rule, 2, "_rmsprop_momentum_rows")
@@ -187,7 +219,8 @@ def check_rows(ids: Any, num_rows: int, where: str = "row ids") -> np.ndarray:
 
 def _launch(kernel: Any, w: np.ndarray, g: np.ndarray, ids: npt.ArrayLike, dim: int,
             states: dict[str, np.ndarray], gscale: float, wd: float, k: tuple[float, ...],
-            p: tuple[float, ...], clip_low: float, clip_high: float, check: bool) -> int:
+            p: tuple[float, ...], clip_low: float, clip_high: float, check: bool,
+            clip_at: int = 0) -> int:
     if not isinstance(w, np.ndarray) or w.dtype not in (np.float32, np.float64):
         raise ParamError(f"w must be a float32 or float64 numpy array, not {type(w).__name__}")
     dtype = w.dtype
@@ -215,6 +248,7 @@ def _launch(kernel: Any, w: np.ndarray, g: np.ndarray, ids: npt.ArrayLike, dim: 
     hyp = np.zeros(2 + _NUM_PARAMS, dtype)
     hyp[:2 + len(p)] = (clip_low, clip_high, *p)
     h, u, x = (*states.values(), w[:0], w[:0], w[:0])[:3]
+    kernel = _variant(kernel, clip_at)
     with threads_for(ids.size * dim):
         found = int(kernel(w, gv, h, u, x, ids, np.int64(dim), coef, hyp,
                            bool(clip_high > clip_low), bool(check)))
@@ -231,7 +265,7 @@ def _f(x: Any) -> float:
 def sgd(w: np.ndarray, g: np.ndarray, ids: npt.ArrayLike, dim: int, h: np.ndarray,
         lr: float, wd: float = 0.0, gscale: float = 1.0, *, momentum: float = 0.0,
         dampening: float = 0.0, torch_form: bool = False, clip_low: float = 0.0,
-        clip_high: float = 0.0, check: bool = False) -> int:
+        clip_high: float = 0.0, check: bool = False, clip_at: int = 0) -> int:
     """SGD on rows ``ids`` of the table ``w`` (``num_rows × dim`` flat): as
     :func:`paramserver.kernels.sgd`; ``h`` is not touched (may be empty) without momentum.
 
@@ -253,35 +287,41 @@ def sgd(w: np.ndarray, g: np.ndarray, ids: npt.ArrayLike, dim: int, h: np.ndarra
         keep = 1.0 - _f(dampening)
         k = (-keep, -_f(lr)) if torch_form else (_f(lr) * keep, 1.0)
         return _launch(_momentum_rows, w, g, ids, dim, {"h": h}, gscale, wd, k,
-                       (momentum,), clip_low, clip_high, check)
+                       (momentum,), clip_low, clip_high, check, clip_at)
     return _launch(_sgd_rows, w, g, ids, dim, {}, gscale, wd, (_f(lr),), (), clip_low,
-                   clip_high, check)
+                   clip_high, check, clip_at)
 
 
 def nesterov(w: np.ndarray, g: np.ndarray, ids: npt.ArrayLike, dim: int, h: np.ndarray,
              lr: float, wd: float = 0.0, gscale: float = 1.0, *, momentum: float,
-             torch_form: bool = False, clip_low: float = 0.0, clip_high: float = 0.0,
-             check: bool = False) -> int:
+             torch_form: bool = False, mxnet: bool = False, clip_low: float = 0.0,
+             clip_high: float = 0.0, check: bool = False, clip_at: int = 0) -> int:
     """Nesterov on rows ``ids``: as :func:`paramserver.kernels.nesterov` (see :func:`sgd`)."""
+    if mxnet:
+        return _launch(_nag_mxnet_rows, w, g, ids, dim, {"h": h}, gscale, wd,
+                       (_f(lr), _f(lr) * _f(wd)), (momentum, 1.0 + momentum), clip_low,
+                       clip_high, check, clip_at)
     return _launch(_nesterov_rows, w, g, ids, dim, {"h": h}, gscale, wd,
                    (1.0, _f(lr)) if torch_form else (_f(lr), 1.0),
-                   (momentum, 1.0 + momentum), clip_low, clip_high, check)
+                   (momentum, 1.0 + momentum), clip_low, clip_high, check, clip_at)
 
 
 def adagrad(w: np.ndarray, g: np.ndarray, ids: npt.ArrayLike, dim: int, h: np.ndarray,
             lr: float, wd: float = 0.0, gscale: float = 1.0, *, delta: float = 1e-8,
-            torch_form: bool = False, clip_low: float = 0.0, clip_high: float = 0.0,
-            check: bool = False) -> int:
+            torch_form: bool = False, decoupled: bool = False, clip_low: float = 0.0,
+            clip_high: float = 0.0, check: bool = False, clip_at: int = 0) -> int:
     """AdaGrad on rows ``ids``: as :func:`paramserver.kernels.adagrad` (see :func:`sgd`)."""
-    return _launch(_adagrad_rows, w, g, ids, dim, {"h": h}, gscale, wd, (_f(lr),),
-                   (0.0, delta) if torch_form else (delta, 0.0), clip_low, clip_high, check)
+    coupled_wd, decay = _decay(lr, wd, decoupled)
+    return _launch(_adagrad_rows, w, g, ids, dim, {"h": h}, gscale, coupled_wd,
+                   (_f(lr), decay), (0.0, delta) if torch_form else (delta, 0.0), clip_low,
+                   clip_high, check, clip_at)
 
 
 def rmsprop(w: np.ndarray, g: np.ndarray, ids: npt.ArrayLike, dim: int, h: np.ndarray,
             lr: float, wd: float = 0.0, gscale: float = 1.0, *, rho: float,
             delta: float = 1e-8, torch_form: bool = False, momentum: float = 0.0,
             u: np.ndarray | None = None, clip_low: float = 0.0, clip_high: float = 0.0,
-            check: bool = False) -> int:
+            check: bool = False, clip_at: int = 0) -> int:
     """RMSProp on rows ``ids``: as :func:`paramserver.kernels.rmsprop` (see :func:`sgd`;
     ``u`` torch's momentum buffer, the table's shape)."""
     inner, outer = (0.0, delta) if torch_form else (delta, 0.0)
@@ -291,18 +331,25 @@ def rmsprop(w: np.ndarray, g: np.ndarray, ids: npt.ArrayLike, dim: int, h: np.nd
                              "the momentum buffer u")
         return _launch(_rmsprop_momentum_rows, w, g, ids, dim, {"h": h, "u": u}, gscale, wd,
                        (_f(lr),), (rho, 1.0 - rho, inner, outer, momentum), clip_low,
-                       clip_high, check)
+                       clip_high, check, clip_at)
     return _launch(_rmsprop_rows, w, g, ids, dim, {"h": h}, gscale, wd, (_f(lr),),
-                   (rho, 1.0 - rho, inner, outer, 0.0), clip_low, clip_high, check)
+                   (rho, 1.0 - rho, inner, outer, 0.0), clip_low, clip_high, check, clip_at)
 
 
 def adadelta(w: np.ndarray, g: np.ndarray, ids: npt.ArrayLike, dim: int, h: np.ndarray,
              u: np.ndarray, lr: float, wd: float = 0.0, gscale: float = 1.0, *, rho: float,
-             delta: float = 1e-8, clip_low: float = 0.0, clip_high: float = 0.0,
-             check: bool = False) -> int:
+             delta: float = 1e-8, decoupled: bool = False, clip_low: float = 0.0,
+             clip_high: float = 0.0, check: bool = False, clip_at: int = 0) -> int:
     """AdaDelta on rows ``ids``: as :func:`paramserver.kernels.adadelta` (see :func:`sgd`)."""
-    return _launch(_adadelta_rows, w, g, ids, dim, {"h": h, "u": u}, gscale, wd, (_f(lr),),
-                   (rho, 1.0 - rho, delta), clip_low, clip_high, check)
+    coupled_wd, decay = _decay(lr, wd, decoupled)
+    return _launch(_adadelta_rows, w, g, ids, dim, {"h": h, "u": u}, gscale, coupled_wd,
+                   (_f(lr), decay), (rho, 1.0 - rho, delta), clip_low, clip_high, check,
+                   clip_at)
+
+
+def _decay(lr: float, wd: float, decoupled: bool) -> tuple[float, float]:
+    """``(weight decay added to the gradient, factor on w before the step)``."""
+    return (0.0, 1.0 - _f(lr) * _f(wd)) if decoupled else (_f(wd), 1.0)
 
 
 def _bias(beta: float, t: float) -> float:
@@ -315,7 +362,7 @@ def adam(w: np.ndarray, g: np.ndarray, ids: npt.ArrayLike, dim: int, m: np.ndarr
          beta1: float = 0.9, beta2: float = 0.999, delta: float = 1e-8,
          decoupled: bool = False, bias_correction: bool = True,
          delta_before_correction: bool = False, clip_low: float = 0.0,
-         clip_high: float = 0.0, check: bool = False) -> int:
+         clip_high: float = 0.0, check: bool = False, clip_at: int = 0) -> int:
     """Adam / AdamW on rows ``ids``: as :func:`paramserver.kernels.adam` (see :func:`sgd`);
     ``step`` is the table's update count (this update's number, >= 1). With
     ``delta_before_correction``, torch.optim.SparseAdam's placement of delta."""
@@ -328,17 +375,18 @@ def adam(w: np.ndarray, g: np.ndarray, ids: npt.ArrayLike, dim: int, m: np.ndarr
             a, b = a / b, 1.0
     else:
         a, b = lr64, 1.0
-    coupled_wd, decay = (0.0, 1.0 - lr64 * _f(wd)) if decoupled else (_f(wd), 1.0)
+    coupled_wd, decay = _decay(lr64, wd, decoupled)
     return _launch(_adam_rows if bias_correction else _adam_inner_delta_rows, w, g, ids, dim,
                    {"m": m, "v": v}, gscale, coupled_wd, (a, float(b), decay),
-                   (beta1, 1.0 - beta1, beta2, 1.0 - beta2, delta), clip_low, clip_high, check)
+                   (beta1, 1.0 - beta1, beta2, 1.0 - beta2, delta), clip_low, clip_high,
+                   check, clip_at)
 
 
 def adamax(w: np.ndarray, g: np.ndarray, ids: npt.ArrayLike, dim: int, m: np.ndarray,
            u: np.ndarray, lr: float, wd: float = 0.0, gscale: float = 1.0, *, step: float,
            beta1: float = 0.9, beta2: float = 0.999, delta: float = 1e-8,
            bias_correction: bool = True, clip_low: float = 0.0, clip_high: float = 0.0,
-           check: bool = False) -> int:
+           check: bool = False, clip_at: int = 0) -> int:
     """AdaMax on rows ``ids``: as :func:`paramserver.kernels.adamax` (see :func:`sgd`)."""
     lr64 = _f(lr)
     if bias_correction:
@@ -348,7 +396,7 @@ def adamax(w: np.ndarray, g: np.ndarray, ids: npt.ArrayLike, dim: int, m: np.nda
     else:
         a, inner, outer = lr64, 0.0, delta
     return _launch(_adamax_rows, w, g, ids, dim, {"m": m, "u": u}, gscale, wd, (a,),
-                   (beta1, 1.0 - beta1, beta2, inner, outer), clip_low, clip_high, check)
+                   (beta1, 1.0 - beta1, beta2, inner, outer), clip_low, clip_high, check, clip_at)
 
 
 def _step(step: Any) -> float:

@@ -307,7 +307,10 @@ def device_update(updater: Updater, step: int, w: T, g: T, state: UpdaterState,
     c = updater.conf
     lr = np.broadcast_to(updater.lr(step) * np.asarray(lr_scale, np.float64), (n,)).copy()
     wd = np.broadcast_to(c.weight_decay * np.asarray(wd_scale, np.float64), (n,)).copy()
-    gscale = np.broadcast_to(np.asarray(grad_scale, np.float64), (n,)).copy()
+    if updater.conf.form == "mxnet":
+        raise ParamError("form mxnet (MXNet's rules) runs on the host: give the optimizer "
+                         "placement='offload' or 'host'")
+    gscale = np.broadcast_to(np.asarray(grad_scale, np.float64), (n,)) * updater.conf.rescale_grad
     if c.clip_norm > 0:
         if grad_norm is None:
             raise ParamError("clip_norm needs grad_norm, the global norm of the gradients")
