@@ -59,6 +59,7 @@ from ..init import init_params
 from ..params import ParamSet, physical_memory, plan_params
 from ..paths import NoSpaceError
 from ..singa import checkpoints as singa_checkpoints
+from ..singa.releases import job_release
 from . import algorithms
 from .layers.base import require_torch
 from .metrics import MetricsLog, Row
@@ -144,6 +145,8 @@ class Trainer:
             raise ParamError(f"Invalid Input: '{log_format}', valid values are: "
                              + "{" + ", ".join(repr(f) for f in LOG_FORMATS) + "}")
         self.log_format = log_format
+        #: The SINGA release the job is written for: its checkpoints' names, its log lines.
+        self.release = job_release(job)
         unbuilt = job.unbuilt()
         if unbuilt:
             raise unbuilt_error(unbuilt)
@@ -513,12 +516,13 @@ class Trainer:
 
     def save_singa(self, step: int) -> Path:
         """Write SINGA's checkpoint of ``step``: ``<workspace>/checkpoint/step<N>-worker0``,
-        every owner Param's name, version and values (float32)."""
+        every owner Param's name (as the job's SINGA release names it: ``0#w1``, or v0.1.0's
+        ``w1``), version and values (float32)."""
         path = (self.workspace / singa_checkpoints.FOLDER
                 / singa_checkpoints.checkpoint_file_name(step))
         return singa_checkpoints.write_checkpoint(path, [
-            (p.name, p.data, self._base_versions.get(p.name, 0) + p.version)
-            for p in self.params.owners])
+            (singa_checkpoints.stored_name(p.name, self.release), p.data,
+             self._base_versions.get(p.name, 0) + p.version) for p in self.params.owners])
 
     def _fresh(self, overwrite: bool) -> int:
         """A new run from the job's ``step`` (0 unless given). An earlier run's results in
