@@ -141,7 +141,8 @@ def test_a_singa_job_tests_at_step_0_and_not_after_its_last_step(tmp_path: Path)
     Trainer(singa, progress=False).train()
     got = rows(tmp_path / "singa")
     assert [int(r["step"]) for r in got if r["phase"] == "test"] == [0, 10, 20]
-    assert [int(r["step"]) for r in got if r["phase"] == "val"] == [4, 10, 16, 22]
+    # nor validates after it: Worker::Run's loop ends before step 22's validation
+    assert [int(r["step"]) for r in got if r["phase"] == "val"] == [4, 10, 16]
     assert sorted(p.name for p in (tmp_path / "singa" / "checkpoint").iterdir()) == [
         "step22-worker0"]  # SINGA's, at the end, beside ours
     Trainer(job(tmp_path / "ours", 22, vsteps=1), progress=False).train()

@@ -5,6 +5,7 @@ its log lines (``--log-format singa``), as SINGA v0.1.0 and v0.2.0 wrote them.""
 from __future__ import annotations
 
 import csv
+import re
 from pathlib import Path
 
 import numpy as np
@@ -13,9 +14,10 @@ import pytest
 from paramserver.cli import main
 from paramserver.config.job import parse_job
 from paramserver.singa import checkpoints as sc
-from paramserver.singa import stores
+from paramserver.singa import logs, stores
 from paramserver.singa.releases import V010, V020, job_release
 from paramserver.train.jobfile import read_job_file
+from paramserver.train.trainer import due, events_before, singa_due
 
 DATA = Path(__file__).parent / "data" / "singa"
 
@@ -80,17 +82,24 @@ def rows(ws: str | Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def stanh_mlp_metrics(values: dict[str, np.ndarray], records: int) -> tuple[float, float]:
-    """The small MLP's loss and accuracy over the first ``records`` test records, in numpy
-    (float64): SINGA's scaled tanh, softmax cross-entropy, top-1 accuracy."""
+def stanh_mlp_metrics(values: dict[str, np.ndarray], records: int | np.ndarray
+                      ) -> tuple[float, float]:
+    """The small MLP's loss and accuracy over test records (the first ``records``, or those
+    indexes), in numpy (float64): SINGA's scaled tanh, softmax cross-entropy, top-1
+    accuracy."""
     samples = stores.read_records("examples/mnist/test_data.bin", "kvfile")
-    x = (samples.x.reshape(len(samples.x), -1)[:records].astype(np.float64) - 127.5) / 127.5
-    y = samples.y[:records]
+    idx = np.arange(records) if isinstance(records, int) else records
+    x = (samples.x.reshape(len(samples.x), -1)[idx].astype(np.float64) - 127.5) / 127.5
+    y = samples.y[idx]
     h = 1.7159047 * np.tanh(2 / 3 * (x @ values["w1"].T.astype(np.float64) + values["b1"]))
     z = h @ values["w2"].T.astype(np.float64) + values["b2"]
     z -= z.max(1, keepdims=True)
     logp = z - np.log(np.exp(z).sum(1, keepdims=True))
-    return float(-logp[np.arange(records), y].mean()), float((z.argmax(1) == y).mean())
+    return float(-logp[np.arange(len(idx)), y].mean()), float((z.argmax(1) == y).mean())
+
+
+def values_of(checkpoint: str | Path) -> dict[str, np.ndarray]:
+    return {s.name.removeprefix("0#"): s.values for s in sc.read_checkpoint(checkpoint)}
 
 
 # -- checkpoints ------------------------------------------------------------------------------
@@ -198,3 +207,169 @@ def test_a_v010_job_writes_plain_names(folder: Path, capsys: pytest.CaptureFixtu
     assert code == 0, err
     saved = sc.read_checkpoint("examples/v01/checkpoint/step4-worker0")
     assert [s.name for s in saved] == ["w1", "b1", "w2", "b2"]  # as v0.1.0 names them
+
+
+# -- the test phase ---------------------------------------------------------------------------
+
+
+def test_events_before_counts_the_schedule() -> None:
+    for freq, after, start, at_zero in [(10, 0, 0, True), (10, 0, 0, False), (7, 3, 0, True),
+                                        (6, 4, 5, False), (1, 0, 2, True), (0, 0, 0, True)]:
+        when = singa_due if at_zero else due
+        for step in range(0, 40):
+            expected = sum(1 for s in range(start, step) if when(s, freq, after))
+            assert events_before(step, freq, after, start, at_zero=at_zero) == expected
+
+
+def test_tests_read_on_through_the_store_and_stop_before_the_last_step(
+        folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """SINGA's test layer keeps its reader from one test to the next: test k reads
+    test_steps batches from record k * test_steps * batchsize, wrapping around (the store
+    holds 359 records; 3 batches of 50 a test). SINGA's worker tests before steps 0, 10 and
+    20, and stops at step 30 before testing there."""
+    job = write_job("job.conf", steps=30)
+    Path(job).write_text(Path(job).read_text().replace("base_lr: 0.05", "base_lr: 0"))
+    code, _, err = run(capsys, "train", job, "--quiet")
+    assert code == 0, err
+    tests = [r for r in rows("examples/mnist") if r["phase"] == "test"]
+    assert [r["step"] for r in tests] == ["0", "10", "20"]
+    values = values_of("examples/mnist/checkpoint/step30-worker0")  # unchanged: lr 0
+    n = len(stores.read_records("examples/mnist/test_data.bin", "kvfile").y)
+    for k, row in enumerate(tests):
+        loss, accuracy = stanh_mlp_metrics(values, np.arange(k * 150, (k + 1) * 150) % n)
+        assert float(row["loss"]) == pytest.approx(loss, abs=1e-6), k
+        assert float(row["accuracy"]) == pytest.approx(accuracy, abs=1e-9), k
+
+
+def test_a_resumed_run_tests_where_a_straight_one_does(
+        folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    straight = write_job("straight.conf", steps=30, ws="examples/straight")
+    assert run(capsys, "train", straight, "--quiet")[0] == 0
+    tests = [r for r in rows("examples/straight") if r["phase"] == "test"]
+    assert [r["step"] for r in tests] == ["0", "10", "20"]
+    for stop in ("15", "20"):  # 20: that run stopped before its test at 20; resumed, it tests
+        resumed = write_job("resumed.conf", steps=30, ws=f"examples/resumed{stop}",
+                            extra="checkpoint_freq: 10")
+        assert run(capsys, "train", resumed, "--quiet", "--steps", stop)[0] == 0
+        assert run(capsys, "train", resumed, "--quiet", "--resume")[0] == 0
+        assert [r for r in rows(f"examples/resumed{stop}") if r["phase"] == "test"] == tests
+
+
+def test_test_in_a_trained_workspace_tests_its_newest_checkpoint(
+        folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    job = write_job("job.conf", steps=20)
+    assert run(capsys, "train", job, "--quiet")[0] == 0
+    files = {p: p.read_bytes() for p in Path("examples/mnist").rglob("*") if p.is_file()}
+    for argv in (["train", job, "--test"], ["-conf", job, "-test"]):
+        code, out, err = run(capsys, *argv)
+        assert code == 0, err
+        assert "test only: examples/mnist/metrics.csv of the earlier run in examples/mnist " \
+               "kept" in out, out
+        assert "testing examples/mnist/checkpoints/step-00000020.ckpt.safetensors (step 20)" \
+            in out, out
+        loss, accuracy = stanh_mlp_metrics(values_of("examples/mnist/checkpoint/"
+                                                     "step20-worker0"), 150)
+        assert f"step 20: test loss {loss:.4f}, accuracy {100 * accuracy:.2f}%" in out, out
+        assert {p: p.read_bytes() for p in Path("examples/mnist").rglob("*")
+                if p.is_file()} == files  # nothing written over the trained run's files
+    # SINGA's own files only (a workspace of SINGA's): its newest
+    for p in Path("examples/mnist/checkpoints").iterdir():
+        p.unlink()
+    code, out, err = run(capsys, "train", job, "--test")
+    assert code == 0 and "testing examples/mnist/checkpoint/step20-worker0 (step 20)" in out
+    assert f"step 20: test loss {loss:.4f}" in out, out
+    # checkpoint_path, as SINGA's -test: that one
+    values = make_values(3)
+    made = sc.write_checkpoint("made/step7-worker0", [("0#" + k, v, 7) for k, v in
+                                                      values.items()])
+    Path(job).write_text(Path(job).read_text() + f'\ncheckpoint_path: "{made}"')
+    code, out, err = run(capsys, "train", job, "--test")
+    assert code == 0, err
+    assert f"step 0: test loss {stanh_mlp_metrics(values, 150)[0]:.4f}" in out, out
+
+
+# -- SINGA's log lines ------------------------------------------------------------------------
+
+GLOG = re.compile(r"I\d{4} \d\d:\d\d:\d\d\.\d{6} \d+ [\w.]+:\d+\] (.*)")
+NUMBER = r"\d+\.\d{6}"
+
+
+def messages(out: str) -> list[str]:
+    found = [GLOG.fullmatch(line) for line in out.splitlines()]
+    assert all(found), out
+    return [m.group(1) for m in found if m]
+
+
+def test_v020_log_lines_line_for_line(folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    job = write_job("job.conf", steps=22)
+    code, out, err = run(capsys, "train", job, "--log-format", "singa")
+    assert code == 0, err
+    got = [m for m in messages(out) if "@ step" in m or m.startswith("   ")]
+    metric = rf"Loss = {NUMBER}, accuracy = {NUMBER}"
+    expected = ["Test @ step 0", f"   {metric}", f"Train @ step 0  {metric}",
+                f"Train @ step 5  {metric}", "Test @ step 10", f"   {metric}",
+                f"Train @ step 10  {metric}", f"Train @ step 15  {metric}", "Test @ step 20",
+                f"   {metric}", f"Train @ step 20  {metric}"]
+    assert len(got) == len(expected), got
+    for line, pattern in zip(got, expected, strict=True):
+        assert re.fullmatch(pattern, line), (line, pattern)
+    # the test's numbers are metrics.csv's, as SINGA printed them (float32, six decimals)
+    tests = [r for r in rows("examples/mnist") if r["phase"] == "test"]
+    assert [f"   Loss = {float(np.float32(r['loss'])):.6f}, accuracy = "
+            f"{float(np.float32(r['accuracy'])):.6f}" for r in tests] == [got[1], got[5], got[9]]
+    # SINGA's -test: the results alone (Driver::Test logs no "Test @ step")
+    code, out, err = run(capsys, "train", job, "-test", "--log-format", "singa")
+    assert code == 0, err
+    loss, accuracy = stanh_mlp_metrics(values_of("examples/mnist/checkpoint/step22-worker0"),
+                                       150)
+    (line,) = [m for m in messages(out) if "Loss" in m or "@" in m]
+    assert re.fullmatch(rf"   {metric}", line)
+    numbers = [float(x) for x in re.findall(NUMBER, line)]
+    assert numbers == pytest.approx([loss, accuracy], abs=2e-6)
+
+
+def test_v010_log_lines(folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for split in ("train", "test"):
+        assert run(capsys, "data", "digits", f"examples/mnist/mnist_{split}_shard",
+                   "--format", "shard", "--split", split)[0] == 0
+    text = (DATA / "v0.1.0" / "examples" / "mnist" / "job.conf").read_text()
+    text = text.replace("batchsize: 1000", "batchsize: 20").replace(
+        "num_output: 2500", "num_output: 12")
+    Path("v01.conf").write_text(text)
+    code, out, err = run(capsys, "train", "v01.conf", "--steps", "12", "--log-format", "singa",
+                         "--set", "disp_freq=5", "--set", "test_freq=10", "--set",
+                         "test_steps=2")
+    assert code == 0, err
+    got = [m for m in messages(out) if "@ step" in m]
+    metric = rf"accuracy = {NUMBER}, loss = {NUMBER}"  # Metric::ToLogString's order
+    expected = [f"Test @ step 0: {metric}", f"Train @ step 0: {metric}",
+                f"Train @ step 5: {metric}", f"Test @ step 10: {metric}",
+                f"Train @ step 10: {metric}"]
+    assert len(got) == len(expected), got
+    for line, pattern in zip(got, expected, strict=True):
+        assert re.fullmatch(pattern, line), (line, pattern)
+
+
+def test_what_each_layer_type_shows() -> None:
+    m = {"loss": 2.2236071, "accuracy": 0.18906251}
+    assert logs.train_lines(V020, 10, ["kSoftmaxLoss"], m) == [
+        "Train @ step 10  Loss = 2.223607, accuracy = 0.189063"]
+    assert logs.train_lines(V020, 3, ["kEuclideanLoss", "kAccuracy"], m) == [
+        "Train @ step 3  Loss = 2.223607", "Train @ step 3  accuracy = 0.189063"]
+    assert logs.eval_lines(V020, "kVal", 4, ["kRBMVis"], {"loss": 0.5}) == [
+        "Validation @ step 4", "   Squared Error = 0.500000"]
+    assert logs.eval_lines(V020, "kTest", 0, ["kCudnnSoftmaxLoss"], m, alone=True) == [
+        "   Loss = 2.223607"]
+    # kBPTT: one line, each label summed over the unrolled copies, with a trailing comma
+    assert logs.train_lines(V020, 0, ["kSoftmaxLoss"] * 3, m, bptt=True) == [
+        "Train @ step 0 accuracy = 0.567189, Loss = 6.670821, "]
+    assert logs.eval_lines(V020, "kTest", 5, ["kSoftmaxLoss"] * 2, m, bptt=True) == [
+        "Test @ step 5", "  accuracy = 0.378126, Loss = 4.447214, "]
+    assert logs.eval_lines(V010, "kTest", 60, ["kSoftmaxLoss"], m) == [
+        "Test @ step 60: accuracy = 0.189063, loss = 2.223607"]
+    assert logs.train_lines(V010, 1, ["kRBMVis"], {"loss": 1.25}) == [
+        "Train @ step 1: Squared Error = 1.250000"]
+    # a user's layer: its metrics by paramserver's names
+    assert logs.train_lines(V020, 2, ["kMyLoss"], {"perplexity": 3.0}) == [
+        "Train @ step 2  perplexity = 3.000000"]
+    assert logs.value(0.1) == "0.100000" and logs.value(float("nan")) == "nan"
