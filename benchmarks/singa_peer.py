@@ -10,7 +10,8 @@ Both run SINGA's ``examples/mnist/job.conf`` (the 784-2500-2000-1500-1000-500-10
 ``conv.conf`` (LeNet) as released, with ``random_skip`` 0, no tests and no checkpoint but
 the one both write at the end, on MNIST-shaped data (the digits resampled to 28x28 by
 ``paramserver data``) in a temporary folder. Each contender runs each job for ``--short``
-and ``--long`` steps in its own process; CPU time is the process's user + system time
+and ``--long`` steps (five times as many for LeNet, whose steps cost less) in its own
+process; CPU time is the process's user + system time
 (``wait4``), so that other load on the machine changes it little:
 
 * CPU per step = (CPU(long) − CPU(short)) / (long − short): start-up cancels out;
@@ -43,6 +44,9 @@ ROOT = Path(__file__).resolve().parents[1]
 JOBS = {"mlp": ROOT / "examples" / "singa" / "mnist" / "job.conf",
         "conv": ROOT / "examples" / "singa" / "mnist" / "conv.conf"}
 ZK_PORT = 21873
+#: Steps of a job's runs, as multiples of --short and --long: LeNet's steps cost about a
+#: fifth of the MLP's, and their difference must outweigh start-up's noise (~0.5 s).
+SCALE = {"mlp": 1, "conv": 5}
 
 
 @dataclass
@@ -171,13 +175,14 @@ def main() -> int:
             for job in args.jobs:
                 for name in (names if r % 2 == 0 else names[::-1]):
                     runner = c.paramserver if name == "paramserver" else c.singa_run
-                    short, long = runner(job, args.short), runner(job, args.long)
-                    step = (long.cpu - short.cpu) / (args.long - args.short)
+                    n_short, n_long = args.short * SCALE[job], args.long * SCALE[job]
+                    short, long = runner(job, n_short), runner(job, n_long)
+                    step = (long.cpu - short.cpu) / (n_long - n_short)
                     per_step[job, name].append(step)
-                    startup[job, name].append(short.cpu - args.short * step)
+                    startup[job, name].append(short.cpu - n_short * step)
                     rss[job, name].append(max(short.rss_mb, long.rss_mb))
                     print(f"round {r + 1} {job:4} {name:11} CPU/step {1000 * step:8.1f} ms  "
-                          f"start-up {short.cpu - args.short * step:6.2f} s  "
+                          f"start-up {short.cpu - n_short * step:6.2f} s  "
                           f"peak RSS {rss[job, name][-1]:7.1f} MB", flush=True)
             loads.append(os.getloadavg()[0])
     print(f"\nimport torch, numba alone: peak RSS {spread(base, '{:.0f}')} MB")
