@@ -137,7 +137,7 @@ def test_the_rbm_chain_as_written(cwd: Path) -> None:
     from paramserver.singa.checkpoints import read_checkpoint
 
     w1 = {s.name: s.values for s in read_checkpoint(
-        f"examples/rbm/rbm1/checkpoint/step{steps}-worker0")}["w1"]
+        f"examples/rbm/rbm1/checkpoint/step{steps}-worker0")}["0#w1"]  # v0.2.0's names
     again = {s.name: s.values for s in read_checkpoint(
-        f"examples/rbm/rbm2/checkpoint/step{steps}-worker0")}["w1"]
+        f"examples/rbm/rbm2/checkpoint/step{steps}-worker0")}["0#w1"]
     np.testing.assert_array_equal(w1, again)

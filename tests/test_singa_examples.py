@@ -80,8 +80,8 @@ def test_v030_cifar10_with_batch_normalisation(cwd: Path) -> None:
     assert falls(losses), losses
     from paramserver.singa.checkpoints import read_checkpoint
 
-    saved = {p.name: p.values for p in read_checkpoint("examples/cifar10/checkpoint/"
-                                                       "step8-worker0")}
+    saved = {p.name[2:]: p.values for p in read_checkpoint("examples/cifar10/checkpoint/"
+                                                           "step8-worker0")}  # 0#s11, ...
     for bm in ("1", "2", "3"):
         assert not np.any(saved[f"s{bm}3"]) and not np.any(saved[f"s{bm}4"])
         assert np.any(saved[f"s{bm}1"] != 1) and np.any(saved[f"s{bm}2"] != 0)

@@ -224,8 +224,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="no progress display and no messages but warnings")
     train.add_argument("--log-format", choices=LOG_FORMATS, default="paramserver",
                        help="paramserver's progress display and messages, or SINGA's log "
-                       "lines (Train step-10, loss : 2.302585, accuracy : 0.100000; "
-                       "docs/training.md)")
+                       "lines, as the job's release printed them (Train @ step 10  Loss = "
+                       "2.223607, accuracy = 0.189063; docs/singa.md)")
     train.add_argument("--no-tensorboard", dest="tensorboard", action="store_false",
                        help="write no TensorBoard event files")
     train.add_argument("--allow-outside", action="store_true",

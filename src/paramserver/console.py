@@ -14,8 +14,9 @@ terminal's escape sequence is shown as what it is, never obeyed by the terminal,
 message names it.
 
 ``--log-format singa`` prints every message as SINGA's logs (glog's) did: ``I0817
-07:15:24.462602 34073 trainer.py:412] Train step-10, loss : 2.302585, accuracy :
-0.100000``, for programs that parse SINGA's logs.
+07:15:24.462602 34073 trainer.py:412] Train @ step 10  Loss = 2.223607, accuracy =
+0.189063`` (the training's, tests' and validations' lines in the words of the job's SINGA
+release: :mod:`paramserver.singa.logs`), for programs that parse SINGA's logs.
 """
 
 from __future__ import annotations

@@ -8,6 +8,14 @@ RBMs and an autoencoder so). paramserver writes one file per checkpoint step,
 ``step<N>-worker0``, with every owner Param, beside its own checkpoints; and reads any such
 file, from SINGA or from paramserver.
 
+Names: SINGA v0.1.0 stores a Param by its name (``w1``); v0.2.0 and v0.3.0 unroll every net
+and store the Params of copy ``i`` of a layer as ``i#<name>``, the owners (the only ones
+written) being copy 0's: ``0#w1``. A file of any release is read, ``w1`` and ``0#w1`` both
+meaning the job's ``w1`` (:func:`param_name`); paramserver writes the names of the release
+the job is written for (:func:`stored_name`, :mod:`paramserver.singa.releases`), which that
+release's SINGA reads. A file none of whose names is a Param of the job is refused: it is
+not the checkpoint of this net, and loading nothing would start from random values.
+
 Reading parses the protocol-buffer message and nothing else: no code of the file runs.
 A file that is not a well-formed ``BlobProtos`` (undecodable, other fields, as many names as
 values and versions, each value as long as its shape says, versions not negative) is refused
@@ -19,7 +27,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,10 +39,31 @@ from ..params import ParamSet
 from ..paths import require_regular
 from .files import write_atomically
 from .records import BlobProtos, parse
+from .releases import V010
 
 #: SINGA's folder of checkpoints inside the workspace.
 FOLDER = "checkpoint"
 _FILE_NAME = re.compile(r"step\d+-worker\d+")
+#: v0.2.0+'s name of a Param of an unrolled copy: ``<copy>#<name>``.
+_UNROLLED = re.compile(r"(\d+)#(.+)", re.S)
+
+
+def stored_name(name: str, release: str) -> str:
+    """The name SINGA's ``release`` gives Param ``name`` in its checkpoints: ``w1`` (v0.1.0)
+    or ``0#w1`` (v0.2.0 and v0.3.0, whose nets are unrolled: copy 0 owns the Params)."""
+    return name if release == V010 else f"0#{name}"
+
+
+def param_name(stored: str, names: Container[str]) -> str | None:
+    """The Param of ``names`` (a job's) that a checkpoint's name denotes: the same name, or
+    for v0.2.0+'s ``0#w1`` the name after ``0#``; None when it denotes none of them (a
+    sharer's ``1#w1`` is not an owner, and SINGA writes none)."""
+    if stored in names:
+        return stored
+    unrolled = _UNROLLED.fullmatch(stored)
+    if unrolled is not None and unrolled.group(1) == "0" and unrolled.group(2) in names:
+        return unrolled.group(2)
+    return None
 
 
 def checkpoint_file_name(step: int, worker: int = 0) -> str:
@@ -143,29 +172,43 @@ def saved_params(paths: Sequence[str | os.PathLike[str]],
                  shapes: dict[str, tuple[int, ...]], what: str = "checkpoint_path"
                  ) -> dict[str, SavedParam]:
     """The Params of ``checkpoint_path``'s files that a job with owner Params of ``shapes``
-    (by name) loads: files in order (a later one wins), names the job does not own passed
-    over. Every file is read and checked; nothing is changed.
+    (by name) loads, by the job's names: files in order (a later one wins), a stored name
+    meaning the job's Param by :func:`param_name` (``w1`` or ``0#w1``), names the job does
+    not own passed over. Every file is read and checked; nothing is changed.
 
     Raises:
-        CheckpointError: a file that cannot be read or is malformed, or a Param whose number
-            of values differs from the job's (its shape may differ: values are copied in
-            order, as SINGA does).
+        CheckpointError: a file that cannot be read or is malformed, a file none of whose
+            names is one of the job's Params (both lists named), or a Param whose number of
+            values differs from the job's (its shape may differ: values are copied in order,
+            as SINGA does).
     """
     loaded: dict[str, tuple[SavedParam, str]] = {}
     problems: list[str] = []
     for path in paths:
         try:
-            for saved in read_checkpoint(path):
-                loaded[saved.name] = (saved, str(path))
+            saved = read_checkpoint(path)
         except CheckpointError as e:
             problems += [f"{what}: {p.message}" for p in e.problems]
+            continue
+        mine = [(name, s) for s in saved if (name := param_name(s.name, shapes)) is not None]
+        if not mine:
+            problems.append(
+                f"{what}: {path}: none of its Params is one of this job's, so nothing would "
+                f"be loaded: it holds {_names(s.name for s in saved)}; the job's are "
+                f"{_names(shapes)} (is it the checkpoint of another net?)")
+        for name, s in mine:
+            loaded[name] = (s, str(path))
     problems += [f"{what}: {path}: Param '{s.name}' has {s.values.size} values "
-                 f"{s.shape} but the job's has {math.prod(shapes[s.name])} {shapes[s.name]}"
-                 for s, path in loaded.values()
-                 if s.name in shapes and s.values.size != math.prod(shapes[s.name])]
+                 f"{s.shape} but the job's has {math.prod(shapes[name])} {shapes[name]}"
+                 for name, (s, path) in loaded.items()
+                 if s.values.size != math.prod(shapes[name])]
     if problems:
         raise CheckpointError(problems)
-    return {name: saved for name, (saved, _) in loaded.items() if name in shapes}
+    return {name: saved for name, (saved, _) in loaded.items()}
+
+
+def _names(names: Iterable[str]) -> str:
+    return ", ".join(f"'{n}'" for n in names)
 
 
 def load_checkpoints(params: ParamSet, paths: Sequence[str | os.PathLike[str]],
@@ -189,5 +232,5 @@ def load_checkpoints(params: ParamSet, paths: Sequence[str | os.PathLike[str]],
 
 
 __all__ = ["FOLDER", "SavedParam", "checkpoint_file_name", "is_checkpoint_file_name",
-           "load_checkpoints", "newest_checkpoint", "read_checkpoint", "saved_params",
-           "write_checkpoint"]
+           "load_checkpoints", "newest_checkpoint", "param_name", "read_checkpoint",
+           "saved_params", "stored_name", "write_checkpoint"]

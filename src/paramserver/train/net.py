@@ -383,6 +383,11 @@ class Net:
         in order."""
         return list(self._net(phase).layers)
 
+    def reporting_layers(self, phase: str = "kTrain") -> list[Layer]:
+        """The layers of ``phase`` that report metrics (loss layers, kAccuracy, ...), in
+        order."""
+        return list(self._net(phase).reporting)
+
     def data_layer_of(self, phase: str) -> InputLayer:
         """The input layer of the net of ``phase``."""
         return self._net(phase).data_layer
@@ -552,9 +557,12 @@ class Net:
         return metrics
 
     def eval_batches(self, phase: str = "kTest", batchsize: int | None = None,
-                     steps: int = 0) -> Iterator[Batch]:
-        """The batches :meth:`evaluate` reads in ``phase``."""
+                     steps: int = 0, index: int = 0) -> Iterator[Batch]:
+        """The batches :meth:`evaluate` reads in ``phase`` (its ``index``-th evaluation in a
+        run: see :meth:`~paramserver.train.layers.input.InputLayer.eval_pass`)."""
         net = self._net(phase)
+        if index:
+            return net.data_layer.eval_pass(net.name, index, batchsize, steps)
         return net.data_layer.eval_batches(net.name, batchsize, steps)
 
     def eval_count(self, phase: str = "kTest", batchsize: int | None = None,
@@ -564,7 +572,7 @@ class Net:
         return net.data_layer.eval_count(net.name, batchsize, steps)
 
     def evaluate(self, steps: int = 0, batchsize: int | None = None,
-                 phase: str = "kTest") -> dict[str, float]:
+                 phase: str = "kTest", index: int = 0) -> dict[str, float]:
         """The metrics of the net of ``phase`` (kTest or kVal: no dropout) over its input
         layer's data for that phase.
 
@@ -572,6 +580,8 @@ class Net:
             steps: the number of batches (0: all of them).
             batchsize: samples per batch (default the phase's input layer's).
             phase: ``kTest`` (the test split) or ``kVal`` (the validation split).
+            index: which evaluation of ``phase`` in a run this is, from 0: SINGA's stores
+                read on from where the one before stopped.
 
         Returns:
             Each metric (``loss``, ``accuracy``, ...), averaged over the samples seen.
@@ -586,7 +596,7 @@ class Net:
             if reset is not None:
                 reset()
         with torch.inference_mode():
-            for batch in self.eval_batches(net.name, batchsize, steps):
+            for batch in self.eval_batches(net.name, batchsize, steps, index):
                 metrics = self.forward(batch, net.name, rng)
                 for k, v in metrics.items():
                     totals[k] = totals.get(k, 0.0) + v * batch.size

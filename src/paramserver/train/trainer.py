@@ -59,6 +59,8 @@ from ..init import init_params
 from ..params import ParamSet, physical_memory, plan_params
 from ..paths import NoSpaceError
 from ..singa import checkpoints as singa_checkpoints
+from ..singa import logs as singa_logs
+from ..singa.releases import job_release
 from . import algorithms
 from .layers.base import require_torch
 from .metrics import MetricsLog, Row
@@ -144,6 +146,8 @@ class Trainer:
             raise ParamError(f"Invalid Input: '{log_format}', valid values are: "
                              + "{" + ", ".join(repr(f) for f in LOG_FORMATS) + "}")
         self.log_format = log_format
+        #: The SINGA release the job is written for: its checkpoints' names, its log lines.
+        self.release = job_release(job)
         unbuilt = job.unbuilt()
         if unbuilt:
             raise unbuilt_error(unbuilt)
@@ -175,6 +179,8 @@ class Trainer:
                         "them on the batch (partition_dim 0), or use the embedded backend")
             with CompileNotice():  # the initialisers' random fills, on a job's first run
                 self.params = self._make_params(net)
+            #: The types of the layers that report metrics, by phase (SINGA's log lines).
+            self._reporting = {"kTrain": [x.type for x in net.reporting_layers("kTrain")]}
             folder = self.workspace / "checkpoints" / "servers"
             self.cluster = Cluster(job, self.params,
                                    **{"checkpoint_dir": folder, **dict(cluster_options or {})})
@@ -197,10 +203,17 @@ class Trainer:
             self.eval_net.bind(self.params)
             for phase in self.eval_phases:  # a split to evaluate on: refused now, not later
                 self.eval_net.data_layer_of(phase).eval_batches(phase)
+                self._reporting[phase] = [x.type for x in
+                                          self.eval_net.reporting_layers(phase)]
         self.log = MetricsLog(self.workspace / "metrics.csv")
         self._window: list[dict[str, float]] = []  # train metrics since the last display row
+        self._singa_window: list[dict[str, float]] = []  # ... since SINGA's last display
         self.disp_freq = job.disp_freq or default_disp_freq(job.train_steps)
         self._interrupted = threading.Event()
+        #: Whether the run writes metrics.csv and its plot (a test-only run in a workspace
+        #: holding an earlier run's keeps them); the step its test is labelled with.
+        self._write_metrics = True
+        self._tested_step = 0
         #: Seconds this object spent in training steps and in tests and validations.
         self.seconds = {"steps": 0.0, "tests": 0.0}
 
@@ -308,7 +321,10 @@ class Trainer:
     def _train(self, resumed: bool, overwrite: bool, or_start: bool) -> TrainResult:
         job = self.job
         t0 = time.perf_counter()
-        start = self._resume(or_start) if resumed else self._fresh(overwrite)  # or refused
+        if not job.train_steps and not resumed:  # SINGA's -test: tests, trains nothing
+            start = self._test_only(overwrite)
+        else:
+            start = self._resume(or_start) if resumed else self._fresh(overwrite)  # or refused
         removed = remove_temporaries(self.workspace)  # held: no other run writes them
         if removed:
             log.info("removed %d temporary file(s) of an interrupted run: %s",
@@ -332,12 +348,15 @@ class Trainer:
                     torch_threads(job.num_openblas_threads), CompileNotice(rate):
                 step, test = self._run(start, set(checkpoints), progress, board, rate,
                                        fresh=not (resumed and start > job.step))
-            self.log.write()
-            plot = self.log.plot(self.workspace / "metrics.png", f"{job.name}")
+            plot = None
+            if self._write_metrics:
+                self.log.write()
+                plot = self.log.plot(self.workspace / "metrics.png", f"{job.name}")
         except NoSpaceError as e:
             raise no_space(e, self.workspace) from None
         seconds = time.perf_counter() - t0
-        files = [self.log.path, plot, board.folder if self.tensorboard else None]
+        files = [self.log.path if self._write_metrics else None, plot,
+                 board.folder if self.tensorboard else None]
         log.info("done: %d steps in %.1f s (training %.1f s, tests %.1f s); %s", step, seconds,
                  self.seconds["steps"], self.seconds["tests"],
                  ", ".join(str(p) for p in files if p is not None))
@@ -366,6 +385,8 @@ class Trainer:
         def on_step(step: int, metrics: list[Mapping[str, Any] | None]) -> None:
             steps_per_s = rate.add()
             window.append(mean_metrics([m for m in metrics if m is not None]))
+            if self.log_format == "singa":
+                self._singa_display(step, window[-1])
             done = step + 1
             marker("step", done)
             shown = due(done, self.disp_freq, job.disp_after)
@@ -375,9 +396,6 @@ class Trainer:
                 lr = self.cluster.updater.lr(step)
                 self.log.add(Row(done, "train", loss, acc, lr, means))
                 progress.update(done, steps_per_s, (loss, acc, lr), force=True, extra=means)
-                if self.log_format == "singa":
-                    log.info("%s", singa_line("Train", done, {"loss": loss, "accuracy": acc,
-                                                              **means}))
                 scalars = {"loss": loss, "accuracy": acc, "lr": lr, **means}
                 if steps_per_s is not None:
                     scalars["steps_per_second"] = steps_per_s
@@ -396,10 +414,14 @@ class Trainer:
 
         step = start
         if job.train_steps == 0 and start == 0:  # a job that only tests (-test): once
-            self._evaluate(0, True, last, progress, board)
-            self.log.write()
-        elif fresh and job.singa_job:  # SINGA tests (and validates) before the first step
-            self._evaluate(start, False, last, progress, board)
+            self._evaluate(self._tested_step, True, last, progress, board)
+            if self._write_metrics:
+                self.log.write()
+        elif job.singa_job and start < job.train_steps:
+            # SINGA tests (and validates) before the first step, a resumed run's too; one
+            # that the run before already made (before its checkpoint) is not made again.
+            made = set() if fresh else {r.phase for r in self.log.rows if r.step == start}
+            self._evaluate(start, False, last, progress, board, skip=made)
             self.log.write()
         events = set(self._boundaries(start, board.stops(start)))
         for stop in sorted(events | self._pauses(start)):
@@ -427,23 +449,39 @@ class Trainer:
         return step, last.get("kTest")
 
     def _evaluate(self, step: int, final: bool, last: dict[str, dict[str, float]],
-                  progress: Progress, board: TensorBoardLog) -> None:
+                  progress: Progress, board: TensorBoardLog,
+                  skip: set[str] | frozenset[str] = frozenset()) -> None:
         """The validation and the test due after ``step`` (the test also at the end, but in
-        a SINGA job), each a row of metrics.csv and a TensorBoard scalar."""
+        a SINGA job), each a row of metrics.csv and a TensorBoard scalar. A SINGA job,
+        whose worker stops before its last step's tests, neither tests nor validates after
+        the last step; a run that trains nothing tests once. Each reads on in its store
+        from where the one before it in the run stopped (:meth:`Net.evaluate`'s
+        ``index``: the evaluations of the phase due from the job's first step on). The
+        rows of ``skip`` (``test``, ``val``) are not made."""
         job = self.job
         lr = self.cluster.updater.lr(max(step - 1, 0))
-        when = singa_due if job.singa_job else due
+        singa = job.singa_job
+        when = singa_due if singa else due
+        ended = job.train_steps > 0 and step >= job.train_steps
         for phase, row, freq, after, steps in (
                 ("kVal", "val", job.validate_freq, job.validate_after, job.validate_steps),
                 ("kTest", "test", job.test_freq, job.test_after, job.test_steps)):
-            if phase not in self.eval_phases or not (when(step, freq, after) or (
-                    final and phase == "kTest" and (not job.singa_job or not job.train_steps))):
+            if phase not in self.eval_phases or row in skip:
+                continue
+            if not job.train_steps:  # a run that only tests (-test): one test, from the start
+                if phase != "kTest":
+                    continue
+                index = 0
+            elif (when(step, freq, after) and not (singa and ended)) or (
+                    final and phase == "kTest" and not singa):
+                index = events_before(step, freq, after, job.step, at_zero=singa)
+            else:
                 continue
             net = self.eval_net
             assert net is not None
             progress.set_phase(row)
             t = time.perf_counter()
-            result = net.evaluate(steps=steps, phase=phase)
+            result = net.evaluate(steps=steps, phase=phase, index=index)
             seconds = time.perf_counter() - t
             self.seconds["tests"] += seconds
             progress.set_phase("train")
@@ -456,13 +494,29 @@ class Trainer:
                                       "steps_per_second": batches / max(seconds, 1e-9)})
             what = "validation" if row == "val" else "test"
             if self.log_format == "singa":
-                log.info("%s", singa_line("Validation" if row == "val" else "Test", step,
-                                          result))
+                for line in singa_logs.eval_lines(
+                        self.release, phase, step, self._reporting[phase], result,
+                        bptt=job.train_one_batch.alg == "kBPTT", alone=not job.train_steps):
+                    log.info("%s", line)
                 continue
             log.info("step %d: %s %s", step, what, ", ".join(
                 f"{k} {100 * v:.2f}%" if k == "accuracy" else f"{k} {v:.4f}"
                 for k, v in result.items() if not math.isnan(v))
                 or f"{batches} batches, no metrics")
+
+    def _singa_display(self, step: int, metrics: dict[str, float]) -> None:
+        """SINGA's lines of a display window (``--log-format singa``): after training
+        (0-based) step ``step`` when SINGA's ``DisplayNow(step)`` (its first step too), the
+        mean of the steps since the last one, labelled ``step``
+        (:mod:`paramserver.singa.logs`)."""
+        self._singa_window.append(metrics)
+        if singa_due(step, self.disp_freq, self.job.disp_after):
+            for line in singa_logs.train_lines(
+                    self.release, step, self._reporting["kTrain"],
+                    mean_metrics(self._singa_window),
+                    bptt=self.job.train_one_batch.alg == "kBPTT"):
+                log.info("%s", line)
+            self._singa_window.clear()
 
     def _checkpoint_steps(self, start: int) -> list[int]:
         """The steps after ``start`` that write a checkpoint: the job's, and the end."""
@@ -513,12 +567,13 @@ class Trainer:
 
     def save_singa(self, step: int) -> Path:
         """Write SINGA's checkpoint of ``step``: ``<workspace>/checkpoint/step<N>-worker0``,
-        every owner Param's name, version and values (float32)."""
+        every owner Param's name (as the job's SINGA release names it: ``0#w1``, or v0.1.0's
+        ``w1``), version and values (float32)."""
         path = (self.workspace / singa_checkpoints.FOLDER
                 / singa_checkpoints.checkpoint_file_name(step))
         return singa_checkpoints.write_checkpoint(path, [
-            (p.name, p.data, self._base_versions.get(p.name, 0) + p.version)
-            for p in self.params.owners])
+            (singa_checkpoints.stored_name(p.name, self.release), p.data,
+             self._base_versions.get(p.name, 0) + p.version) for p in self.params.owners])
 
     def _fresh(self, overwrite: bool) -> int:
         """A new run from the job's ``step`` (0 unless given). An earlier run's results in
@@ -538,6 +593,37 @@ class Trainer:
                         removed.describe(self.workspace))
         self.log.rows = []
         return job.step
+
+    def _test_only(self, overwrite: bool) -> int:
+        """A run that trains nothing (SINGA's ``-test``; ``train_steps: 0``) tests the
+        Params ``checkpoint_path`` gives, as SINGA's did; without one, in a workspace that
+        holds checkpoints, the newest that can be read (paramserver's, or SINGA's when
+        newer), its step labelling the test. In a workspace that holds an earlier run's
+        results it writes none of its own over them: its test is printed and metrics.csv
+        and the plot are kept (unless ``overwrite``)."""
+        job = self.job
+        earlier = earlier_run(self.workspace, training=False)
+        if earlier.files and not overwrite:
+            self._write_metrics = False
+            log.info("test only: %s of the earlier run in %s kept (the test is not written "
+                     "into it)", earlier.describe(self.workspace), self.workspace)
+        else:
+            self._fresh(overwrite)
+        if job.checkpoint_path:
+            return 0
+        singa = singa_checkpoints.newest_checkpoint(self.workspace / singa_checkpoints.FOLDER)
+        ours = next(((path, read) for path, read in read_checkpoints(
+            self.workspace / "checkpoints") if not isinstance(read, CheckpointError)), None)
+        if ours is not None and (singa is None or ours[1][1].get("step", 0) >= singa[0]):
+            self._restore(ours[0], *ours[1])
+            self._tested_step, path = self.cluster.step, ours[0]
+        elif singa is not None:
+            singa_checkpoints.load_checkpoints(self.params, singa[1], "the workspace's")
+            self._tested_step, path = singa[0], singa[1][0]
+        else:
+            return 0
+        log.info("testing %s (step %d)", path, self._tested_step)
+        return 0
 
     def _nothing_to_resume(self) -> CheckpointError:
         folder = self.workspace / "checkpoints"
@@ -654,6 +740,16 @@ def singa_due(step: int, freq: int, after: int) -> bool:
     return freq > 0 and step >= after and (step - after) % freq == 0
 
 
+def events_before(step: int, freq: int, after: int, start: int, *, at_zero: bool) -> int:
+    """How many steps ``s`` with ``start <= s < step`` an event of frequency ``freq`` from
+    step ``after`` happens at (:func:`due`, or with ``at_zero`` :func:`singa_due`)."""
+    if freq <= 0:
+        return 0
+    low = max(start, after, 0 if at_zero else 1)
+    first = low + (after - low) % freq
+    return 0 if first >= step else (step - 1 - first) // freq + 1
+
+
 def mean_metrics(metrics: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """The mean of each metric over ``metrics`` (workers, or the steps of a window), in the
     order the names first appear; NaN where none has it."""
@@ -663,13 +759,6 @@ def mean_metrics(metrics: Sequence[Mapping[str, Any]]) -> dict[str, float]:
         values = [float(m[name]) for m in metrics if name in m]
         out[name] = float(np.mean(values)) if values else math.nan
     return out
-
-
-def singa_line(phase: str, step: int, metrics: Mapping[str, float]) -> str:
-    """A result as SINGA's logs print it (``--log-format singa``): ``Train step-10, loss :
-    2.302585, accuracy : 0.100000``; a metric not computed (NaN) left out."""
-    return f"{phase} step-{step}" + "".join(
-        f", {name} : {value:.6f}" for name, value in metrics.items() if not math.isnan(value))
 
 
 def _train_step(net: Net, job: JobConf, worker: Worker, step: int) -> Mapping[str, Any]:
@@ -748,5 +837,5 @@ def net_grad_fn(job: str, base_dir: str | None = None, run: str = ""
     return grad_fn
 
 
-__all__ = ["LOG_FORMATS", "TrainResult", "Trainer", "due", "mean_metrics", "net_grad_fn",
-           "singa_due", "singa_line", "worker_device"]
+__all__ = ["LOG_FORMATS", "TrainResult", "Trainer", "due", "events_before", "mean_metrics",
+           "net_grad_fn", "singa_due", "worker_device"]

@@ -81,6 +81,15 @@ class InputLayer(Layer):
         """How many batches :meth:`eval_batches` gives."""
         raise NotImplementedError
 
+    def eval_pass(self, phase: str, index: int, batchsize: int | None = None, steps: int = 0
+                  ) -> Iterator[Batch]:
+        """The batches the ``index``-th evaluation of ``phase`` in a run (from 0) reads.
+        Here those of :meth:`eval_batches`, every time (paramserver's ``kData``: the whole
+        split, or its first ``steps`` batches); SINGA's stores and ``kCharRNN`` read on
+        from where the evaluation before stopped, as SINGA's test and validation layers
+        did (their reader is kept from one test to the next)."""
+        return self.eval_batches(phase, batchsize, steps)
+
     def num_classes(self) -> int | None:
         """One more than the largest label of the data (None when not known ahead)."""
         return None
@@ -297,8 +306,10 @@ class StoreInputLayer(InputLayer):
     """Reads the records of a SINGA store (see the module docstring): each step the next
     ``batchsize`` records in stored order, wrapping around (a batch may be larger than the
     store, as in SINGA), after skipping a random number in ``[0, random_skip]`` (keyed by
-    the job seed) at the start. Tests and validations read the store from its first
-    record, ``batchsize`` at a time (the last batch may be smaller)."""
+    the job seed) at the start. Tests and validations read it as SINGA's test and
+    validation layers did: ``steps`` batches of ``batchsize`` records, wrapping around, each
+    evaluation of a run on from where the one before stopped (0 steps: the store once, the
+    last batch smaller)."""
 
     #: The store's backend when the configuration does not say.
     backend = "kvfile"
@@ -382,14 +393,19 @@ class StoreInputLayer(InputLayer):
 
     def eval_batches(self, phase: str, batchsize: int | None = None, steps: int = 0
                      ) -> Iterator[Batch]:
-        size = batchsize or self.batchsize
+        return self.eval_pass(phase, 0, batchsize, steps)
+
+    def eval_pass(self, phase: str, index: int, batchsize: int | None = None, steps: int = 0
+                  ) -> Iterator[Batch]:
+        n, size = self.x.shape[0], batchsize or self.batchsize
+        per_pass = steps * size if steps else n
+        first = self.skip + int(index) * per_pass
         for i in range(self.eval_count(phase, size, steps)):
-            sl = slice(i * size, min((i + 1) * size, self.x.shape[0]))
-            yield Batch(self.x[sl], self.y[sl], i, 0, 0, 1, sl.stop - sl.start)
+            idx = np.arange(first + i * size, first + min((i + 1) * size, per_pass)) % n
+            yield Batch(self.x[idx], self.y[idx], i, 0, 0, 1, idx.size)
 
     def eval_count(self, phase: str, batchsize: int | None = None, steps: int = 0) -> int:
-        count = -(-self.x.shape[0] // (batchsize or self.batchsize))
-        return min(count, steps) if steps else count
+        return steps if steps else -(-self.x.shape[0] // (batchsize or self.batchsize))
 
     def transform(self, x: np.ndarray) -> np.ndarray:
         return np.asarray(x, dtype=self.dtype)
@@ -713,8 +729,13 @@ class CharRNNLayer(InputLayer):
 
     def eval_batches(self, phase: str, batchsize: int | None = None, steps: int = 0
                      ) -> Iterator[Batch]:
-        for i in range(self.eval_count(phase, batchsize, steps)):
-            yield self.batch(i)
+        return self.eval_pass(phase, 0, batchsize, steps)
+
+    def eval_pass(self, phase: str, index: int, batchsize: int | None = None, steps: int = 0
+                  ) -> Iterator[Batch]:
+        count = self.eval_count(phase, batchsize, steps)
+        for i in range(count):
+            yield self.batch(int(index) * count + i)
 
     def eval_count(self, phase: str, batchsize: int | None = None, steps: int = 0) -> int:
         return min(self.per_epoch, steps) if steps else self.per_epoch
