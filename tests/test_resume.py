@@ -484,3 +484,48 @@ def test_ctrl_c_writes_a_checkpoint_and_resume_goes_on_exactly(
             tmp_path / "straight" / f"{sub}{name}").read_bytes(), name
     assert (ws / "checkpoint" / "step30-worker0").read_bytes() == (
         tmp_path / "straight" / "checkpoint" / "step30-worker0").read_bytes()
+
+
+def test_a_closed_stdout_stops_the_run_as_ctrl_c_does(capsys: pytest.CaptureFixture[str],
+                                                      tmp_path: Path) -> None:
+    """Issue 38: ``paramserver train job | grep -m1 "step 250"`` — the reader of stdout
+    goes away. The run ended at once with status 0, no message and no checkpoint, and the
+    next run was refused as "an earlier run". Now it stops at its next step boundary as on
+    Ctrl-C: a checkpoint there, the reason on stderr, and --resume goes on exactly. Here in
+    a fresh process, its stdout a real pipe that the reader closes after the line it wanted
+    (the run would go on for 100,000 steps)."""
+    import re
+    import subprocess
+    import sys
+
+    job = tmp_path / "job.conf"
+    job.write_text(JOB.replace(' workspace: "ws"', ""))
+    ws = tmp_path / "ws"
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root / "src")}
+    proc = subprocess.Popen([sys.executable, "-m", "paramserver", "train", str(job),
+                             "--workspace", str(ws), "--steps", "100000", "--no-tensorboard"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            text=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    for line in proc.stdout:
+        if line.startswith("step 10: test"):
+            break  # as grep -m1 does: the reader has what it wanted, and goes away
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=600) == 141, err  # a shell's status of a command a pipe ended
+    lines = err.splitlines()
+    assert lines[0] == ("warning: stdout was closed (its reader went away): stopping at the "
+                        "next step boundary to write a checkpoint"), err
+    stop = re.fullmatch(r"warning: stopped at step (\d+) of 100000: --resume goes on from "
+                        r"there", lines[1])
+    assert stop is not None and len(lines) == 2, err  # and no traceback
+    step = int(stop.group(1))
+    assert step > 10 and step in {s for s, _ in list_checkpoints(ws / "checkpoints")}
+    # --resume goes on from there, as if the run had not stopped
+    code, out = run(capsys, job, ws, "--steps", str(step + 10), "--resume")
+    assert code == 0 and f"(step {step})" in out, out
+    code, out = run(capsys, job, tmp_path / "straight", "--steps", str(step + 10), "--quiet")
+    assert code == 0, out
+    for key, value in _values(tmp_path / "straight", step + 10).items():
+        np.testing.assert_array_equal(_values(ws, step + 10)[key], value, err_msg=key)

@@ -20,7 +20,7 @@ from typing import Any
 
 from . import __version__
 from .config import ParamError
-from .console import LOG_FORMATS
+from .console import EXIT_OUTPUT_CLOSED, LOG_FORMATS, OutputClosed
 
 EXIT_USER_ERROR = 2
 
@@ -65,6 +65,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("paramserver: interrupted", file=sys.stderr)
         return 130
+    except OutputClosed:  # said by the run, which stopped with a checkpoint
+        sys.stdout = None  # type: ignore[assignment]  # nothing more to flush at exit
+        return EXIT_OUTPUT_CLOSED
     except BrokenPipeError:  # the reader went away (``paramserver doc | head``)
         sys.stdout = None  # type: ignore[assignment]  # nothing more to flush at exit
         return 0

@@ -8,6 +8,11 @@ warnings and errors on stderr — above the live progress display when one is sh
 redirects both while it draws). Python warnings are shown the same way, as ``warning:
 <message>``, without the source line they came from.
 
+When stdout's reader goes away (``paramserver train job.conf | grep -m1 "step 250"``), the
+write that finds the pipe closed (:func:`write_line`) makes stdout a sink for the rest of the
+process and tells the listeners registered with :func:`on_output_closed`: a run stops at its
+next step boundary as on Ctrl-C, with its checkpoint, instead of failing where it wrote.
+
 ``--log-format singa`` prints every message as SINGA's logs (glog's) did: ``I0817
 07:15:24.462602 34073 trainer.py:412] Train step-10, loss : 2.302585, accuracy :
 0.100000``, for programs that parse SINGA's logs.
@@ -16,10 +21,13 @@ redirects both while it draws). Python warnings are shown the same way, as ``war
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TextIO
 
 from .config import ParamError
@@ -41,6 +49,60 @@ def cut(text: str, limit: int = MAX_LINE) -> str:
         return "\n".join(cut(line, limit) for line in text.split("\n"))
     head, tail = limit * 3 // 4, limit // 5
     return f"{text[:head]}...[{len(text) - head - tail:,} characters]...{text[-tail:]}"
+
+
+class OutputClosed(Exception):
+    """A run stopped, its checkpoint written, because stdout's reader went away (the
+    command exits with :data:`EXIT_OUTPUT_CLOSED`)."""
+
+
+#: The exit status of a run stopped by its closed stdout: a shell's for a command that a
+#: closed pipe ended (128 + SIGPIPE), as Ctrl-C's is 130 (128 + SIGINT).
+EXIT_OUTPUT_CLOSED = 141
+
+_closed_listeners: list[Callable[[], None]] = []
+_closed_lock = threading.Lock()
+
+
+@contextmanager
+def on_output_closed(listener: Callable[[], None]) -> Iterator[None]:
+    """Within the block, ``listener`` is called (from the thread that wrote) each time a
+    write through :func:`write_line` finds its stream's reader gone."""
+    with _closed_lock:
+        _closed_listeners.append(listener)
+    try:
+        yield
+    finally:
+        with _closed_lock:
+            _closed_listeners.remove(listener)
+
+
+def write_line(stream: TextIO, text: str) -> None:
+    """Write ``text`` and a newline to ``stream`` and flush it. A closed pipe (EPIPE) is no
+    error of the writer's: the stream's file descriptor is pointed at the null device, so
+    that what is still buffered and every later write (Python's own at exit too) go nowhere,
+    and the listeners of :func:`on_output_closed` are told."""
+    try:
+        stream.write(text + "\n")
+        stream.flush()
+    except BrokenPipeError:
+        _sink(stream)
+        with _closed_lock:
+            listeners = list(_closed_listeners)
+        for listener in listeners:
+            listener()
+
+
+def _sink(stream: TextIO) -> None:
+    try:
+        fd = stream.fileno()
+    except (AttributeError, ValueError, OSError):  # no descriptor: its writes keep failing
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, fd)
+    finally:
+        os.close(null)
 
 
 class _Formatter(logging.Formatter):
@@ -73,8 +135,7 @@ class LineHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             stream: TextIO = sys.stderr if record.levelno >= logging.WARNING else sys.stdout
-            stream.write(self.format(record) + "\n")
-            stream.flush()
+            write_line(stream, self.format(record))
         except Exception:
             self.handleError(record)
 
@@ -121,5 +182,17 @@ def error_text(command: str, error: ParamError | str, what: str = "error") -> st
     return "\n".join(lines)
 
 
-__all__ = ["LOGGER", "LOG_FORMATS", "MAX_LINE", "GlogFormatter", "LineHandler", "attach", "cut",
-           "error_text"]
+__all__ = [
+    "EXIT_OUTPUT_CLOSED",
+    "LOGGER",
+    "LOG_FORMATS",
+    "MAX_LINE",
+    "GlogFormatter",
+    "LineHandler",
+    "OutputClosed",
+    "attach",
+    "cut",
+    "error_text",
+    "on_output_closed",
+    "write_line",
+]

@@ -52,7 +52,7 @@ from ..checkpoint import (
 from ..cluster import Cluster, RemoteGradFn, Worker, workers_share_process
 from ..config import ParamError
 from ..config.job import JobConf, unbuilt_error
-from ..console import LOG_FORMATS
+from ..console import LOG_FORMATS, OutputClosed, on_output_closed
 from ..export import TABLE, param_table
 from ..faults import marker
 from ..init import init_params
@@ -201,6 +201,7 @@ class Trainer:
         self._window: list[dict[str, float]] = []  # train metrics since the last display row
         self.disp_freq = job.disp_freq or default_disp_freq(job.train_steps)
         self._interrupted = threading.Event()
+        self._output_closed = False
         #: Seconds this object spent in training steps and in tests and validations.
         self.seconds = {"steps": 0.0, "tests": 0.0}
 
@@ -271,6 +272,8 @@ class Trainer:
                 this job.
             KeyboardInterrupt: Ctrl-C (SIGINT), after the checkpoint of the step the run
                 stopped at is written (a second Ctrl-C stops at once, writing nothing).
+            OutputClosed: the reader of stdout went away (``... | head``), after the
+                checkpoint of the step the run stopped at is written.
         """
         resumed = resume or self.job.resume
         if resumed and overwrite:
@@ -279,8 +282,28 @@ class Trainer:
                                  " (the job file sets resume: true)" if not resume else ""))
         if resumed and not or_start and not self.workspace.is_dir():
             raise self._nothing_to_resume()  # refused before the workspace is made
-        with workspace_lock(self.workspace), self._sigint():
+        with workspace_lock(self.workspace), self._stop_requests():
             return self._train(resumed, overwrite, or_start)
+
+    @contextmanager
+    def _stop_requests(self) -> Iterator[None]:
+        """What asks the run to stop at its next step boundary and write a checkpoint
+        there: Ctrl-C (:meth:`_sigint`), and a write to stdout that finds its reader gone
+        (``paramserver train job.conf | grep -m1 "step 250"``; see console.write_line)."""
+        self._interrupted.clear()
+        self._output_closed = False
+
+        def closed() -> None:
+            if self._output_closed:
+                return
+            self._output_closed = True
+            if not self._interrupted.is_set():
+                self._interrupted.set()
+                log.warning("stdout was closed (its reader went away): stopping at the next "
+                            "step boundary to write a checkpoint")
+
+        with on_output_closed(closed), self._sigint():
+            yield
 
     @contextmanager
     def _sigint(self) -> Iterator[None]:
@@ -298,7 +321,6 @@ class Trainer:
             log.warning("interrupted: stopping at the next step boundary to write a "
                         "checkpoint (Ctrl-C again to stop at once, without one)")
 
-        self._interrupted.clear()
         before = signal.signal(signal.SIGINT, handler)
         try:
             yield
@@ -421,8 +443,11 @@ class Trainer:
                 log.info("step %d: checkpoint %s", step, path)
             if stopped:  # the plot of the steps so far too: what the user stopped to look at
                 self.log.plot(self.workspace / "metrics.png", f"{job.name}")
-                log.warning("interrupted at step %d of %d: --resume goes on from there",
-                            step, job.train_steps)
+                log.warning("%s at step %d of %d: --resume goes on from there",
+                            "stopped" if self._output_closed else "interrupted", step,
+                            job.train_steps)
+                if self._output_closed:
+                    raise OutputClosed(f"stdout closed; stopped at step {step}")
                 raise KeyboardInterrupt
         return step, last.get("kTest")
 
