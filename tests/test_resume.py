@@ -529,3 +529,42 @@ def test_a_closed_stdout_stops_the_run_as_ctrl_c_does(capsys: pytest.CaptureFixt
     assert code == 0, out
     for key, value in _values(tmp_path / "straight", step + 10).items():
         np.testing.assert_array_equal(_values(ws, step + 10)[key], value, err_msg=key)
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    (["--set", "updater.type=kAdam"],
+     ": the run was trained by updater kSGD and this job's is kAdam, whose state cannot go on "
+     "from kSGD's: resume with updater.type kSGD, as the run was trained, or start afresh with "
+     "--overwrite (deleting that run's files) or in another --workspace; paramserver export "
+     "and init { type: kFromFile } start a new run from its values"),
+    (["--set", "name=other", "--set", "cluster.nservers_per_group=1"],  # another job's
+     " is a checkpoint of job 'tiny', not of this job 'other': give this job a workspace of "
+     "its own (--workspace DIR), or start it afresh here with --overwrite, deleting that "
+     "job's run"),
+    (["--set", "updater.momentum=0"],
+     ": the updater's settings changed since the run was trained (momentum 0.9 → 0.0) and "
+     "its state does not fit them: resume with the settings it was trained with, or start "
+     "afresh with --overwrite (deleting that run's files) or in another --workspace"),
+    (["--set", "cluster.nservers_per_group=1"],
+     ": the run was trained with other servers (nservers_per_group 2 → 1), and its state is "
+     "laid out by server: resume with the servers it was trained with, or start afresh with "
+     "--overwrite (deleting that run's files) or in another --workspace"),
+    (["--set", "neuralnet.layer[fc].innerproduct_conf.num_output=12"],
+     ": the checkpoint's Params do not match the job's (was the net changed?): Param "
+     "'fc_0' has 640 values in it and 768 in the job; resume with the net it was "
+     "trained with, or start afresh with --overwrite (deleting that run's files) or in "
+     "another --workspace"),
+])
+def test_a_resume_that_does_not_fit_says_what_changed_in_one_sentence(
+        capsys: pytest.CaptureFixture[str], made: tuple[Path, Path, Path], ws: Path,
+        change: list[str], expected: str) -> None:
+    """Issue 38: --resume after changing the updater, or in another job's workspace,
+    printed a dozen of the loader's lines ('server/0/0/state/b1/history' is not state of
+    this updater ...) instead of what changed and what to do."""
+    before = snapshot(ws)
+    code, err = run(capsys, made[0], ws, "--resume", "--steps", "30", "--quiet", *change)
+    assert code == 2
+    newest = ws / "checkpoints" / checkpoint_name(20)
+    assert err.endswith(f"paramserver train: error: {newest}{expected}\n"), err
+    assert err.count("\n") == 1, err  # one line (in the net's case, after the file's place)
+    assert snapshot(ws) == before  # nothing changed

@@ -62,6 +62,7 @@ from ..singa import checkpoints as singa_checkpoints
 from . import algorithms
 from .layers.base import require_torch
 from .metrics import MetricsLog, Row
+from .misfit import misfit
 from .net import Net
 from .partition import Comm, group_exchange
 from .progress import CompileNotice, Progress, Rate
@@ -652,9 +653,9 @@ class Trainer:
                  meta: dict[str, Any]) -> None:
         if meta.get("format") != FORMAT:
             raise CheckpointError(f"{path}: not a paramserver training checkpoint")
-        if meta.get("params") != self._layout() or meta.get("dtype") != self.params.dtype.name:
-            raise CheckpointError(f"{path}: the checkpoint's Params do not match the job's "
-                                  "(was the net changed?)")
+        layout, dtype = self._layout(), self.params.dtype.name
+        if meta.get("params") != layout or meta.get("dtype") != dtype:
+            raise CheckpointError(misfit(path, meta, self.job, layout, dtype))
         window = meta.get("window", [])
         try:
             self.cluster.load_state_dict(arrays)
@@ -664,6 +665,9 @@ class Trainer:
                 for w in window]
         except CheckpointError:
             raise
+        except ParamError as e:  # the state does not fit: what changed, in one sentence
+            raise CheckpointError(misfit(path, meta, self.job, layout, dtype,
+                                         [str(p) for p in e.problems])) from None
         except Exception as e:
             raise CheckpointError(f"{path}: {e}") from None
 
