@@ -152,6 +152,8 @@ def _exception_line(e: BaseException) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from .shipped import doc_file
+
     def with_import(default: Any, dest: str) -> argparse.ArgumentParser:
         p = argparse.ArgumentParser(add_help=False)
         p.add_argument("--import", dest=dest, action="append", default=default,
@@ -173,7 +175,7 @@ def _parser() -> argparse.ArgumentParser:
                           metavar="PATH=VALUE",
                           help="set a field of the job, e.g. --set "
                           "neuralnet.layer[data].store_conf.batchsize=8 (repeatable; the job "
-                          "is checked as if its file said it; docs/cli.md)")
+                          f"is checked as if its file said it; {doc_file('cli.md')})")
 
     check = sub.add_parser("check", parents=[common, settings], help="check a job file and "
                            "show its Params, updater and servers")
@@ -183,7 +185,7 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("-conf", dest="conf", metavar="JOB", help="the job file, as SINGA's "
                        "command line gave it")
     check.add_argument("--json", action="store_true", help="print the report (or the "
-                       "problems) as JSON on stdout (docs/cli.md describes it)")
+                       f"problems) as JSON on stdout ({doc_file('cli.md')} describes it)")
     check.add_argument("--allow-outside", action="store_true",
                        help="as train's: output layers may write outside the workspace")
     check.add_argument("--data", action="store_true", help="also read the data the net reads "
@@ -234,7 +236,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--log-format", choices=LOG_FORMATS, default="paramserver",
                        help="paramserver's progress display and messages, or SINGA's log "
                        "lines (Train step-10, loss : 2.302585, accuracy : 0.100000; "
-                       "docs/training.md)")
+                       f"{doc_file('training.md')})")
     train.add_argument("--no-tensorboard", dest="tensorboard", action="store_false",
                        help="write no TensorBoard event files")
     train.add_argument("--allow-outside", action="store_true",
