@@ -164,9 +164,10 @@ def test_the_wheel_alone_runs_the_main_job_from_an_empty_folder(base: Path, whee
     assert doc is not None and Path(doc.group(1)) == site / "paramserver" / "docs" / \
         "singa.md", again.stderr
     assert Path(doc.group(1)).is_file()
-    helped = subprocess.run([command, "train", "--help"], cwd=tmp_path, env=env,
+    helped = subprocess.run([command, "train", "--help"], cwd=tmp_path,
+                            env={**env, "COLUMNS": "1000"},  # a path on one line
                             capture_output=True, text=True, timeout=300)
-    named = re.findall(r"(\S+\.md)", helped.stdout.replace("\n", " "))
+    named = re.findall(r"(/\S+\.md)", helped.stdout)
     assert named and all(Path(name).is_file() for name in named), helped.stdout
     assert (venv / next(venv.glob("lib/python*/site-packages")).relative_to(venv) /
             "paramserver" / "examples" / "singa" / "LICENSE").is_file()
