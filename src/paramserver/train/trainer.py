@@ -360,8 +360,9 @@ class Trainer:
         except NoSpaceError as e:
             raise no_space(e, self.workspace) from None
         seconds = time.perf_counter() - t0
-        files = [self.log.path, plot, board.folder if self.tensorboard else None]
-        log.info("done: %d steps in %.1f s (training %.1f s, tests %.1f s); %s", step, seconds,
+        files = [self.log.path, plot, board.folder if board.wrote else None]  # this run's
+        ran = f"{step} steps" if start == 0 else f"ran {step - start} steps ({start} → {step})"
+        log.info("done: %s in %.1f s (training %.1f s, tests %.1f s); %s", ran, seconds,
                  self.seconds["steps"], self.seconds["tests"],
                  ", ".join(str(p) for p in files if p is not None))
         return TrainResult(step, None if test is None else test["loss"],
@@ -478,7 +479,7 @@ class Trainer:
             extra = {k: v for k, v in result.items() if k not in ("loss", "accuracy")}
             batches = net.eval_count(phase, steps=steps)
             self.log.add(Row(step, row, loss, acc, lr, extra))
-            board.scalars(row, step, {"loss": loss, "accuracy": acc, **extra,
+            board.scalars(row, step, {"loss": loss, "accuracy": acc, "lr": lr, **extra,
                                       "steps_per_second": batches / max(seconds, 1e-9)})
             what = "validation" if row == "val" else "test"
             if self.log_format == "singa":
@@ -615,15 +616,11 @@ class Trainer:
         if job.singa_job and not (self.workspace / singa_checkpoints.FOLDER /
                                   singa_checkpoints.checkpoint_file_name(step)).exists():
             self.save_singa(step)  # killed between ours and SINGA's: as a straight run has
-        # Keep what a straight run has at this step: rows of the steps before, and the
-        # display, validation and test rows due at it (not the extra rows of a run that
-        # ended here, unless this run ends here too: then they are its own last rows).
-        final = step == job.train_steps
-        when = singa_due if job.singa_job else due
-        self.log.resume_at(step, lambda r: r.step < step or final or (
-            (r.phase == "train" and due(step, self.disp_freq, job.disp_after))
-            or (r.phase == "test" and when(step, job.test_freq, job.test_after))
-            or (r.phase == "val" and when(step, job.validate_freq, job.validate_after))))
+        # Keep every row up to this step, as TensorBoard keeps its events: those of a run
+        # that ended here too (its last train row and its final test, which a straight run
+        # would not have made), since they happened; the rows after it, of a run killed
+        # after its checkpoint, are the steps this run does again.
+        self.log.resume_at(step, lambda r: True)
         for bad, error in refused:  # the resume stands: out of the way of the new ones
             kept = set_aside(bad)
             log.warning("%s; resuming from %s instead%s", error, path.name,
