@@ -94,3 +94,28 @@ def events(folder: Path):  # type: ignore[no-untyped-def]
     acc = EventAccumulator(str(folder), size_guidance={"scalars": 0})
     acc.Reload()
     return acc
+
+
+def test_doc_of_a_users_layer_is_its_own(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user's layer without a docstring was shown with Layer's ("Base of every layer;
+    see the module docstring for the interface"): the base class's text, not the layer's."""
+    (tmp_path / "issue38_layers.py").write_text(
+        "from paramserver.train.layers import Layer, register_layer\n\n\n"
+        "@register_layer('kIssue38Doubled')\n"
+        "class Doubled(Layer):\n"
+        "    '''Doubles its source's output: a user's own layer.'''\n\n\n"
+        "@register_layer('kIssue38Bare')\n"
+        "class Bare(Layer):\n"
+        "    pass\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, out, err = run(capsys, "--import", "issue38_layers", "doc", "kIssue38Doubled")
+    assert code == 0, err
+    assert out.splitlines()[:2] == ["user:kIssue38Doubled",
+                                    "    Doubles its source's output: a user's own layer."]
+    code, out, err = run(capsys, "--import", "issue38_layers", "doc", "kIssue38Bare", "--json")
+    assert code == 0, err
+    assert json.loads(out)["doc"] == "(issue38_layers.Bare has no docstring.)"
+    code, out, err = run(capsys, "--import", "issue38_layers", "doc")
+    assert code == 0 and "Base of every layer" not in out
