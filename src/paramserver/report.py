@@ -468,5 +468,5 @@ def _indent(text: str, by: str = "    ") -> str:
     return "\n".join(by + line if line else line for line in text.splitlines())
 
 
-__all__ = ["component_data", "component_doc", "component_text", "describe_conf", "fields_data", "find_component",
-           "job_report", "job_summary", "json_safe", "problems_data", "table"]
+__all__ = ["component_data", "component_doc", "component_text", "describe_conf", "fields_data",
+           "find_component", "job_report", "job_summary", "json_safe", "problems_data", "table"]
