@@ -4,6 +4,7 @@ the documentation of a user's own layer, the learning-rate plot and TensorBoard'
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -119,3 +120,28 @@ def test_doc_of_a_users_layer_is_its_own(capsys: pytest.CaptureFixture[str], tmp
     assert json.loads(out)["doc"] == "(issue38_layers.Bare has no docstring.)"
     code, out, err = run(capsys, "--import", "issue38_layers", "doc")
     assert code == 0 and "Base of every layer" not in out
+
+
+def test_the_plot_draws_the_learning_rate_schedule_at_every_step(
+        capsys: pytest.CaptureFixture[str], tiny: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """kInverse is smooth; the plot drew the train rows' rates as a staircase (one step per
+    display window). It draws the schedule at every step now."""
+    from paramserver.train.metrics import MetricsLog
+
+    drawn: list[tuple[list[int], list[float]]] = []
+    real = MetricsLog.plot
+
+    def plot(self: MetricsLog, path: object, title: str, lr: object = None) -> object:
+        drawn.append(self.lr_points(lr))  # type: ignore[arg-type]
+        return real(self, path, title, lr)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(MetricsLog, "plot", plot)
+    code, _, err = run(capsys, "train", str(tiny), "--workspace", str(tmp_path / "ws"))
+    assert code == 0, err
+    (steps, rates), = drawn
+    assert steps == list(range(1, 21))  # every step, not the 4 display rows
+    expected = [0.05 * (1 + 0.1 * s) ** -0.75 for s in range(20)]
+    assert rates == pytest.approx(expected, rel=1e-6)
+    assert all(a > b for a, b in itertools.pairwise(rates))  # smooth: no two steps alike
+    assert (tmp_path / "ws" / "metrics.png").stat().st_size > 0

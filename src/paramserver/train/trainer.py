@@ -341,7 +341,7 @@ class Trainer:
             # plot that a run killed at its very end did not write yet).
             log.info("nothing to do: the job is at step %d of %d", start, job.train_steps)
             if not (self.workspace / "metrics.png").exists():
-                self.log.plot(self.workspace / "metrics.png", f"{job.name}")
+                self._plot()
             return TrainResult(start, None, None, time.perf_counter() - t0, self.workspace)
         checkpoints = self._checkpoint_steps(start)
         try:  # a full disk stops the run, saying what it keeps (no_space)
@@ -356,7 +356,7 @@ class Trainer:
                 step, test = self._run(start, set(checkpoints), progress, board, rate,
                                        fresh=not (resumed and start > job.step))
             self.log.write()
-            plot = self.log.plot(self.workspace / "metrics.png", f"{job.name}")
+            plot = self._plot()
         except NoSpaceError as e:
             raise no_space(e, self.workspace) from None
         seconds = time.perf_counter() - t0
@@ -368,6 +368,11 @@ class Trainer:
         return TrainResult(step, None if test is None else test["loss"],
                            None if test is None else test["accuracy"], seconds,
                            self.workspace)
+
+    def _plot(self) -> Path | None:
+        """metrics.png, its learning rate drawn from the schedule itself."""
+        return self.log.plot(self.workspace / "metrics.png", self.job.name,
+                             lr=self.cluster.updater.lr)
 
     def run_steps(self, steps: int, start: int = 0) -> list[list[Mapping[str, Any] | None]]:
         """Run ``steps`` training steps from ``start`` on the cluster and nothing else: no
@@ -444,7 +449,7 @@ class Trainer:
                 path = self.save(step)
                 log.info("step %d: checkpoint %s", step, path)
             if stopped:  # the plot of the steps so far too: what the user stopped to look at
-                self.log.plot(self.workspace / "metrics.png", f"{job.name}")
+                self._plot()
                 log.warning("%s at step %d of %d: --resume goes on from there",
                             "stopped" if self._output_closed else "interrupted", step,
                             job.train_steps)
