@@ -16,6 +16,7 @@ from paramserver.checkpoint import (
 )
 from paramserver.config.job import parse_job
 from paramserver.train.trainer import Trainer
+from resume_rows import assert_rows_of_a_resume
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,17 +49,6 @@ cluster {{ nworkers_per_group: 2 nservers_per_group: 2 timeout: 30 }}
 
 def job(ws: Path, steps: int, ckpt: int = 20):  # type: ignore[no-untyped-def]
     return parse_job(JOB.format(steps=steps, ckpt=ckpt, ws=ws))
-
-
-def assert_rows_of_a_resume(straight: Path, resumed: Path, end: int) -> None:
-    """The resumed run's metrics.csv is the straight run's, but for the rows the earlier
-    run made when it ended at ``end`` (its last train window; kept since issue 38, as
-    TensorBoard keeps them), which a straight run did not make."""
-    a = (straight / "metrics.csv").read_text().splitlines()
-    b = (resumed / "metrics.csv").read_text().splitlines()
-    extra = [r for r in b if r not in a]
-    assert extra and all(r.startswith(f"{end},") for r in extra), extra
-    assert [r for r in b if r not in extra] == a
 
 
 def test_resume_is_exact(tmp_path: Path) -> None:
