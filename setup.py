@@ -3,7 +3,8 @@
 The example job files and their documents (``examples/``: ``digits_mlp.conf``, SINGA's
 released examples, the rnnlm user module) are copied into the wheel as package data,
 ``paramserver/examples/``, so that an installed paramserver runs them from any folder
-(``paramserver train digits_mlp``); in a checkout they are read where they are. setuptools'
+(``paramserver train digits_mlp``); in a checkout they are read where they are. So are the
+documents (``docs/*.md``, as ``paramserver/docs/``), which messages name. setuptools'
 ``package-data`` takes only files inside a package, and the examples stay at the
 repository's root, where SINGA's paths (``examples/mnist/...``) and the README expect them.
 """
@@ -18,6 +19,8 @@ EXAMPLES = ROOT / "examples"
 #: What of ``examples/`` ships: job files, their documents and scripts (not the data and
 #: workspaces that runs make there).
 SHIPPED = ("*.conf", "*.md", "*.py")
+#: The documents (``docs/*.md``), which messages and the README name: ``paramserver/docs``.
+DOCS = ROOT / "docs"
 #: SINGA's licence and notice, which its job files (examples/singa, examples/rnnlm) go with.
 SINGA = ROOT / "tests" / "data" / "singa"
 
@@ -33,6 +36,10 @@ class BuildWithExamples(build_py):
                 self.copy_file(str(source), str(dest))
         for name in ("LICENSE", "NOTICE"):
             self.copy_file(str(SINGA / name), str(target / "singa" / name))
+        docs = Path(self.build_lib) / "paramserver" / "docs"
+        self.mkpath(str(docs))
+        for source in sorted(DOCS.glob("*.md")):
+            self.copy_file(str(source), str(docs / source.name))
 
 
 setup(cmdclass={"build_py": BuildWithExamples})

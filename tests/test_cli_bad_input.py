@@ -258,16 +258,18 @@ def test_resume_with_nothing_to_do_changes_nothing(capsys: pytest.CaptureFixture
     assert snapshot(ws) == before  # the last rows were deleted before
 
 
-def test_resume_further_drops_only_the_rows_of_the_end(capsys: pytest.CaptureFixture[str],
-                                                       trained: Path, tmp_path: Path) -> None:
+def test_resume_further_keeps_the_rows_of_the_earlier_end(
+        capsys: pytest.CaptureFixture[str], trained: Path, tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     shutil.copytree(trained, ws)
     code, _ = run(capsys, "train", str(MLP), "--steps", "15", "--workspace", str(ws),
                   "--resume", "--quiet")
     assert code == 0
     rows = (ws / "metrics.csv").read_text().splitlines()
-    # A straight run to 15 has no rows at 12 (neither a display nor a test step).
-    assert [r.split(",")[:2] for r in rows[1:]] == [["15", "train"], ["15", "test"]]
+    # A straight run to 15 has no rows at 12 (neither a display nor a test step), but the
+    # earlier run ended there, with a test that TensorBoard keeps too (issue 38).
+    assert [r.split(",")[:2] for r in rows[1:]] == [["12", "train"], ["12", "test"],
+                                                    ["15", "train"], ["15", "test"]]
 
 
 @pytest.mark.parametrize(("damage", "expected"), [

@@ -74,6 +74,7 @@ def wheels(base: Path) -> Path:
     ignore = shutil.ignore_patterns("__pycache__")
     shutil.copytree(ROOT / "src", pkg / "src", ignore=ignore)
     shutil.copytree(ROOT / "examples", pkg / "examples", ignore=ignore)
+    shutil.copytree(ROOT / "docs", pkg / "docs", ignore=ignore)
     (pkg / "tests" / "data" / "singa").mkdir(parents=True)
     for name in ("LICENSE", "NOTICE"):
         shutil.copy(ROOT / "tests" / "data" / "singa" / name, pkg / "tests" / "data" / "singa")
@@ -156,6 +157,18 @@ def test_the_wheel_alone_runs_the_main_job_from_an_empty_folder(base: Path, whee
     again = subprocess.run([command, "check", "singa/mnist/conv"], cwd=tmp_path, env=env,
                            capture_output=True, text=True, timeout=300)
     assert again.returncode == 2 and "paramserver data" in again.stderr, again.stderr
+    # Issue 38: the message sent the user to docs/singa.md, which the wheel did not hold;
+    # it names the document where the install has it.
+    site = next(venv.glob("lib/python*/site-packages"))
+    doc = re.search(r"see (\S+singa\.md)\)", again.stderr)
+    assert doc is not None and Path(doc.group(1)) == site / "paramserver" / "docs" / \
+        "singa.md", again.stderr
+    assert Path(doc.group(1)).is_file()
+    helped = subprocess.run([command, "train", "--help"], cwd=tmp_path,
+                            env={**env, "COLUMNS": "1000"},  # a path on one line
+                            capture_output=True, text=True, timeout=300)
+    named = re.findall(r"(/\S+\.md)", helped.stdout)
+    assert named and all(Path(name).is_file() for name in named), helped.stdout
     assert (venv / next(venv.glob("lib/python*/site-packages")).relative_to(venv) /
             "paramserver" / "examples" / "singa" / "LICENSE").is_file()
 

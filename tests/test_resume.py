@@ -413,8 +413,13 @@ def test_a_job_without_checkpoint_freq_resumes_from_its_end(
     assert code == 0, out
     for key, value in _values(tmp_path / "straight", 12).items():
         np.testing.assert_array_equal(_values(tmp_path / "ws", 12)[key], value, err_msg=key)
-    assert (tmp_path / "ws" / "metrics.csv").read_bytes() == (
-        tmp_path / "straight" / "metrics.csv").read_bytes()
+    # the same rows, and the first run's own last rows at step 6 (its last train window and
+    # its final test), kept as TensorBoard keeps them (issue 38)
+    resumed = (tmp_path / "ws" / "metrics.csv").read_text().splitlines()
+    straight = (tmp_path / "straight" / "metrics.csv").read_text().splitlines()
+    assert [r for r in resumed if not r.startswith("6,")] == straight
+    assert [r.split(",")[:2] for r in resumed if r.startswith("6,")] == [["6", "train"],
+                                                                         ["6", "test"]]
 
 
 def test_resume_goes_on_from_singas_own_checkpoints(capsys: pytest.CaptureFixture[str],
@@ -487,3 +492,87 @@ def test_ctrl_c_writes_a_checkpoint_and_resume_goes_on_exactly(
             tmp_path / "straight" / f"{sub}{name}").read_bytes(), name
     assert (ws / "checkpoint" / "step30-worker0").read_bytes() == (
         tmp_path / "straight" / "checkpoint" / "step30-worker0").read_bytes()
+
+
+def test_a_closed_stdout_stops_the_run_as_ctrl_c_does(capsys: pytest.CaptureFixture[str],
+                                                      tmp_path: Path) -> None:
+    """Issue 38: ``paramserver train job | grep -m1 "step 250"`` — the reader of stdout
+    goes away. The run ended at once with status 0, no message and no checkpoint, and the
+    next run was refused as "an earlier run". Now it stops at its next step boundary as on
+    Ctrl-C: a checkpoint there, the reason on stderr, and --resume goes on exactly. Here in
+    a fresh process, its stdout a real pipe that the reader closes after the line it wanted
+    (the run would go on for 100,000 steps)."""
+    import re
+    import subprocess
+    import sys
+
+    job = tmp_path / "job.conf"
+    job.write_text(JOB.replace(' workspace: "ws"', ""))
+    ws = tmp_path / "ws"
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root / "src")}
+    proc = subprocess.Popen([sys.executable, "-m", "paramserver", "train", str(job),
+                             "--workspace", str(ws), "--steps", "100000", "--no-tensorboard"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            text=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    for line in proc.stdout:
+        if line.startswith("step 10: test"):
+            break  # as grep -m1 does: the reader has what it wanted, and goes away
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=600) == 141, err  # a shell's status of a command a pipe ended
+    lines = err.splitlines()
+    assert lines[0] == ("warning: stdout was closed (its reader went away): stopping at the "
+                        "next step boundary to write a checkpoint"), err
+    stop = re.fullmatch(r"warning: stopped at step (\d+) of 100000: --resume goes on from "
+                        r"there", lines[1])
+    assert stop is not None and len(lines) == 2, err  # and no traceback
+    step = int(stop.group(1))
+    assert step > 10 and step in {s for s, _ in list_checkpoints(ws / "checkpoints")}
+    # --resume goes on from there, as if the run had not stopped
+    code, out = run(capsys, job, ws, "--steps", str(step + 10), "--resume")
+    assert code == 0 and f"(step {step})" in out, out
+    code, out = run(capsys, job, tmp_path / "straight", "--steps", str(step + 10), "--quiet")
+    assert code == 0, out
+    for key, value in _values(tmp_path / "straight", step + 10).items():
+        np.testing.assert_array_equal(_values(ws, step + 10)[key], value, err_msg=key)
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    (["--set", "updater.type=kAdam"],
+     ": the run was trained by updater kSGD and this job's is kAdam, whose state cannot go on "
+     "from kSGD's: resume with updater.type kSGD, as the run was trained, or start afresh with "
+     "--overwrite (deleting that run's files) or in another --workspace; paramserver export "
+     "and init { type: kFromFile } start a new run from its values"),
+    (["--set", "name=other", "--set", "cluster.nservers_per_group=1"],  # another job's
+     " is a checkpoint of job 'tiny', not of this job 'other': give this job a workspace of "
+     "its own (--workspace DIR), or start it afresh here with --overwrite, deleting that "
+     "job's run"),
+    (["--set", "updater.momentum=0"],
+     ": the updater's settings changed since the run was trained (momentum 0.9 → 0.0) and "
+     "its state does not fit them: resume with the settings it was trained with, or start "
+     "afresh with --overwrite (deleting that run's files) or in another --workspace"),
+    (["--set", "cluster.nservers_per_group=1"],
+     ": the run was trained with other servers (nservers_per_group 2 → 1), and its state is "
+     "laid out by server: resume with the servers it was trained with, or start afresh with "
+     "--overwrite (deleting that run's files) or in another --workspace"),
+    (["--set", "neuralnet.layer[fc].innerproduct_conf.num_output=12"],
+     ": the checkpoint's Params do not match the job's (was the net changed?): Param "
+     "'fc_0' has 640 values in it and 768 in the job; resume with the net it was "
+     "trained with, or start afresh with --overwrite (deleting that run's files) or in "
+     "another --workspace"),
+])
+def test_a_resume_that_does_not_fit_says_what_changed_in_one_sentence(
+        capsys: pytest.CaptureFixture[str], made: tuple[Path, Path, Path], ws: Path,
+        change: list[str], expected: str) -> None:
+    """Issue 38: --resume after changing the updater, or in another job's workspace,
+    printed a dozen of the loader's lines ('server/0/0/state/b1/history' is not state of
+    this updater ...) instead of what changed and what to do."""
+    before = snapshot(ws)
+    code, err = run(capsys, made[0], ws, "--resume", "--steps", "30", "--quiet", *change)
+    assert code == 2
+    newest = ws / "checkpoints" / checkpoint_name(20)
+    assert err.endswith(f"paramserver train: error: {newest}{expected}\n"), err
+    assert err.count("\n") == 1, err  # one line (in the net's case, after the file's place)
+    assert snapshot(ws) == before  # nothing changed

@@ -327,7 +327,7 @@ def test_event_files_hold_every_phase_and_histograms(tmp_path: Path) -> None:
     assert sorted(tags["scalars"]) == sorted(
         f"{phase}/{name}" for phase, names in (
             ("train", ("loss", "accuracy", "lr", "steps_per_second")),
-            ("test", ("loss", "accuracy", "steps_per_second"))) for name in names)
+            ("test", ("loss", "accuracy", "lr", "steps_per_second"))) for name in names)
     for name in ("loss", "accuracy", "lr", "steps_per_second"):
         assert [s for s, _ in scalars(acc, f"train/{name}")] == [7, 14, 20]
     assert [s for s, _ in scalars(acc, "test/accuracy")] == [10, 20]

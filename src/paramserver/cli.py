@@ -20,7 +20,7 @@ from typing import Any
 
 from . import __version__
 from .config import ParamError
-from .console import LOG_FORMATS
+from .console import EXIT_OUTPUT_CLOSED, LOG_FORMATS, OutputClosed
 
 EXIT_USER_ERROR = 2
 
@@ -30,6 +30,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = _parser()
     args = parser.parse_args(singa_argv(sys.argv[1:] if argv is None else list(argv)))
+    if hasattr(args, "usage_error") and args.job is None and args.conf is None:
+        # check's and train's JOB is optional to argparse only because SINGA's -conf may
+        # give it instead: its absence is the same usage error as any missing argument.
+        args.usage_error("the following arguments are required: JOB (or, as SINGA's "
+                         "command line gave it, -conf JOB)")
     detach = attach(quiet=getattr(args, "quiet", False),
                     log_format=getattr(args, "log_format", "paramserver"))
     try:
@@ -60,6 +65,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("paramserver: interrupted", file=sys.stderr)
         return 130
+    except OutputClosed:  # said by the run, which stopped with a checkpoint
+        sys.stdout = None  # type: ignore[assignment]  # nothing more to flush at exit
+        return EXIT_OUTPUT_CLOSED
     except BrokenPipeError:  # the reader went away (``paramserver doc | head``)
         sys.stdout = None  # type: ignore[assignment]  # nothing more to flush at exit
         return 0
@@ -83,9 +91,10 @@ SINGA_OPTIONS = ("-conf", "-resume", "-test")
 
 def singa_argv(argv: list[str]) -> list[str]:
     """``argv`` with SINGA's spelling made a ``train`` command: ``paramserver -conf JOB
-    -resume`` (singa-run.sh's line) is ``paramserver train -conf JOB -resume``."""
+    -resume`` (singa-run.sh's line) is ``paramserver train -conf JOB -resume`` (and
+    ``paramserver -resume``, its JOB left out, is train's usage error)."""
     commands = ("check", "doc", "train", "data", "export", "completion")
-    if "-conf" in argv and not any(a in commands for a in argv):
+    if any(a in SINGA_OPTIONS for a in argv) and not any(a in commands for a in argv):
         return ["train", *argv]
     return argv
 
@@ -101,8 +110,6 @@ def _job_path(args: argparse.Namespace) -> str:
     if conf is not None and args.job is not None:
         raise ParamError(f"give the job file once: '{args.job}' or -conf {conf}")
     job = conf if conf is not None else args.job
-    if job is None:
-        raise ParamError("no job file: give it as JOB (or as SINGA did, -conf JOB)")
     found = None if os.path.lexists(job) else find_example(job)
     if found is None:
         return str(job)
@@ -145,6 +152,8 @@ def _exception_line(e: BaseException) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from .shipped import doc_file
+
     def with_import(default: Any, dest: str) -> argparse.ArgumentParser:
         p = argparse.ArgumentParser(add_help=False)
         p.add_argument("--import", dest=dest, action="append", default=default,
@@ -166,22 +175,23 @@ def _parser() -> argparse.ArgumentParser:
                           metavar="PATH=VALUE",
                           help="set a field of the job, e.g. --set "
                           "neuralnet.layer[data].store_conf.batchsize=8 (repeatable; the job "
-                          "is checked as if its file said it; docs/cli.md)")
+                          f"is checked as if its file said it; {doc_file('cli.md')})")
 
     check = sub.add_parser("check", parents=[common, settings], help="check a job file and "
                            "show its Params, updater and servers")
-    check.add_argument("job", nargs="?", help="the job file (SINGA's text format), or the "
-                       "name of one of paramserver's examples (digits_mlp, singa/mnist/conv)")
+    check.add_argument("job", nargs="?", metavar="JOB", help="the job file (SINGA's text "
+                       "format), or the name of one of paramserver's examples (digits_mlp, "
+                       "singa/mnist/conv)")
     check.add_argument("-conf", dest="conf", metavar="JOB", help="the job file, as SINGA's "
                        "command line gave it")
     check.add_argument("--json", action="store_true", help="print the report (or the "
-                       "problems) as JSON on stdout (docs/cli.md describes it)")
+                       f"problems) as JSON on stdout ({doc_file('cli.md')} describes it)")
     check.add_argument("--allow-outside", action="store_true",
                        help="as train's: output layers may write outside the workspace")
     check.add_argument("--data", action="store_true", help="also read the data the net reads "
                        "(datasets, SINGA's stores, texts) and check it as training will; "
                        "without it only what tells the samples' shape is read")
-    check.set_defaults(run=_check)
+    check.set_defaults(run=_check, usage_error=check.error)
 
     doc = sub.add_parser("doc", parents=[common], help="document the registered components")
     doc.add_argument("name", nargs="?", help="one component (e.g. kSGD, kStep, kGaussian, "
@@ -191,8 +201,9 @@ def _parser() -> argparse.ArgumentParser:
     doc.set_defaults(run=_doc)
 
     train = sub.add_parser("train", parents=[common, settings], help="train a job")
-    train.add_argument("job", nargs="?", help="the job file (SINGA's text format), or the "
-                       "name of one of paramserver's examples (digits_mlp, singa/mnist/conv)")
+    train.add_argument("job", nargs="?", metavar="JOB", help="the job file (SINGA's text "
+                       "format), or the name of one of paramserver's examples (digits_mlp, "
+                       "singa/mnist/conv)")
     train.add_argument("-conf", dest="conf", metavar="JOB", help="the job file, as SINGA's "
                        "command line gave it (singa-run.sh -conf JOB)")
     train.add_argument("--steps", type=int, help="train this many steps (default: "
@@ -225,13 +236,13 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--log-format", choices=LOG_FORMATS, default="paramserver",
                        help="paramserver's progress display and messages, or SINGA's log "
                        "lines, as the job's release printed them (Train @ step 10  Loss = "
-                       "2.223607, accuracy = 0.189063; docs/singa.md)")
+                       f"2.223607, accuracy = 0.189063; {doc_file('singa.md')})")
     train.add_argument("--no-tensorboard", dest="tensorboard", action="store_false",
                        help="write no TensorBoard event files")
     train.add_argument("--allow-outside", action="store_true",
                        help="let output layers (kCSVOutput, kRecordOutput) write where an "
                        "absolute store_conf path says, outside the workspace")
-    train.set_defaults(run=_train)
+    train.set_defaults(run=_train, usage_error=train.error)
 
     from .singa import datasets
 

@@ -13,6 +13,11 @@ Every message is printed with its characters that do not print escaped (``\\x1b`
 terminal's escape sequence is shown as what it is, never obeyed by the terminal, whichever
 message names it.
 
+When stdout's reader goes away (``paramserver train job.conf | grep -m1 "step 250"``), the
+write that finds the pipe closed (:func:`write_line`) makes stdout a sink for the rest of the
+process and tells the listeners registered with :func:`on_output_closed`: a run stops at its
+next step boundary as on Ctrl-C, with its checkpoint, instead of failing where it wrote.
+
 ``--log-format singa`` prints every message as SINGA's logs (glog's) did: ``I0817
 07:15:24.462602 34073 trainer.py:412] Train @ step 10  Loss = 2.223607, accuracy =
 0.189063`` (the training's, tests' and validations' lines in the words of the job's SINGA
@@ -22,10 +27,13 @@ release: :mod:`paramserver.singa.logs`), for programs that parse SINGA's logs.
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TextIO
 
 from .config import ParamError
@@ -50,6 +58,60 @@ def cut(text: str, limit: int = MAX_LINE) -> str:
         return "\n".join(cut(line, limit) for line in text.split("\n"))
     head, tail = limit * 3 // 4, limit // 5
     return f"{text[:head]}...[{len(text) - head - tail:,} characters]...{text[-tail:]}"
+
+
+class OutputClosed(Exception):
+    """A run stopped, its checkpoint written, because stdout's reader went away (the
+    command exits with :data:`EXIT_OUTPUT_CLOSED`)."""
+
+
+#: The exit status of a run stopped by its closed stdout: a shell's for a command that a
+#: closed pipe ended (128 + SIGPIPE), as Ctrl-C's is 130 (128 + SIGINT).
+EXIT_OUTPUT_CLOSED = 141
+
+_closed_listeners: list[Callable[[], None]] = []
+_closed_lock = threading.Lock()
+
+
+@contextmanager
+def on_output_closed(listener: Callable[[], None]) -> Iterator[None]:
+    """Within the block, ``listener`` is called (from the thread that wrote) each time a
+    write through :func:`write_line` finds its stream's reader gone."""
+    with _closed_lock:
+        _closed_listeners.append(listener)
+    try:
+        yield
+    finally:
+        with _closed_lock:
+            _closed_listeners.remove(listener)
+
+
+def write_line(stream: TextIO, text: str) -> None:
+    """Write ``text`` and a newline to ``stream`` and flush it. A closed pipe (EPIPE) is no
+    error of the writer's: the stream's file descriptor is pointed at the null device, so
+    that what is still buffered and every later write (Python's own at exit too) go nowhere,
+    and the listeners of :func:`on_output_closed` are told."""
+    try:
+        stream.write(text + "\n")
+        stream.flush()
+    except BrokenPipeError:
+        _sink(stream)
+        with _closed_lock:
+            listeners = list(_closed_listeners)
+        for listener in listeners:
+            listener()
+
+
+def _sink(stream: TextIO) -> None:
+    try:
+        fd = stream.fileno()
+    except (AttributeError, ValueError, OSError):  # no descriptor: its writes keep failing
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, fd)
+    finally:
+        os.close(null)
 
 
 class _Formatter(logging.Formatter):
@@ -82,8 +144,7 @@ class LineHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             stream: TextIO = sys.stderr if record.levelno >= logging.WARNING else sys.stdout
-            stream.write(self.format(record) + "\n")
-            stream.flush()
+            write_line(stream, self.format(record))
         except Exception:
             self.handleError(record)
 
@@ -131,5 +192,17 @@ def error_text(command: str, error: ParamError | str, what: str = "error") -> st
     return "\n".join(printable(line, keep="\t") for line in lines)
 
 
-__all__ = ["LOGGER", "LOG_FORMATS", "MAX_LINE", "GlogFormatter", "LineHandler", "attach", "cut",
-           "error_text"]
+__all__ = [
+    "EXIT_OUTPUT_CLOSED",
+    "LOGGER",
+    "LOG_FORMATS",
+    "MAX_LINE",
+    "GlogFormatter",
+    "LineHandler",
+    "OutputClosed",
+    "attach",
+    "cut",
+    "error_text",
+    "on_output_closed",
+    "write_line",
+]

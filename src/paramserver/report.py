@@ -375,9 +375,24 @@ def _declaring(where: str, owner: str) -> type[Parameter]:
     return common if where.endswith("blocks") else registry.get(canonical).Config
 
 
+def component_text(registry: ComponentRegistry, cls: type) -> str:
+    """The documentation of the component ``cls``: its own docstring; else that of the
+    nearest registered component it extends (a variant, documented there); never that of a
+    base class that is no component (``Layer``'s is not a user's layer's): then a line
+    saying that the class has none."""
+    registered = {id(registry.get(n)) for n in registry.names()}
+    for klass in cls.__mro__:
+        doc = klass.__dict__.get("__doc__")
+        if klass is not cls and id(klass) not in registered:
+            continue
+        if doc and doc.strip():
+            return inspect.cleandoc(doc)
+    return f"({cls.__module__}.{cls.__qualname__} has no docstring.)"
+
+
 def _component_data(registry: ComponentRegistry, name: str) -> dict[str, Any]:
     cls = registry.get(name)
-    text = inspect.getdoc(cls) or ""
+    text = component_text(registry, cls)
     key = registry.conf_name(name)
     return {"name": name, "kind": registry.kind, "aliases": list(registry.aliases(name)),
             "summary": text.split("\n\n")[0].replace("\n", " "), "doc": text,
@@ -434,7 +449,7 @@ def _entry(registry: ComponentRegistry, name: str, common: type[ComponentConf],
     cls = registry.get(canonical)
     aliases = registry.aliases(canonical)
     head = canonical + (f" (also {', '.join(aliases)})" if aliases else "")
-    text = inspect.getdoc(cls) or ""
+    text = component_text(registry, cls)
     lines = [head, _indent(text.split("\n\n")[0] if brief else text)]
     key = registry.conf_name(canonical)
     if key is not None:
@@ -453,5 +468,5 @@ def _indent(text: str, by: str = "    ") -> str:
     return "\n".join(by + line if line else line for line in text.splitlines())
 
 
-__all__ = ["component_data", "component_doc", "describe_conf", "fields_data", "find_component",
-           "job_report", "job_summary", "json_safe", "problems_data", "table"]
+__all__ = ["component_data", "component_doc", "component_text", "describe_conf", "fields_data",
+           "find_component", "job_report", "job_summary", "json_safe", "problems_data", "table"]

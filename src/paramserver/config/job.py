@@ -412,7 +412,8 @@ class ClusterConf(Parameter):
                                   doc="Folder for checkpoints and metrics (SINGA "
                                       "keeps it here; job.workspace wins). Given, it "
                                       "makes the job a SINGA job: SINGA's test "
-                                      "schedule and checkpoints (docs/singa.md).")
+                                      "schedule and checkpoints (docs/singa.md; "
+                                      "installed: paramserver/docs/singa.md).")
     backend: str = field("local", enum=("local", "ray"), doc="Where servers and workers run.")
     ray_address: str | None = field(None, doc="Address of an existing Ray cluster.")
     timeout: float = field(60.0, lower=0.0, lower_exclusive=True,

@@ -23,6 +23,7 @@ from ..config.textformat import parse_text, paused_gc
 from ..config.tree import Block, Entry, ListValue, Scalar, Value
 from ..init import init_params
 from ..params import ParamSet, plan_params
+from ..shipped import shipped_folder
 from ..singa import checkpoints as singa_checkpoints
 from .net import Net
 
@@ -109,11 +110,7 @@ class JobFile:
 def examples_folder() -> Path | None:
     """paramserver's example job files and their documents: shipped in the wheel as
     ``paramserver/examples`` (setup.py copies them), or the checkout's ``examples/``."""
-    package = Path(__file__).resolve().parents[1]
-    for folder in (package / "examples", package.parents[1] / "examples"):
-        if (folder / "digits_mlp.conf").is_file():
-            return folder
-    return None
+    return shipped_folder("examples", "digits_mlp.conf")
 
 
 def example_names(folder: Path) -> list[str]:

@@ -22,6 +22,8 @@ from ..config import ParamError
 
 COLUMNS = ("step", "phase", "loss", "accuracy", "lr")
 PHASES = ("train", "val", "test")  # the phases of rows
+#: The most points of the plot's learning-rate curve (one per step up to this many steps).
+LR_POINTS = 5000
 log = logging.getLogger(__name__)
 
 
@@ -123,14 +125,32 @@ class MetricsLog:
         data = buf.getvalue().encode("utf-8")
         write_atomically(self.path, lambda tmp: tmp.write_bytes(data))
 
-    def plot(self, path: str | os.PathLike[str], title: str) -> Path | None:
+    def lr_points(self, lr: Callable[[int], float] | None,
+                  most: int = LR_POINTS) -> tuple[list[int], list[float]]:
+        """The learning-rate curve of the plot: with the schedule ``lr`` (the rate of step
+        ``s``, counted from 0), its value at every step up to the last train row's (at most
+        ``most`` steps, evenly spread), drawn at the step count after it (``s + 1``), so that
+        a smooth schedule is smooth and a step schedule a staircase; without it, the train
+        rows' own rates."""
+        train = [r for r in self.rows if r.phase == "train"]
+        if not train:
+            return [], []
+        if lr is None:
+            return [r.step for r in train], [r.lr for r in train]
+        last = max(r.step for r in train)
+        stride = max(1, -(-last // most))
+        steps = [*range(0, last, stride), *([last - 1] if (last - 1) % stride else [])]
+        return [s + 1 for s in steps], [float(lr(s)) for s in steps]
+
+    def plot(self, path: str | os.PathLike[str], title: str,
+             lr: Callable[[int], float] | None = None) -> Path | None:
         """A PNG of loss, accuracy and learning rate against the step, train, test and val;
         None without matplotlib (the ``examples`` extra).
 
         A metric the net does not compute (NaN: an RBM's accuracy) has no panel. The
-        learning rate is drawn as steps: each train row's rate holds over the window of
-        steps that ends at it (a step schedule is a staircase, not ramps). The accuracy
-        axis spans the data (97 % and 99.7 % look different), not 0 to 1.
+        learning rate is the schedule ``lr`` at every step (:meth:`lr_points`): a kInverse
+        schedule a smooth curve, a kStep one a staircase. The accuracy axis spans the data
+        (97 % and 99.7 % look different), not 0 to 1.
         """
         try:
             import matplotlib
@@ -156,11 +176,11 @@ class MetricsLog:
                 if points:
                     by_name[name].plot(*zip(*points), style, label=phase, markersize=3)
         ax_lr = by_name["lr"]
-        train = [r for r in self.rows if r.phase == "train"]
-        if train:
-            ax_lr.plot([r.step for r in train], [r.lr for r in train], "-", label="train",
-                       drawstyle="steps-pre")
-            if _spans_decades([r.lr for r in train]):
+        steps, rates = self.lr_points(lr)
+        if steps:
+            ax_lr.plot(steps, rates, "-", label="train",
+                       drawstyle="default" if lr is not None else "steps-pre")
+            if _spans_decades(rates):
                 ax_lr.set_yscale("log")
         if "loss" in by_name:
             by_name["loss"].set(xlabel="step", ylabel="loss", title="loss")

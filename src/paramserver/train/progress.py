@@ -26,6 +26,8 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any, TextIO
 
+from ..console import write_line
+
 #: Seconds of recent training time that steps/s and the ETA are measured over.
 RATE_WINDOW = 10.0
 
@@ -200,11 +202,10 @@ class Progress:
             return
         width = len(str(self.total))
         percent = 100 * step / self.total
-        self.stream.write(
-            f"{self.phase} step {step:>{width}}/{self.total} ({percent:3.0f}%)  "
-            f"{self._metrics}  {rate_text(rate)} steps/s  "
-            f"elapsed {clock_text(time.monotonic() - self._t0)}  ETA {clock_text(eta)}\n")
-        self.stream.flush()
+        write_line(self.stream,
+                   f"{self.phase} step {step:>{width}}/{self.total} ({percent:3.0f}%)  "
+                   f"{self._metrics}  {rate_text(rate)} steps/s  "
+                   f"elapsed {clock_text(time.monotonic() - self._t0)}  ETA {clock_text(eta)}")
 
 
 #: What a compile is said to be making, by the module of the function compiled.

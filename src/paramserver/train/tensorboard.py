@@ -66,6 +66,8 @@ class TensorBoardLog:
         self._before: tuple[int, np.ndarray] | None = None
         self._api: Any = _tensorboardx() if enabled else None
         self._writer: Any = None
+        #: Whether this run wrote an event (what its ``done:`` line may name).
+        self.wrote = False
 
     @property
     def enabled(self) -> bool:
@@ -125,6 +127,7 @@ class TensorBoardLog:
     def _write(self, step: int, summary: Any) -> None:
         if self._writer is None:
             self._writer = self._open()
+        self.wrote = True
         self._do(self._writer.write_event,
                  self._api.Event(wall_time=time.time(), step=int(step), summary=summary))
 

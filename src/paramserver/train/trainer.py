@@ -52,7 +52,7 @@ from ..checkpoint import (
 from ..cluster import Cluster, RemoteGradFn, Worker, workers_share_process
 from ..config import ParamError
 from ..config.job import JobConf, unbuilt_error
-from ..console import LOG_FORMATS
+from ..console import LOG_FORMATS, OutputClosed, on_output_closed
 from ..export import TABLE, param_table
 from ..faults import marker
 from ..init import init_params
@@ -64,6 +64,7 @@ from ..singa.releases import job_release
 from . import algorithms
 from .layers.base import require_torch
 from .metrics import MetricsLog, Row
+from .misfit import misfit
 from .net import Net
 from .partition import Comm, group_exchange
 from .progress import CompileNotice, Progress, Rate
@@ -214,6 +215,7 @@ class Trainer:
         #: holding an earlier run's keeps them); the step its test is labelled with.
         self._write_metrics = True
         self._tested_step = 0
+        self._output_closed = False
         #: Seconds this object spent in training steps and in tests and validations.
         self.seconds = {"steps": 0.0, "tests": 0.0}
 
@@ -284,6 +286,8 @@ class Trainer:
                 this job.
             KeyboardInterrupt: Ctrl-C (SIGINT), after the checkpoint of the step the run
                 stopped at is written (a second Ctrl-C stops at once, writing nothing).
+            OutputClosed: the reader of stdout went away (``... | head``), after the
+                checkpoint of the step the run stopped at is written.
         """
         resumed = resume or self.job.resume
         if resumed and overwrite:
@@ -292,8 +296,28 @@ class Trainer:
                                  " (the job file sets resume: true)" if not resume else ""))
         if resumed and not or_start and not self.workspace.is_dir():
             raise self._nothing_to_resume()  # refused before the workspace is made
-        with workspace_lock(self.workspace), self._sigint():
+        with workspace_lock(self.workspace), self._stop_requests():
             return self._train(resumed, overwrite, or_start)
+
+    @contextmanager
+    def _stop_requests(self) -> Iterator[None]:
+        """What asks the run to stop at its next step boundary and write a checkpoint
+        there: Ctrl-C (:meth:`_sigint`), and a write to stdout that finds its reader gone
+        (``paramserver train job.conf | grep -m1 "step 250"``; see console.write_line)."""
+        self._interrupted.clear()
+        self._output_closed = False
+
+        def closed() -> None:
+            if self._output_closed:
+                return
+            self._output_closed = True
+            if not self._interrupted.is_set():
+                self._interrupted.set()
+                log.warning("stdout was closed (its reader went away): stopping at the next "
+                            "step boundary to write a checkpoint")
+
+        with on_output_closed(closed), self._sigint():
+            yield
 
     @contextmanager
     def _sigint(self) -> Iterator[None]:
@@ -311,7 +335,6 @@ class Trainer:
             log.warning("interrupted: stopping at the next step boundary to write a "
                         "checkpoint (Ctrl-C again to stop at once, without one)")
 
-        self._interrupted.clear()
         before = signal.signal(signal.SIGINT, handler)
         try:
             yield
@@ -334,7 +357,7 @@ class Trainer:
             # plot that a run killed at its very end did not write yet).
             log.info("nothing to do: the job is at step %d of %d", start, job.train_steps)
             if not (self.workspace / "metrics.png").exists():
-                self.log.plot(self.workspace / "metrics.png", f"{job.name}")
+                self._plot()
             return TrainResult(start, None, None, time.perf_counter() - t0, self.workspace)
         checkpoints = self._checkpoint_steps(start)
         try:  # a full disk stops the run, saying what it keeps (no_space)
@@ -351,18 +374,24 @@ class Trainer:
             plot = None
             if self._write_metrics:
                 self.log.write()
-                plot = self.log.plot(self.workspace / "metrics.png", f"{job.name}")
+                plot = self._plot()
         except NoSpaceError as e:
             raise no_space(e, self.workspace) from None
         seconds = time.perf_counter() - t0
-        files = [self.log.path if self._write_metrics else None, plot,
-                 board.folder if self.tensorboard else None]
-        log.info("done: %d steps in %.1f s (training %.1f s, tests %.1f s); %s", step, seconds,
+        files = [self.log.path if self._write_metrics else None, plot,  # this run's
+                 board.folder if board.wrote else None]
+        ran = f"{step} steps" if start == 0 else f"ran {step - start} steps ({start} → {step})"
+        log.info("done: %s in %.1f s (training %.1f s, tests %.1f s); %s", ran, seconds,
                  self.seconds["steps"], self.seconds["tests"],
                  ", ".join(str(p) for p in files if p is not None))
         return TrainResult(step, None if test is None else test["loss"],
                            None if test is None else test["accuracy"], seconds,
                            self.workspace)
+
+    def _plot(self) -> Path | None:
+        """metrics.png, its learning rate drawn from the schedule itself."""
+        return self.log.plot(self.workspace / "metrics.png", self.job.name,
+                             lr=self.cluster.updater.lr)
 
     def run_steps(self, steps: int, start: int = 0) -> list[list[Mapping[str, Any] | None]]:
         """Run ``steps`` training steps from ``start`` on the cluster and nothing else: no
@@ -442,9 +471,12 @@ class Trainer:
                 path = self.save(step)
                 log.info("step %d: checkpoint %s", step, path)
             if stopped:  # the plot of the steps so far too: what the user stopped to look at
-                self.log.plot(self.workspace / "metrics.png", f"{job.name}")
-                log.warning("interrupted at step %d of %d: --resume goes on from there",
-                            step, job.train_steps)
+                self._plot()
+                log.warning("%s at step %d of %d: --resume goes on from there",
+                            "stopped" if self._output_closed else "interrupted", step,
+                            job.train_steps)
+                if self._output_closed:
+                    raise OutputClosed(f"stdout closed; stopped at step {step}")
                 raise KeyboardInterrupt
         return step, last.get("kTest")
 
@@ -490,7 +522,7 @@ class Trainer:
             extra = {k: v for k, v in result.items() if k not in ("loss", "accuracy")}
             batches = net.eval_count(phase, steps=steps)
             self.log.add(Row(step, row, loss, acc, lr, extra))
-            board.scalars(row, step, {"loss": loss, "accuracy": acc, **extra,
+            board.scalars(row, step, {"loss": loss, "accuracy": acc, "lr": lr, **extra,
                                       "steps_per_second": batches / max(seconds, 1e-9)})
             what = "validation" if row == "val" else "test"
             if self.log_format == "singa":
@@ -675,15 +707,11 @@ class Trainer:
         if job.singa_job and not (self.workspace / singa_checkpoints.FOLDER /
                                   singa_checkpoints.checkpoint_file_name(step)).exists():
             self.save_singa(step)  # killed between ours and SINGA's: as a straight run has
-        # Keep what a straight run has at this step: rows of the steps before, and the
-        # display, validation and test rows due at it (not the extra rows of a run that
-        # ended here, unless this run ends here too: then they are its own last rows).
-        final = step == job.train_steps
-        when = singa_due if job.singa_job else due
-        self.log.resume_at(step, lambda r: r.step < step or final or (
-            (r.phase == "train" and due(step, self.disp_freq, job.disp_after))
-            or (r.phase == "test" and when(step, job.test_freq, job.test_after))
-            or (r.phase == "val" and when(step, job.validate_freq, job.validate_after))))
+        # Keep every row up to this step, as TensorBoard keeps its events: those of a run
+        # that ended here too (its last train row and its final test, which a straight run
+        # would not have made), since they happened; the rows after it, of a run killed
+        # after its checkpoint, are the steps this run does again.
+        self.log.resume_at(step, lambda r: True)
         for bad, error in refused:  # the resume stands: out of the way of the new ones
             kept = set_aside(bad)
             log.warning("%s; resuming from %s instead%s", error, path.name,
@@ -713,9 +741,9 @@ class Trainer:
                  meta: dict[str, Any]) -> None:
         if meta.get("format") != FORMAT:
             raise CheckpointError(f"{path}: not a paramserver training checkpoint")
-        if meta.get("params") != self._layout() or meta.get("dtype") != self.params.dtype.name:
-            raise CheckpointError(f"{path}: the checkpoint's Params do not match the job's "
-                                  "(was the net changed?)")
+        layout, dtype = self._layout(), self.params.dtype.name
+        if meta.get("params") != layout or meta.get("dtype") != dtype:
+            raise CheckpointError(misfit(path, meta, self.job, layout, dtype))
         window = meta.get("window", [])
         try:
             self.cluster.load_state_dict(arrays)
@@ -725,6 +753,9 @@ class Trainer:
                 for w in window]
         except CheckpointError:
             raise
+        except ParamError as e:  # the state does not fit: what changed, in one sentence
+            raise CheckpointError(misfit(path, meta, self.job, layout, dtype,
+                                         [str(p) for p in e.problems])) from None
         except Exception as e:
             raise CheckpointError(f"{path}: {e}") from None
 

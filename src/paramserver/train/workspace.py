@@ -334,9 +334,11 @@ def output_layers(job: JobConf) -> list[Any]:
 def written_files(job: JobConf, workspace: str | os.PathLike[str] | None = None
                   ) -> list[tuple[str, Path]]:
     """Every file and folder a run of ``job`` writes, ``(what, path)``: the workspace's
-    (:data:`ENTRIES`) and each output layer's file (:func:`output_path`)."""
+    (:data:`ENTRIES`; SINGA's ``checkpoint/`` only in a SINGA job, the only one that writes
+    it) and each output layer's file (:func:`output_path`)."""
     ws = Path(workspace if workspace is not None else job.workspace_dir)
-    out = [(what, ws / name) for name, what in _WRITTEN]
+    out = [(what, ws / name) for name, what in _WRITTEN
+           if name != SINGA_FOLDER or job.singa_job]
     for conf in output_layers(job):
         if conf.own is not None and conf.own.path:
             out.append((f"layer '{conf.name}' ({conf.component})",

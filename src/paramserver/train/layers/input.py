@@ -282,8 +282,10 @@ def _read_store(path: Path, backend: str, separator: str, has_label: bool,
     try:
         st = file.stat()
     except FileNotFoundError:
+        from ...shipped import doc_file
+
         raise ParamError(f"data store '{path}' does not exist (make it with paramserver "
-                         "data, see docs/singa.md)") from None
+                         f"data, see {doc_file('singa.md')})") from None
     except OSError as e:
         raise ParamError(f"data store '{path}' cannot be read: {e.strerror or e}") from None
     key = (str(file.resolve()), st.st_mtime_ns, st.st_size, backend, separator, has_label,
