@@ -6,8 +6,9 @@ ps-lite's worker; the ``DMLC_*`` variables say where the scheduler is), initiali
 of PHASE's shapes and sets its update method, prints ``ready``, then answers commands, one
 JSON line each on stdin: ``{"shape": name, "first": step, "iters": n}`` runs steps
 ``first .. first + n - 1`` of the shape (the first untimed) and prints
-``{"rank": r, "times": [...], "sample": [...]}``: the seconds of each timed push + pull, and the sampled
-values pulled at the last step. An empty line ends it.
+``{"rank": r, "times": [...], "cpu": [...], "sample": [...]}``: the seconds (and the
+process's CPU seconds) of each timed push + pull, and the sampled values pulled at the last
+step. An empty line ends it.
 """
 
 from __future__ import annotations
@@ -19,10 +20,21 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import mxnet as mx  # noqa: E402
-import numpy as np  # noqa: E402
-from _workload import BETA1, BETA2, EPS, LR, MOMENTUM, SHAPES, Grads, initial, row_ids, sample  # noqa: E402
-from _workload import shapes_of  # noqa: E402
+import mxnet as mx
+from _workload import (
+    BETA1,
+    BETA2,
+    EPS,
+    LR,
+    MOMENTUM,
+    SHAPES,
+    TABLE_INIT,
+    Grads,
+    initial,
+    row_ids,
+    sample,
+    shapes_of,
+)
 
 
 def optimizer(phase: str):
@@ -44,7 +56,7 @@ def main() -> None:
         init = initial(name)
         for key in s["keys"]:
             if s.get("rows"):
-                kv.init(key, mx.nd.zeros(s["shape"]).tostype("row_sparse"))
+                kv.init(key, mx.nd.full(s["shape"], TABLE_INIT).tostype("row_sparse"))
             elif init is not None:
                 kv.init(key, mx.nd.array(init.reshape(s["shape"])))
             else:
@@ -63,7 +75,7 @@ def main() -> None:
         name = cmd["shape"]
         s, g = SHAPES[name], grads[name]
         keys = s["keys"]
-        times, outs = [], []
+        times, cpu, outs = [], [], []
         for step in range(cmd["first"], cmd["first"] + cmd["iters"]):
             if s.get("rows"):
                 ids = row_ids(step, s["rows"], s["shape"][0])
@@ -73,18 +85,19 @@ def main() -> None:
                     shape=s["shape"])
                 out = mx.nd.sparse.zeros("row_sparse", s["shape"])
                 mx.nd.waitall()
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 kv.push(keys[0], grad)
                 kv.row_sparse_pull(keys[0], out=out, row_ids=ids_nd)
                 out.wait_to_read()
                 times.append(time.perf_counter() - t0)
+                cpu.append(time.process_time() - c0)
                 outs = [out.data.asnumpy()]
             else:
                 # fresh arrays every step: dist_sync's pull writes into what was pushed
                 pushed = [mx.nd.array(a.reshape(s["shape"])) for a in g.at(step)]
                 pulled = [mx.nd.empty(s["shape"]) for _ in keys]
                 mx.nd.waitall()
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 if len(keys) == 1:
                     kv.push(keys[0], pushed[0])
                     kv.pull(keys[0], out=pulled[0])
@@ -93,9 +106,11 @@ def main() -> None:
                     kv.pull(keys, out=pulled)
                 mx.nd.waitall()
                 times.append(time.perf_counter() - t0)
+                cpu.append(time.process_time() - c0)
                 outs = pulled
         got = sample([o.asnumpy() if hasattr(o, "asnumpy") else o for o in outs])
-        print(json.dumps({"rank": rank, "times": times[1:], "sample": got}), flush=True)
+        print(json.dumps({"rank": rank, "times": times[1:], "cpu": cpu[1:], "sample": got}),
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ SHAPES: dict[str, dict] = {
     "Adam update of 4M": {"keys": [2], "shape": (1 << 22,), "phase": "adam"},
 }
 PHASES = ("plain", "sgd", "adam")
+#: The table's rows at first (not 0: ps-lite's servers refuse a row-sparse init of no rows).
+TABLE_INIT = 0.5
 
 #: The update methods: each side's declaration of the same rule.
 LR = {"sgd": 0.01, "adam": 0.001}

@@ -18,7 +18,9 @@ contenders alternate, ``--rounds`` rounds (the first contender alternates too); 
 pulled values are checked on every worker (exactly: the sum of the workers' pushes; with an
 update method, within 2e-4 of the rule computed in float64). Printed: per shape the time of
 a step of each (median [min–max] over the rounds, ms), the ratio paramserver / MXNet (the
-median of the per-round ratios), and the load average.
+median of the per-round ratios), the load average, and the CPU time of worker 0's process
+per step (all its threads; on a loaded machine the load-independent part of the cost —
+with ``local`` it is the whole of it for paramserver, whose servers are in that process).
 
 Run (from the repository root, with paramserver's venv)::
 
@@ -58,6 +60,7 @@ from _workload import (  # noqa: E402
     MOMENTUM,
     PHASES,
     SHAPES,
+    TABLE_INIT,
     Grads,
     Reference,
     initial,
@@ -83,12 +86,14 @@ def ps_updater(phase: str) -> dict[str, Any] | None:
     return None
 
 
-def ps_init(store: Any) -> None:
-    """Every shape's keys (the maker's store initialises them; workers ask for them)."""
-    for name, s in SHAPES.items():
+def ps_init(store: Any, shapes: list[str]) -> None:
+    """The shapes' keys (the maker's store initialises them; workers ask for them)."""
+    for name in shapes:
+        s = SHAPES[name]
         init = initial(name)
         if s.get("rows"):
-            store.init(s["keys"][0], kv.Fill(s["shape"]), row_sparse=True)
+            fill = kv.Fill(s["shape"], {"type": "kConstant", "value": TABLE_INIT})
+            store.init(s["keys"][0], fill, row_sparse=True)
         elif init is not None:
             store.init(s["keys"][0], init.reshape(s["shape"]))
         else:
@@ -101,21 +106,23 @@ def ps_steps(store: Any, name: str, first: int, iters: int) -> dict[str, Any]:
     g = Grads(name, store.rank)
     keys = s["keys"]
     times: list[float] = []
+    cpu: list[float] = []
     outs: list[np.ndarray] = []
     for step in range(first, first + iters):
         if s.get("rows"):
             ids = row_ids(step, s["rows"], s["shape"][0])
             rows = g.at(step)[0].reshape(len(ids), -1)
             out = np.empty_like(rows)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             store.push(keys[0], kv.RowSparse(ids, rows))
             store.row_sparse_pull(keys[0], out=out, row_ids=ids)
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
             outs = [out]
         else:
             pushed = [a.reshape(s["shape"]) for a in g.at(step)]
             pulled = [np.empty(s["shape"], np.float32) for _ in keys]
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             if len(keys) == 1:
                 store.push(keys[0], pushed[0])
                 store.pull(keys[0], out=pulled[0])
@@ -123,16 +130,17 @@ def ps_steps(store: Any, name: str, first: int, iters: int) -> dict[str, Any]:
                 store.push(keys, pushed)
                 store.pull(keys, out=pulled)
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
             outs = pulled
-    return {"rank": store.rank, "times": times[1:], "sample": sample(outs)}
+    return {"rank": store.rank, "times": times[1:], "cpu": cpu[1:], "sample": sample(outs)}
 
 
 class PsEmbedded:
     name = "paramserver embedded"
 
-    def __init__(self) -> None:
+    def __init__(self, shapes: list[str]) -> None:
         self.store = kv.create("local")
-        ps_init(self.store)
+        ps_init(self.store, shapes)
 
     def phase(self, phase: str) -> None:
         self.store.set_updater(ps_updater(phase))
@@ -147,10 +155,10 @@ class PsEmbedded:
 class PsRay:
     name = "paramserver Ray"
 
-    def __init__(self, workers: int, servers: int) -> None:
+    def __init__(self, workers: int, servers: int, shapes: list[str]) -> None:
         self.store = kv.create("dist_sync", num_workers=workers, num_servers=servers,
                                backend="ray", timeout=600.0)
-        ps_init(self.store)
+        ps_init(self.store, shapes)
 
     def phase(self, phase: str) -> None:
         self.store.set_updater(ps_updater(phase))
@@ -242,6 +250,7 @@ def measure(contenders: list[Any], name: str, workers: int, rounds: int, iters: 
     """Interleaved rounds of one shape; every call's values checked."""
     ref = Reference(name, workers)
     per: dict[str, list[float]] = {c.name: [] for c in contenders}
+    cpu: dict[str, list[float]] = {c.name: [] for c in contenders}
     for r in range(rounds):
         first = r * (iters + 1)
         for step in range(first, first + iters + 1):
@@ -255,10 +264,12 @@ def measure(contenders: list[Any], name: str, workers: int, rounds: int, iters: 
                     raise SystemExit(f"kv_mxnet: wrong values: {wrong}")
             rank0 = next(x for x in replies if x["rank"] == 0)
             per[c.name].append(statistics.median(rank0["times"]))
+            cpu[c.name].append(statistics.median(rank0["cpu"]))
     mx_name = contenders[0].name
     ps_name = contenders[1].name
     return {"shape": name, "mxnet": per[mx_name], "paramserver": per[ps_name],
             "ratio": [p / m for p, m in zip(per[ps_name], per[mx_name], strict=True)],
+            "mxnet_cpu": cpu[mx_name], "paramserver_cpu": cpu[ps_name],
             "load": load_average()}
 
 
@@ -266,12 +277,13 @@ def run_config(config: str, python: Path, shapes: list[str], rounds: int, iters:
                log: Any) -> list[dict[str, Any]]:
     workers, servers = CONFIGS[config]
     dist = config != "local"
-    print(f"\n== {config}: {'MXNet dist_sync (ps-lite) vs paramserver on Ray' if dist else 'MXNet local vs paramserver embedded'}"
-          f" ({workers} worker(s) x {servers} server(s)); load average {load_average()}",
-          flush=True)
+    what = ("MXNet dist_sync (ps-lite) vs paramserver on Ray" if dist
+            else "MXNet local vs paramserver embedded")
+    print(f"\n== {config}: {what} ({workers} worker(s) x {servers} server(s)); "
+          f"load average {load_average()}", flush=True)
     t0 = time.perf_counter()
-    ps: Any = PsRay(workers, servers) if dist else PsEmbedded()
-    print(f"   paramserver store made and {sum(len(s['keys']) for s in SHAPES.values()):,} "
+    ps: Any = PsRay(workers, servers, shapes) if dist else PsEmbedded(shapes)
+    print(f"   paramserver store made and {sum(len(SHAPES[n]['keys']) for n in shapes):,} "
           f"keys initialised in {time.perf_counter() - t0:.1f} s", flush=True)
     results = []
     try:
@@ -289,7 +301,10 @@ def run_config(config: str, python: Path, shapes: list[str], rounds: int, iters:
                     ms = 1000.0
                     print(f"   {name:32s} MXNet {Spread.of(res['mxnet']).scaled(ms).fmt()} ms"
                           f"  paramserver {Spread.of(res['paramserver']).scaled(ms).fmt()} ms"
-                          f"  ratio {Spread.of(res['ratio']).fmt()}  (load {res['load']})",
+                          f"  ratio {Spread.of(res['ratio']).fmt()}  (load {res['load']})"
+                          f"\n   {'':32s} CPU of worker 0's process: MXNet "
+                          f"{Spread.of(res['mxnet_cpu']).scaled(ms).fmt()} ms  paramserver "
+                          f"{Spread.of(res['paramserver_cpu']).scaled(ms).fmt()} ms",
                           flush=True)
             finally:
                 mx.close()

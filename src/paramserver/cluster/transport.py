@@ -166,10 +166,10 @@ class MeteredTransport:
         self._lock = threading.Lock()
 
     def count(self, where: str, message: Request | Reply) -> None:
-        from .messages import Keyed, payload_bytes
+        from .messages import KeyBatch, Keyed, payload_bytes
 
         kind = type(message).__name__
-        if isinstance(message, Keyed):
+        if isinstance(message, (Keyed, KeyBatch)):
             kind = type(message.request).__name__
         with self._lock:
             table = getattr(self, where)
