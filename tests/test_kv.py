@@ -425,7 +425,7 @@ def test_a_push_or_pull_of_many_keys_is_one_message_per_server() -> None:
             sent.append((to[1], type(request).__name__))
             return super().send(to, request, what)
 
-    keys = list(range(50)) + [1000]  # key 1000 is cut over the servers (bound 100)
+    keys = [*range(50), 1000]  # key 1000 is cut over the servers (bound 100)
     sizes = [8] * 50 + [600]
     with kv.create("local", num_servers=3, bound=100, transport=Counting) as store:
         store.init(keys, [np.zeros(n, np.float32) for n in sizes])
@@ -440,7 +440,7 @@ def test_a_push_or_pull_of_many_keys_is_one_message_per_server() -> None:
 
 
 def test_workers_in_step_pushing_lists_of_keys_get_each_keys_sum_every_round() -> None:
-    keys = list(range(30)) + [77]
+    keys = [*range(30), 77]
     sizes = [5] * 30 + [300]
 
     def train(s: kv.KVStore) -> list[np.ndarray]:

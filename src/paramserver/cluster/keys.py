@@ -444,8 +444,11 @@ class KeyServer:
             if s is None or not s.serving:
                 return None
         pieces = [s.values for s in servers]  # type: ignore[union-attr]
-        return Values(np.concatenate(pieces),  # type: ignore[arg-type]
-                      np.concatenate([s.versions for s in servers]))  # type: ignore[union-attr]
+        versions = np.concatenate([s.versions for s in servers])  # type: ignore[union-attr]
+        # one piece: its values as they are, as a key's own get answers (a transport between
+        # processes copies them as it sends the reply); several: one copy, in one buffer
+        return Values(pieces[0] if len(pieces) == 1 else np.concatenate(pieces),  # type: ignore[arg-type]
+                      versions)
 
     def _batch_push(self, msg: KeyBatch, reply: ReplyFn,
                     forward: list[tuple[Server, Request, ReplyFn]]

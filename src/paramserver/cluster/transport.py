@@ -106,7 +106,11 @@ class Pending:
 
 
 class Transport(Protocol):
-    """Moves requests to servers and replies back; see the module docstring."""
+    """Moves requests to servers and replies back; see the module docstring.
+
+    A transport may say, with a class attribute ``copies = True``, that ``send`` has copied
+    the request's arrays by the time it returns (a transport between processes): a sender
+    may then hand it views of memory it changes later."""
 
     def send(self, to: Address, request: Request, what: str) -> Pending:
         """Deliver ``request`` to server ``to``; ``what`` names its reply for messages."""

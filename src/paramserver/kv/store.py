@@ -470,7 +470,11 @@ class KVStore:
                 names.setdefault(s, []).append(k.name)
                 parts.setdefault(s, []).append(flat if hi - lo == flat.size else flat[lo:hi])
         dtype = keys[0].dtype
-        buffers = {s: np.concatenate(p, dtype=dtype) for s, p in parts.items()}
+        # a copy (the caller may change its arrays once push returns), made here unless the
+        # transport copies as it sends (between processes) and the buffer is one array
+        sends_copy = getattr(self._transport, "copies", False)
+        buffers = {s: p[0] if sends_copy and len(p) == 1 and p[0].dtype == dtype
+                   else np.concatenate(p, dtype=dtype) for s, p in parts.items()}
         if workers_check(self._conf) and not all(all_finite(b) for b in buffers.values()):
             return False
         self._finish_keys(keys)
