@@ -73,7 +73,7 @@ from .messages import (
     Update,
     Values,
 )
-from .passes import all_finite, sum_into
+from .passes import sum_into
 from .server import Server, failure_reply, server_name
 from .slicing import compute_slices, partition_slices
 from .transport import ReplyFn
@@ -496,7 +496,10 @@ class KeyServer:
         total = data[0]
         assert total is not None
         if len(data) == 1:
-            bad = 0 if all_finite(total) else 1
+            # in this thread: a parallel check waits at its end for every thread it started,
+            # which a loaded machine may not schedule for milliseconds (measured: 20 ms
+            # instead of 0.1 ms for 800,000 values at load 14)
+            bad = 0 if np.isfinite(total).all() else 1
         else:
             total = np.empty_like(data[0])
             bad = sum_into(total, data[0], data[1])  # type: ignore[arg-type]
