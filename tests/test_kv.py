@@ -408,3 +408,84 @@ def test_a_synchronous_sparse_run_is_the_same_on_ray(ray_session: Any) -> None:
     got, want = _run_sync("ray"), _run_sync("local")
     for name in want:
         np.testing.assert_array_equal(got[name], want[name])
+
+
+# -- one message per server per call (ps-lite's key ranges) --------------------------------
+
+
+def _grad(rank: int, step: int, key: int, size: int) -> np.ndarray:
+    return np.random.default_rng([rank, step, key]).standard_normal(size).astype(np.float32)
+
+
+def test_a_push_or_pull_of_many_keys_is_one_message_per_server() -> None:
+    sent: list[tuple[int, str]] = []
+
+    class Counting(LocalTransport):
+        def send(self, to: Any, request: Any, what: str) -> Any:
+            sent.append((to[1], type(request).__name__))
+            return super().send(to, request, what)
+
+    keys = [*range(50), 1000]  # key 1000 is cut over the servers (bound 100)
+    sizes = [8] * 50 + [600]
+    with kv.create("local", num_servers=3, bound=100, transport=Counting) as store:
+        store.init(keys, [np.zeros(n, np.float32) for n in sizes])
+        sent.clear()
+        grads = [_grad(0, 0, k, n) for k, n in zip(keys, sizes, strict=True)]
+        store.push(keys, grads)
+        outs = [np.empty(n, np.float32) for n in sizes]
+        store.pull(keys, out=outs)
+        assert sorted(sent) == sorted([(s, "KeyBatch") for s in range(3)] * 2)
+        for g, o in zip(grads, outs, strict=True):
+            assert np.array_equal(o, g)
+
+
+def test_workers_in_step_pushing_lists_of_keys_get_each_keys_sum_every_round() -> None:
+    keys = [*range(30), 77]
+    sizes = [5] * 30 + [300]
+
+    def train(s: kv.KVStore) -> list[np.ndarray]:
+        if s.rank == 0:
+            s.init(keys, [np.zeros(n, np.float32) for n in sizes])
+        s.barrier()
+        got: list[np.ndarray] = []
+        for step in range(3):
+            s.push(keys, [_grad(s.rank, step, k, n) for k, n in zip(keys, sizes, strict=True)])
+            got = s.pull(keys)
+        return got
+
+    with kv.create("dist_sync", num_workers=3, num_servers=2, bound=100) as store:
+        results = store.run(train)
+    for got in results:
+        for k, n, values in zip(keys, sizes, got, strict=True):
+            want = (_grad(0, 2, k, n) + _grad(1, 2, k, n)) + _grad(2, 2, k, n)
+            assert np.array_equal(values, want)
+
+
+def test_a_batch_push_with_a_key_pushed_alone_between_keeps_every_round() -> None:
+    # worker by worker the rounds of a batch and of a key's own push interleave
+    def train(s: kv.KVStore) -> np.ndarray:
+        if s.rank == 0:
+            s.init([0, 1, 2], [np.zeros(4, np.float32)] * 3)
+        s.barrier()
+        for step in range(2):
+            s.push([0, 1], [np.full(4, s.rank + 1, np.float32)] * 2)
+            s.push(2, [np.full(4, step, np.float32), np.ones(4, np.float32)])  # a list: alone
+        return np.concatenate(s.pull([0, 1, 2]))
+
+    with kv.create("dist_sync", num_workers=2, updater={"type": "kSGD", "learning_rate": {
+            "base_lr": 1.0}}) as store:
+        results = store.run(train)
+    want = np.concatenate([np.full(4, -6.0), np.full(4, -6.0), np.full(4, -(2 + 4))])
+    for got in results:
+        assert np.array_equal(got, want.astype(np.float32))
+
+
+def test_a_nan_in_a_batch_push_refuses_that_keys_update_only_and_names_it() -> None:
+    with kv.create("local") as store:
+        store.init([0, 1], [np.ones(4, np.float32), np.ones(4, np.float32)])
+        bad = np.array([1, np.nan, 0, 0], np.float32)
+        store.push([0, 1], [np.full(4, 2, np.float32), bad])
+        with pytest.raises(ClusterError, match="non-finite gradient"):
+            store.pull([0, 1])
+        assert store.pull(0).tolist() == [2.0] * 4
+        assert store.pull(1).tolist() == [1.0] * 4

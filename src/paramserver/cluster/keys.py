@@ -22,6 +22,9 @@ and its checks of non-finite gradients. It adds what keys need:
 - :class:`~.messages.Describe`: a key's description, answered once the key is initialised;
 - :class:`~.messages.Keyed`: a request for one key's piece; one that comes before the key
   waits for it (the other workers' pushes and pulls may come before rank 0's init);
+- :class:`~.messages.KeyBatch`: a get or an update of many keys' pieces in one message (one
+  per server per call of a client): each piece is served as a ``Keyed`` request would be,
+  and one reply (:class:`BatchReply`) answers once every piece's has;
 - :class:`~.messages.SetUpdater`: every key's update method (none: a push replaces the
   values by the sum of the step's gradients);
 - :class:`~.messages.Barrier`: every live worker meets.
@@ -37,6 +40,7 @@ import json
 import threading
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -56,6 +60,7 @@ from .messages import (
     Flush,
     Get,
     GetState,
+    KeyBatch,
     Keyed,
     KeyInfo,
     KeyInit,
@@ -65,8 +70,10 @@ from .messages import (
     Request,
     SetUpdater,
     State,
+    Update,
     Values,
 )
+from .passes import sum_into
 from .server import Server, failure_reply, server_name
 from .slicing import compute_slices, partition_slices
 from .transport import ReplyFn
@@ -186,9 +193,35 @@ class Replace(Updater):
                 self._segment(w[off[i]:off[i + 1]], g[off[i]:off[i + 1]], float(gscale[i]))
         return nonfinite
 
+    def apply(self, step: int, values: np.ndarray, grads: np.ndarray, state: UpdaterState,
+              lr_scale: np.ndarray | float = 1.0, wd_scale: np.ndarray | float = 1.0,
+              grad_scale: np.ndarray | float = 1.0, *, refuse_nonfinite: bool = False,
+              grad_norm: float | None = None, skip: np.ndarray | None = None) -> int:
+        """:meth:`Updater.apply`; for one segment (a key's piece) without the per-segment
+        arrays of rates it does not use (a key-value store updates many small keys), and
+        reading the gradient for NaN and Inf only to refuse them (``refuse_nonfinite``;
+        else it returns 0: its callers check the sums of several gradients themselves)."""
+        if (skip is not None or state.num_segments != 1 or values.shape != (state.size,)
+                or values.shape != grads.shape or self.conf.clip_norm > 0):
+            return super().apply(step, values, grads, state, lr_scale, wd_scale, grad_scale,
+                                 refuse_nonfinite=refuse_nonfinite, grad_norm=grad_norm,
+                                 skip=skip)
+        if refuse_nonfinite:
+            nonfinite = int(grads.size - np.count_nonzero(np.isfinite(grads)))
+            if nonfinite:
+                return nonfinite
+        np.add(state.counts, 1, out=state.counts)
+        gscale = (grad_scale if isinstance(grad_scale, (int, float))
+                  else np.asarray(grad_scale).flat[0])
+        self._segment(values, grads, float(gscale))
+        return 0
+
     def _segment(self, w: np.ndarray, g: np.ndarray, gscale: float) -> None:
         """One segment's update: the values become the scaled gradient."""
-        np.multiply(g, w.dtype.type(gscale), out=w)
+        if gscale == 1:
+            np.copyto(w, g)
+        else:
+            np.multiply(g, w.dtype.type(gscale), out=w)
 
     def _run_rows(self, w: np.ndarray, g: np.ndarray, ids: np.ndarray, dim: int,
                   state: UpdaterState, lr: float, wd: float, gscale: float,
@@ -279,6 +312,7 @@ class KeyServer:
         self._waiting: dict[str, list[tuple[Request, ReplyFn]]] = {}
         self._gone: dict[tuple[int, int], int] = {}
         self._barriers: dict[int, tuple[set[tuple[int, int]], list[ReplyFn]]] = {}
+        self._batches: dict[int, _HeldBatch] = {}  # per worker group, its pushes held
         self._aborted: str | None = None
         self._lock = threading.Lock()
 
@@ -312,11 +346,26 @@ class KeyServer:
         if isinstance(request, Keyed):
             if self._aborted is not None:
                 return [(reply, ErrorReply(self._aborted))]
+            if isinstance(request.request, Update):  # a key's own push: after the batches
+                self._spill(forward)
             server = self._keys.get(request.key)
             if server is None:
                 self._waiting.setdefault(request.key, []).append((request, reply))
             else:
                 forward.append((server, request.request, reply))
+            return []
+        if isinstance(request, KeyBatch):
+            if self._aborted is not None:
+                return [(reply, ErrorReply(self._aborted))]
+            if isinstance(request.request, Update):
+                summed = self._batch_push(request, reply, forward)
+                if summed is not None:
+                    return summed
+            else:
+                values = self._batch_get(request)
+                if values is not None:
+                    return [(reply, values)]
+            self._fan_out(request, reply, forward)
             return []
         if isinstance(request, Describe):
             if self._aborted is not None:
@@ -341,6 +390,7 @@ class KeyServer:
         if isinstance(request, Barrier):
             return self._barrier(request, reply)
         if isinstance(request, Leave):
+            self._spill(forward)  # each key's server counts the worker out of its step
             self._gone[(request.group, request.worker)] = request.step
             for server in self._keys.values():
                 forward.append((server, request, _ignore))
@@ -348,7 +398,8 @@ class KeyServer:
         if isinstance(request, Put):  # a run begins: every worker is live, nothing waits
             self._gone.clear()
             self._aborted = None
-            out: list[tuple[ReplyFn, Reply]] = [(reply, Ack())]
+            out: list[tuple[ReplyFn, Reply]] = self._drop_batches("a new run began")
+            out.append((reply, Ack()))
             for server in self._keys.values():
                 out += server.revive()
             return out
@@ -364,6 +415,133 @@ class KeyServer:
             return [(reply, Ack())]
         raise ClusterError(f"a key-value store's server does not take a "
                            f"{type(request).__name__}")
+
+    # -- batches ----------------------------------------------------------------------------
+
+    def _fan_out(self, msg: KeyBatch, reply: ReplyFn,
+                 forward: list[tuple[Server, Request, ReplyFn]]) -> None:
+        """A batch as one request per key's piece, to each piece's server (or waiting for
+        the key's init), answered once all are (:class:`BatchReply`)."""
+        batch = BatchReply(msg, reply)
+        for i, name in enumerate(batch.names):
+            inner, fn = batch.piece(i), batch.reply_of(i)
+            server = self._keys.get(name)
+            if server is None:
+                self._waiting.setdefault(name, []).append((Keyed(name, inner), fn))
+            else:
+                forward.append((server, inner, fn))
+
+    def _batch_get(self, msg: KeyBatch) -> Values | None:
+        """A batch of gets answered at once, every key's values copied into one buffer —
+        when no get has to wait (no version, clock or staleness bound to reach) and every
+        key's piece is here and serving; else None (key by key)."""
+        get = msg.request
+        if not isinstance(get, Get) or get.ids is not None or get.lag is not None \
+                or get.clock is not None or get.version > 0:
+            return None
+        servers = [self._keys.get(n) for n in msg.names]
+        for s in servers:
+            if s is None or not s.serving:
+                return None
+        pieces = [s.values for s in servers]  # type: ignore[union-attr]
+        versions = np.concatenate([s.versions for s in servers])  # type: ignore[union-attr]
+        # one piece: its values as they are, as a key's own get answers (a transport between
+        # processes copies them as it sends the reply); several: one copy, in one buffer
+        return Values(pieces[0] if len(pieces) == 1 else np.concatenate(pieces),  # type: ignore[arg-type]
+                      versions)
+
+    def _batch_push(self, msg: KeyBatch, reply: ReplyFn,
+                    forward: list[tuple[Server, Request, ReplyFn]]
+                    ) -> list[tuple[ReplyFn, Reply]] | None:
+        """A batch of pushes taken whole: held until every live worker of the group has
+        pushed the same keys, then summed in worker order in one pass over the buffers and
+        given to each key's server (:meth:`Server.apply_summed`) — what each key's server
+        would have done with the pushes one by one, without a request per key. None when
+        the batch must go key by key (a key's server has a step open, a get waiting, or is
+        not a plain dense piece; the keys are not initialised yet; a bad buffer)."""
+        r = msg.request
+        assert isinstance(r, Update)
+        g, w = r.group, r.worker
+        live = self._live_of(g)
+        if w not in live:
+            return None
+        held = self._batches.get(g)
+        if held is not None and (held.keys != msg.keys or w in held.pushes):
+            self._spill(forward)
+            held = None
+        if held is None:
+            names = msg.names
+            servers = [self._keys.get(n) for n in names]
+            off = msg.offsets
+            if (msg.data is None or off is None or len(off) != len(names) + 1
+                    or int(off[-1]) != msg.data.size or r.grads is not None or r.codec
+                    or r.ids is not None):
+                return None
+            bounds = np.asarray(off, np.int64).tolist()
+            dtype = msg.data.dtype
+            for s, a, b in zip(servers, bounds, bounds[1:], strict=False):
+                if (s is None or not s.takes_summed(g) or s.values is None
+                        or s.values.size != b - a or s.values.dtype != dtype):
+                    return None
+            held = self._batches[g] = _HeldBatch(msg.keys, servers, bounds)  # type: ignore[arg-type]
+        held.pushes[w] = (msg, reply)
+        if held.pushes.keys() >= live:
+            return self._apply_batch(g, forward)
+        return []
+
+    def _apply_batch(self, group: int, forward: list[tuple[Server, Request, ReplyFn]]
+                     ) -> list[tuple[ReplyFn, Reply]]:
+        held = self._batches.pop(group)
+        data = [held.pushes[w][0].data for w in sorted(held.pushes)]
+        total = data[0]
+        assert total is not None
+        if len(data) == 1:
+            # in this thread: a parallel check waits at its end for every thread it started,
+            # which a loaded machine may not schedule for milliseconds (measured: 20 ms
+            # instead of 0.1 ms for 800,000 values at load 14)
+            bad = 0 if np.isfinite(total).all() else 1
+        else:
+            total = np.empty_like(data[0])
+            bad = sum_into(total, data[0], data[1])  # type: ignore[arg-type]
+            for d in data[2:]:
+                bad += sum_into(total, total, d)  # type: ignore[arg-type]
+        if bad:  # key by key: each key's server refuses or skips it, and says why
+            self._batches[group] = held
+            self._spill(forward)
+            return []
+        out: list[tuple[ReplyFn, Reply]] = []
+        bounds = held.bounds
+        replies = [fn for _, fn in held.pushes.values()]
+        try:
+            for i, server in enumerate(held.servers):
+                out += server.apply_summed(group, total[bounds[i]:bounds[i + 1]])
+        except Exception as e:  # every pusher hears of it
+            error = failure_reply(self.name, held.pushes[min(held.pushes)][0], e)
+            return [*out, *((fn, error) for fn in replies)]
+        ack = Ack()
+        return [*out, *((fn, ack) for fn in replies)]
+
+    def _spill(self, forward: list[tuple[Server, Request, ReplyFn]]) -> None:
+        """Hand the held batches to each key's server, push by push in worker order (what
+        comes next then follows them there)."""
+        for group in sorted(self._batches):
+            held = self._batches.pop(group)
+            for w in sorted(held.pushes):
+                msg, fn = held.pushes[w]
+                self._fan_out(msg, fn, forward)
+
+    def _drop_batches(self, reason: str, lost: bool = False) -> list[tuple[ReplyFn, Reply]]:
+        error = ErrorReply(reason, lost)
+        out: list[tuple[ReplyFn, Reply]] = [
+            (fn, error) for held in self._batches.values() for _, fn in held.pushes.values()]
+        self._batches = {}
+        return out
+
+    def _live_of(self, group: int) -> set[int]:
+        c = self.conf
+        if not 0 <= group < c.nworker_groups:
+            return set()
+        return {w for w in range(c.nworkers_per_group) if (group, w) not in self._gone}
 
     def _init(self, msg: KeyInit, reply: ReplyFn, forward: list[tuple[Server, Request, ReplyFn]]
               ) -> list[tuple[ReplyFn, Reply]]:
@@ -471,7 +649,8 @@ class KeyServer:
             self._aborted = reason
             waiting = [fn for items in self._waiting.values() for _, fn in items]
             waiting += [fn for _, replies in self._barriers.values() for fn in replies]
-            self._waiting, self._barriers = {}, {}
+            waiting += [fn for held in self._batches.values() for _, fn in held.pushes.values()]
+            self._waiting, self._barriers, self._batches = {}, {}, {}
             servers = list(self._keys.values())
         error = ErrorReply(reason, lost)
         for fn in waiting:
@@ -487,6 +666,9 @@ class KeyServer:
             parts += [f"{self.name} waits for workers "
                       f"{sorted(self._live() - arrived)} at barrier {count}"
                       for count, (arrived, _) in sorted(self._barriers.items())]
+            parts += [f"{self.name} waits for the pushes of {len(held.servers)} keys from "
+                      f"workers {sorted(self._live_of(g) - held.pushes.keys())} of group {g}"
+                      for g, held in sorted(self._batches.items())]
             servers = sorted(self._keys.items())
         for key, server in servers:
             said = server.waiting_for()
@@ -498,10 +680,106 @@ class KeyServer:
         return f"KeyServer({self.name}, {len(self._keys)} keys)"
 
 
+@dataclass
+class _HeldBatch:
+    """The pushes of one batch of keys by the workers of a group, until every live one's
+    came: the keys' servers, the bounds of each key's part of the buffers, and by worker,
+    its batch and its reply."""
+
+    keys: str
+    servers: list[Server]
+    bounds: list[int]
+    pushes: dict[int, tuple[KeyBatch, ReplyFn]] = field(default_factory=dict)
+
+
+class BatchReply:
+    """The one reply to a :class:`~.messages.KeyBatch`: each key's piece answers it, from
+    whichever thread completes that piece's work; once every piece has, the sender hears
+    once — the first error of a piece, or (a get) every key's values in one buffer, in the
+    order of the keys, with each key's version, or (an update) :class:`Ack`."""
+
+    __slots__ = ("_answers", "_bounds", "_left", "_lock", "_reply", "msg", "names")
+
+    def __init__(self, msg: KeyBatch, reply: ReplyFn):
+        self.msg = msg
+        self.names = msg.names
+        self._reply = reply
+        self._answers: list[Reply | None] = [None] * len(self.names)
+        self._left = len(self.names)
+        self._lock = threading.Lock()
+        request = msg.request
+        if isinstance(request, Update):
+            off = msg.offsets
+            if (msg.data is None or off is None or len(off) != len(self.names) + 1
+                    or int(off[-1]) != msg.data.size or request.grads is not None
+                    or request.ids is not None or request.codec):
+                raise ClusterError("a batch of updates carries one buffer of dense, "
+                                   f"uncompressed gradients and {len(self.names) + 1} bounds "
+                                   "of the keys' parts of it")
+            self._bounds = np.asarray(off, np.int64).tolist()
+        elif not isinstance(request, Get) or request.ids is not None:
+            raise ClusterError(f"a batch carries gets of whole pieces or updates, not a "
+                               f"{type(request).__name__}")
+
+    def piece(self, i: int) -> Get | Update:
+        """The request of the ``i``-th key's piece."""
+        r = self.msg.request
+        if isinstance(r, Get):
+            return r
+        assert self.msg.data is not None
+        a, b = self._bounds[i], self._bounds[i + 1]
+        return Update(r.group, r.worker, r.step, self.msg.data[a:b])
+
+    def reply_of(self, i: int) -> ReplyFn:
+        return lambda answer: self._answered(i, answer)
+
+    def _answered(self, i: int, answer: Reply) -> None:
+        with self._lock:
+            if self._answers[i] is not None:
+                return
+            self._answers[i] = answer
+            self._left -= 1
+            if self._left:
+                return
+        self._reply(self._joined())
+
+    def _joined(self) -> Reply:
+        answers = self._answers
+        for a in answers:
+            if isinstance(a, ErrorReply):
+                return a
+        if isinstance(self.msg.request, Update):
+            return Ack()
+        parts = [a.values for a in answers if isinstance(a, Values)]
+        versions = np.array([int(a.versions.min()) if a.versions.size else 0
+                             for a in answers if isinstance(a, Values)], np.int64)
+        bf16 = all(a.bfloat16 for a in answers if isinstance(a, Values))
+        # one piece: its values as they are (a view, in one process); else one copy
+        values = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        return Values(values, versions, bfloat16=bf16 and bool(parts))
+
+
 def _ignore(reply: Reply) -> None:
     """For requests the key server makes itself (their outcome is known)."""
 
 
-__all__ = ["BOUND", "FUNCTION", "MAX_INT_KEY", "MAX_KEY_LENGTH", "FunctionUpdater", "KeyServer",
-           "Replace", "empty_layout", "fill_piece", "home_of", "key_name", "make_updater",
-           "piece_layout", "plan_key", "row_dim", "updater_text", "updater_text_of"]
+__all__ = [
+    "BOUND",
+    "FUNCTION",
+    "MAX_INT_KEY",
+    "MAX_KEY_LENGTH",
+    "BatchReply",
+    "FunctionUpdater",
+    "KeyServer",
+    "Replace",
+    "empty_layout",
+    "fill_piece",
+    "home_of",
+    "key_name",
+    "make_updater",
+    "piece_layout",
+    "plan_key",
+    "row_dim",
+    "updater_text",
+    "updater_text_of",
+]

@@ -19,6 +19,10 @@ Requests of a key-value store's clients (SPEC §10) to its servers
     :class:`KeyInit`  hold this piece of a key (rank 0's value, or fill it) → :class:`Ack`
     :class:`Describe` a key's shape and type, once it is initialised → :class:`KeyInfo`
     :class:`Keyed`    a request (get, update, state) for one key's piece → its reply
+    :class:`KeyBatch` a get or an update of several keys' pieces held by one server, their
+                      values or gradients in one buffer (ps-lite's key ranges: one message
+                      per server per call) → :class:`Values` (a get's, every key's values
+                      one after the other) or :class:`Ack` (an update's, once applied)
     :class:`SetUpdater` the update method of every key → :class:`Ack`
     :class:`Barrier`  wait until every live worker has come to this barrier → :class:`Ack`
 Request, server → master server (server groups):
@@ -247,6 +251,35 @@ class Keyed:
     request: Get | Update | GetState | SetState
 
 
+#: What joins the key names of a :class:`KeyBatch` (a key is printable text: never holds it).
+KEY_SEPARATOR = "\n"
+
+
+@dataclass(frozen=True, eq=False)
+class KeyBatch:
+    """``request`` (a :class:`Get`, or an :class:`Update` of dense gradients) for the pieces
+    of ``keys`` this server holds, in one message: ps-lite's push or pull of the key ranges
+    a server holds. Each key's piece is served as a :class:`Keyed` request would be (its
+    rounds, versions and staleness); the reply comes once every key's has.
+
+    Attributes:
+        keys: the key names, joined by :data:`KEY_SEPARATOR`.
+        request: what is asked of each piece; an update's ``grads`` are None here (they are
+            ``data``).
+        offsets: (an update) the bounds of each key's gradient in ``data`` (``len + 1``).
+        data: (an update) every key's gradient, one after the other, in one buffer.
+    """
+
+    keys: str
+    request: Get | Update
+    offsets: np.ndarray | None = None
+    data: np.ndarray | None = None
+
+    @property
+    def names(self) -> list[str]:
+        return self.keys.split(KEY_SEPARATOR)
+
+
 @dataclass(frozen=True, eq=False)
 class SetUpdater:
     """The update method of every key (``updater { }``'s JSON; ``""``: none, a push then
@@ -267,7 +300,7 @@ class Barrier:
 
 
 Request = (Get | Update | Clip | Leave | Sync | Put | Flush | GetState | SetState | Save | Restore
-           | KeyInit | Describe | Keyed | SetUpdater | Barrier)
+           | KeyInit | Describe | Keyed | KeyBatch | SetUpdater | Barrier)
 
 
 # -- replies -----------------------------------------------------------------------------------
@@ -342,11 +375,11 @@ Reply = Values | Norm | State | Problems | Ack | ErrorReply | KeyInfo
 #: Every message kind, by name (what a transport between processes sends).
 KINDS: dict[str, type] = {cls.__name__: cls for cls in (
     Get, Update, Clip, Leave, Sync, Put, Flush, GetState, SetState, Save, Restore,
-    KeyInit, Describe, Keyed, SetUpdater, Barrier,
+    KeyInit, Describe, Keyed, KeyBatch, SetUpdater, Barrier,
     Values, Norm, State, Problems, Ack, ErrorReply, KeyInfo)}
 
 #: Fields that hold a message themselves (sent as the tuple of that message).
-NESTED = {"Keyed": ("request",)}
+NESTED = {"Keyed": ("request",), "KeyBatch": ("request",)}
 
 
 def payload_bytes(message: Request | Reply) -> int:
@@ -364,6 +397,7 @@ def payload_bytes(message: Request | Reply) -> int:
     return total
 
 __all__ = [
+    "KEY_SEPARATOR",
     "KINDS",
     "NESTED",
     "Ack",
@@ -375,6 +409,7 @@ __all__ = [
     "Flush",
     "Get",
     "GetState",
+    "KeyBatch",
     "KeyInfo",
     "KeyInit",
     "Keyed",

@@ -105,6 +105,9 @@ class Relay:
     by :meth:`WorkerStages.adopt`; every other message (the first pull, a leave) goes
     through the ordinary actor calls."""
 
+    #: as its inner transport's, and a held update is packed (a copy) as it is sent
+    copies = True
+
     def __init__(self, inner: RayTransport):
         self.inner = inner
         self.holding = False

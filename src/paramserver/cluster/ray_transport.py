@@ -101,6 +101,10 @@ class RayTransport:
         idle: servers with nothing to hold, answered in this process.
     """
 
+    #: ``send`` has copied a request's arrays when it returns (Ray serialises the call's
+    #: arguments then: small ones packed, large ones into the object store).
+    copies = True
+
     def __init__(self, handles: Mapping[Address, Any], names: Mapping[Address, str],
                  idle: Mapping[Address, Handler] | None = None):
         self.handles = dict(handles)

@@ -682,6 +682,42 @@ class Server:
 
     # -- a key-value store's -----------------------------------------------------------------
 
+    @property
+    def serving(self) -> bool:
+        """Whether it holds values and answers requests (not stopped)."""
+        return self.values is not None and self._aborted is None
+
+    def takes_summed(self, group: int) -> bool:
+        """Whether a step of ``group`` may be given already summed (:meth:`apply_summed`):
+        a piece of one dense segment, serving, no step of the group open, no get waiting,
+        no global-norm clipping, no master copy and no server group to sync with. (Read
+        without the lock: the key server that asks holds every request to this piece.)"""
+        L = self.layout
+        return (self.values is not None and self._aborted is None and not self._gets
+                and group not in self._rounds and L.num_segments == 1 and not L.tables
+                and not self._clips and not self._bfloat16 and self._send is None
+                and not self.average and group in self._live)
+
+    def apply_summed(self, group: int, total: np.ndarray) -> list[tuple[ReplyFn, Reply]]:
+        """Apply a step of ``group`` whose pushes a key server summed (in worker order, and
+        found finite) across a batch of keys: what :meth:`_apply` does with that sum, the
+        update counted as one step of the group. Returns the replies of gets it readied."""
+        with self._lock:
+            assert self.values is not None
+            L = self.layout
+            step = self._clock[group]
+            if total.shape != self.values.shape or total.dtype != self.values.dtype:
+                raise ClusterError(f"gradients of shape {total.shape} and dtype "
+                                   f"{total.dtype}, expected {self.values.shape} "
+                                   f"{self.values.dtype}")
+            with kernel_guard():
+                self.updater.apply(step, self.values, total, self.state, L.lr_scale,
+                                   L.wd_scale, 1.0 / self.num_shares)
+            self.versions += 1
+            self._since_sync += 1
+            self._clock[group] = step + 1
+            return self._ready_gets()
+
     def set_updater(self, updater: Updater) -> None:
         """Update with ``updater`` from now on, its state starting from zero."""
         with self._lock:

@@ -106,7 +106,11 @@ class Pending:
 
 
 class Transport(Protocol):
-    """Moves requests to servers and replies back; see the module docstring."""
+    """Moves requests to servers and replies back; see the module docstring.
+
+    A transport may say, with a class attribute ``copies = True``, that ``send`` has copied
+    the request's arrays by the time it returns (a transport between processes): a sender
+    may then hand it views of memory it changes later."""
 
     def send(self, to: Address, request: Request, what: str) -> Pending:
         """Deliver ``request`` to server ``to``; ``what`` names its reply for messages."""
@@ -166,10 +170,10 @@ class MeteredTransport:
         self._lock = threading.Lock()
 
     def count(self, where: str, message: Request | Reply) -> None:
-        from .messages import Keyed, payload_bytes
+        from .messages import KeyBatch, Keyed, payload_bytes
 
         kind = type(message).__name__
-        if isinstance(message, Keyed):
+        if isinstance(message, (Keyed, KeyBatch)):
             kind = type(message.request).__name__
         with self._lock:
             table = getattr(self, where)

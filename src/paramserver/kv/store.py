@@ -52,10 +52,12 @@ from ..cluster.errors import ClusterError
 from ..cluster.keys import BOUND, FUNCTION, home_of, key_name, plan_key, row_dim, updater_text_of
 from ..cluster.layout import plan_servers
 from ..cluster.messages import (
+    KEY_SEPARATOR,
     Barrier,
     Describe,
     Get,
     GetState,
+    KeyBatch,
     Keyed,
     KeyInfo,
     KeyInit,
@@ -163,6 +165,7 @@ class KVStore:
         self._worker = worker
         self._driver = driver
         self._keys: dict[str, _Key] = {}
+        self._known: dict[Any, _Key] = {}  # by the key as given (an int or a str), once checked
         self._int_keys: bool | None = None
         self._compression = Compression.parse(
             {"type": spec.compression[0], **({"threshold": spec.compression[1]}
@@ -220,9 +223,14 @@ class KVStore:
 
     def _key(self, key: Any) -> _Key:
         """A key's description: known, or asked of its home server (waits for its init)."""
+        if type(key) is int or type(key) is str:  # (not bool, which is an int)
+            known = self._known.get(key)
+            if known is not None:
+                return known
         name, int_key = self._name(key)
         found = self._keys.get(name)
         if found is not None:
+            self._known[key] = found
             return found
         home = home_of(name, int_key, self.num_servers)
         # With other workers, rank 0 may not have made it yet: wait for its init.
@@ -427,8 +435,58 @@ class KVStore:
         if not self._worker:
             raise ParamError("push: the store's maker does not push when the store has "
                              f"{self.num_workers} workers; its workers do, in run()")
-        for k, v in self._pairs(key, value, "push"):
-            self._push_one(k, v)
+        pairs = self._pairs(key, value, "push")
+        if not self._push_batch(pairs):
+            for k, v in pairs:
+                self._push_one(k, v)
+
+    def _push_batch(self, pairs: list[tuple[Any, Any]]) -> bool:
+        """ps-lite's push: one :class:`~paramserver.cluster.messages.KeyBatch` per server,
+        every key's gradient for it in one buffer (a copy: the caller may change its arrays
+        once push returns). False, with nothing sent, when a value needs a key's own path:
+        a table's rows, a list of values to sum, counts, compression, a key given twice, a
+        value of another shape, or a non-finite gradient the workers check (that path names
+        the key)."""
+        if self._compression.codec:
+            return False
+        keys: list[_Key] = []
+        for key, v in pairs:
+            if not isinstance(v, np.ndarray) or v.dtype.kind != "f":
+                return False
+            k = self._key(key)
+            if k.row_sparse or k.dtype.kind != "f" or v.shape != k.shape:
+                return False
+            keys.append(k)
+        if len({k.name for k in keys}) != len(keys) or len({k.dtype for k in keys}) != 1:
+            return False
+        names: dict[int, list[str]] = {}
+        parts: dict[int, list[np.ndarray]] = {}
+        for k, (_, v) in zip(keys, pairs, strict=True):
+            flat = v.reshape(-1)
+            for s, lo, hi in k.pieces:
+                names.setdefault(s, []).append(k.name)
+                parts.setdefault(s, []).append(flat if hi - lo == flat.size else flat[lo:hi])
+        dtype = keys[0].dtype
+        # a copy (the caller may change its arrays once push returns), made here unless the
+        # transport copies as it sends (between processes) and the buffer is one array
+        sends_copy = getattr(self._transport, "copies", False)
+        buffers = {s: p[0] if sends_copy and len(p) == 1 and p[0].dtype == dtype
+                   else np.concatenate(p, dtype=dtype) for s, p in parts.items()}
+        if workers_check(self._conf) and not all(all_finite(b) for b in buffers.values()):
+            return False
+        self._finish_keys(keys)
+        what = (f"reply to a push of key {pairs[0][0]!r}" if len(pairs) == 1
+                else f"reply to a push of {len(pairs)} keys")
+        pendings = {}
+        for s, buffer in buffers.items():
+            offsets = np.zeros(len(parts[s]) + 1, np.int64)
+            np.cumsum([p.size for p in parts[s]], out=offsets[1:])
+            pendings[s] = self._send(s, KeyBatch(KEY_SEPARATOR.join(names[s]),
+                                                 Update(self._group, self._index, -1, None),
+                                                 offsets, buffer), what)
+        for k in keys:
+            k.pending = [pendings[s] for s, _, _ in k.pieces]
+        return True
 
     def _push_one(self, key: Any, value: Any) -> None:
         k = self._key(key)
@@ -569,11 +627,19 @@ class KVStore:
         pending, k.pending = k.pending, []
         self._wait(pending)
 
+    def _finish_keys(self, keys: Sequence[_Key]) -> None:
+        """Wait for the last pushes of keys (a batch's reply is waited for once)."""
+        pending: dict[int, Pending] = {}
+        for k in keys:
+            for p in k.pending:
+                pending.setdefault(id(p), p)
+            k.pending = []
+        self._wait(list(pending.values()))
+
     def wait(self) -> None:
         """Wait for every push of this store (ps-lite's ``Wait``); raise their errors."""
         self._check_open()
-        for k in list(self._keys.values()):
-            self._finish(k)
+        self._finish_keys(list(self._keys.values()))
 
     # -- pull -------------------------------------------------------------------------------
 
@@ -595,27 +661,48 @@ class KVStore:
         used."""
         if out is None:
             keys = list(key) if _is_list(key) else [key]
-            got = [self._pull_one(k, None) for k in keys]
+            got = self._pull_batch([(k, None) for k in keys])
             return got if _is_list(key) else got[0]
-        for k, o in self._pairs(key, out, "pull"):
-            for target in (o if _is_list(o) else [o]):
-                self._pull_one(k, target)
+        self._pull_batch([(k, target) for k, o in self._pairs(key, out, "pull")
+                          for target in (o if _is_list(o) else [o])])
         return out
 
-    def _pull_one(self, key: Any, out: np.ndarray | None) -> np.ndarray:
-        k = self._key(key)
-        if out is not None:
-            _check_out(out, k.shape, f"pull of key {key!r}")
-        self._finish(k)
-        replies = self._wait([self._send(s, Keyed(k.name, self._get()),
-                                         f"values of key {key!r}") for s, _, _ in k.pieces])
-        target = out if out is not None else np.empty(k.shape, k.dtype)
-        flat = target.reshape(-1)
-        for (_, lo, hi), reply in zip(k.pieces, replies, strict=True):
+    def _pull_batch(self, pairs: list[tuple[Any, np.ndarray | None]]) -> list[np.ndarray]:
+        """ps-lite's pull: one :class:`~paramserver.cluster.messages.KeyBatch` per server
+        for every key's piece there; each reply, one buffer, is copied into the keys' outs
+        (new arrays where None)."""
+        keys = [self._key(key) for key, _ in pairs]
+        for (key, out), k in zip(pairs, keys, strict=True):
+            if out is not None:
+                _check_out(out, k.shape, f"pull of key {key!r}")
+        self._finish_keys(keys)
+        names: dict[int, list[str]] = {}
+        spans: dict[int, list[tuple[int, int, int]]] = {}
+        for i, k in enumerate(keys):
+            for s, lo, hi in k.pieces:
+                a, b = k.bounds(lo, hi)
+                names.setdefault(s, []).append(k.name)
+                spans.setdefault(s, []).append((i, a, b))
+        what = (f"values of key {pairs[0][0]!r}" if len(pairs) == 1
+                else f"values of {len(pairs)} keys")
+        get = self._get()
+        servers = list(names)
+        replies = self._wait([self._send(s, KeyBatch(KEY_SEPARATOR.join(names[s]), get), what)
+                              for s in servers])
+        targets = [out if out is not None else np.empty(k.shape, k.dtype)
+                   for (_, out), k in zip(pairs, keys, strict=True)]
+        flats = [t.reshape(-1) for t in targets]
+        for s, reply in zip(servers, replies, strict=True):
             assert isinstance(reply, Values)
-            a, b = k.bounds(lo, hi)
-            flat[a:b] = reply.values
-        return target
+            values = reply.values.reshape(-1)
+            at = 0
+            for i, a, b in spans[s]:
+                flats[i][a:b] = values[at:at + b - a]
+                at += b - a
+            if at != values.size:
+                raise ClusterError(f"server {s} answered a pull of {len(spans[s])} key "
+                                   f"pieces with {values.size} values, not {at}")
+        return targets
 
     def row_sparse_pull(self, key: Any, out: Any = None, priority: int = 0,
                         row_ids: Any = None) -> Any:
