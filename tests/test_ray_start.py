@@ -231,3 +231,53 @@ def test_the_readmes_cluster_trains_and_refuses_a_driver_without_its_token(
     assert not (tmp_path / "refused").exists()
     # The cluster is still up, both nodes in it.
     assert all(n.proc.poll() is None for n in nodes)
+
+
+DRIVER = """
+import os, sys
+from paramserver.cluster.ray_backend import start_ray
+start_ray(num_cpus=1)
+print("ready", flush=True)
+sys.stdin.read()  # until the test kills this process
+"""
+
+
+def test_paramservers_own_ray_ends_with_its_driver_killed_and_its_token_is_private(
+        tmp_path: Path) -> None:
+    """A driver of paramserver's own local Ray killed outright (kill -9): every process of
+    that Ray ends (its dashboard and runtime-env agents too, which Ray leaves for a minute
+    or two); the token it made in a fresh HOME is its owner's only."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("reads /proc")
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RAY_ADDRESS",) and not k.startswith("RAY_AUTH")}
+    env.setdefault("XDG_CACHE_HOME", str(Path.home() / ".cache"))
+    folder = Path(tempfile.mkdtemp(prefix="psrk-"))  # short: Ray's socket paths
+    env.update({"HOME": str(home), "RAY_TMPDIR": str(folder)})
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER], env=env, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    pids: set[int] = set()
+    try:
+        assert driver.stdout is not None
+        assert driver.stdout.readline() == "ready\n"
+        pids = descendants({driver.pid}) - {driver.pid}
+        names = {Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")[0] for p in alive(pids)}
+        assert any(b"DashboardAgent" in n or b"RuntimeEnvAgent" in n for n in names), names
+        token = home / ".ray" / "auth_token"
+        assert stat.S_IMODE(token.stat().st_mode) == 0o600
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait(60)
+        deadline = time.monotonic() + 30
+        while alive(pids) and time.monotonic() < deadline:
+            time.sleep(0.2)  # processes of another parent: polling /proc
+        left = alive(pids)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait(60)
+        for pid in alive(pids):
+            os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(folder, ignore_errors=True)
+    assert not left, [Path(f"/proc/{p}/cmdline").read_bytes()[:80] for p in left]

@@ -137,7 +137,24 @@ def start_ray(address: str | None = None, num_cpus: int | None = None, *,
         with loopback_only():
             ray.init(address="local", include_dashboard=False, num_cpus=num_cpus,
                      logging_level="WARNING", log_to_driver=log_to_driver)
+        if sys.platform.startswith("linux"):  # its agents end with this process, however
+            from .ray_reaper import Reaper
+
+            _REAPER[:] = [Reaper()]
+            _REAPER[0].watch()
     return True
+
+
+#: The watcher of the local Ray this process started (:mod:`.ray_reaper`), while it runs.
+_REAPER: list[Any] = []
+
+
+def stop_ray() -> None:
+    """Stop the Ray this process started (:func:`start_ray`), and its watcher."""
+    ray = import_ray()
+    ray.shutdown()
+    while _REAPER:
+        _REAPER.pop().done()
 
 
 class RemoteWorker:
@@ -304,36 +321,66 @@ class RayBackend:
         worker_cls = ray.remote(WorkerActor)
         spec_params = params_to_data(params)
         layouts = [layout_to_data(L) for L in self.layouts]
-        for g in range(c.nworker_groups):
+
+        def new_worker(rank: int) -> RemoteWorker:
+            g, i = divmod(rank, c.nworkers_per_group)
             s = g % c.nserver_groups
             handles = {(s, L.index): self.servers[(s, L.index)]
                        for L in self.layouts if (s, L.index) in self.servers}
             names = {(s, L.index): self._names[(s, L.index)] for L in self.layouts}
-            for i in range(c.nworkers_per_group):
-                rank = g * c.nworkers_per_group + i
-                spec = {**common, "group": g, "index": i, "params": spec_params,
-                        "layouts": layouts, "names": names}
-                actor = worker_cls.options(**options(
-                    {"max_restarts": 0, "max_task_retries": 0, "max_concurrency": 1},
-                    c.worker_resource, worker_options, rank)).remote(spec, handles)
-                self.workers.append(RemoteWorker(g, i, rank, actor))
+            spec = {**common, "group": g, "index": i, "params": spec_params,
+                    "layouts": layouts, "names": names}
+            actor = worker_cls.options(**options(
+                {"max_restarts": 0, "max_task_retries": 0, "max_concurrency": 1},
+                c.worker_resource, worker_options, rank)).remote(spec, handles)
+            return RemoteWorker(g, i, rank, actor)
+
+        self._new_worker = new_worker
+        self.workers = [new_worker(r) for r in range(c.nworker_groups * c.nworkers_per_group)]
         self.transport = RayTransport(self.servers, self._names, self._idle)
         for server in self._idle.values():
             server.connect(self.transport.send)
-        wait = max(60.0, c.timeout)
         pings = {a: h.ping.remote() for a, h in self.servers.items()}
+        self._started(self.workers, lambda wait: {a: ray.get(r, timeout=wait)
+                                                  for a, r in pings.items()})
+        self._connect()
+        self._locate()
+
+    def _started(self, workers: Sequence[RemoteWorker],
+                 servers: Callable[[float], Any] | None = None) -> None:
+        """Wait for ``workers`` to answer (and with ``servers(wait)``, the servers: their
+        incarnations); a start that fails or takes too long is an error saying why."""
+        ray = self._ray
+        wait = max(60.0, self.conf.timeout)
         try:
-            ray.get([w.actor.ping.remote() for w in self.workers], timeout=wait)
-            self._incarnations = {a: ray.get(r, timeout=wait) for a, r in pings.items()}
+            ray.get([w.actor.ping.remote() for w in workers], timeout=wait)
+            if servers is not None:
+                self._incarnations = servers(wait)
         except ray.exceptions.GetTimeoutError:
-            raise ClusterError(f"the {len(self.servers) + len(self.workers)} Ray actors of the "
-                               f"cluster did not start within {wait:g} s: "
-                               f"{self._not_started()}") from None
+            n = len(workers) + (len(self.servers) if servers is not None else 0)
+            raise ClusterError(f"the {n} Ray actors of the cluster did not start within "
+                               f"{wait:g} s: {self._not_started()}") from None
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnschedulableError) as e:
             raise ClusterError(f"a Ray actor of the cluster could not start: {_first_line(e)}"
                                ) from None
-        self._connect()
-        self._locate()
+
+    def replace_workers(self, ranks: Sequence[int]) -> bool:
+        """New actors in the places of the dead workers ``ranks`` (anywhere their options
+        allow: on another node when theirs is gone); they start as at the first run, and
+        the driver runs their part again."""
+        self._drop_steps()  # the graph of the dead ones is broken
+        new = []
+        for rank in ranks:
+            try:
+                self._ray.kill(self.workers[rank].actor, no_restart=True)
+            except Exception:  # gone already
+                pass
+            self.workers[rank] = self._new_worker(rank)
+            new.append(self.workers[rank])
+        self._started(new)
+        self.dead.difference_update(ranks)
+        self._locate([w.name for w in new])
+        return True
 
     def _check_resources(self) -> None:
         """The cluster's ``server_resource`` / ``worker_resource``: some live node must
@@ -381,13 +428,14 @@ class RayBackend:
                 starting.append(name)
         parts = []
         if waiting:
-            parts.append(f"{', '.join(waiting)} wait for a node with room for them (the "
-                         "resources and placement asked for: cluster.placement, "
-                         "server_resource, worker_resource, server_options, worker_options)")
+            parts.append(f"{', '.join(waiting)} {_verb(waiting, 'waits', 'wait')} for a node "
+                         "with room (the resources and placement asked for: "
+                         "cluster.placement, server_resource, worker_resource, "
+                         "server_options, worker_options)")
         if starting:
-            parts.append(f"{', '.join(starting)} are placed and still starting (their "
-                         "processes start and import on a busy machine: a larger "
-                         "cluster.timeout gives them longer)")
+            parts.append(f"{', '.join(starting)} {_verb(starting, 'is', 'are')} placed and "
+                         "still starting (processes that start and import on a busy "
+                         "machine: a larger cluster.timeout gives them longer)")
         if dead:
             parts.append(f"{', '.join(dead)} died while starting (Ray's logs say why)")
         return "; ".join(parts) or "Ray did not say why"
@@ -662,7 +710,7 @@ class RayBackend:
                     pass
             self._drop_steps()  # after the kills: a worker stuck in its step cannot hold it
             if self._owns_ray:
-                ray.shutdown()
+                stop_ray()
         output = getattr(self, "_output", None)
         if output is not None:
             output.close(discard=discard_log)
@@ -671,6 +719,10 @@ class RayBackend:
         c = self.conf
         return (f"RayBackend({c.nworker_groups}×{c.nworkers_per_group} worker actors, "
                 f"{c.nserver_groups}×{c.nservers_per_group} servers)")
+
+
+def _verb(names: Sequence[str], one: str, many: str) -> str:
+    return one if len(names) == 1 else many
 
 
 def _first_line(e: BaseException) -> str:
