@@ -135,8 +135,11 @@ def start_ray(address: str | None = None, num_cpus: int | None = None, *,
     else:
         ensure_local_token()
         with loopback_only():
-            ray.init(address="local", include_dashboard=False, num_cpus=num_cpus,
-                     logging_level="WARNING", log_to_driver=log_to_driver)
+            try:
+                ray.init(address="local", include_dashboard=False, num_cpus=num_cpus,
+                         logging_level="WARNING", log_to_driver=log_to_driver)
+            except Exception as e:  # Ray's own failure (a machine too busy, no space)
+                raise ClusterError(f"cannot start a local Ray: {_first_line(e)}") from e
         if sys.platform.startswith("linux"):  # its agents end with this process, however
             from .ray_reaper import Reaper
 
@@ -481,17 +484,20 @@ class RayBackend:
         except (OSError, ParamError) as e:  # a report, not the run: say so and go on
             log.warning("%s", e)
 
-    def _node_left(self, name: str) -> str:
-        """When the node of actor ``name`` has left the Ray cluster: a sentence naming the
-        node and what lived there ("" while it is alive or unknown)."""
+    def _node_left(self, name: str, error: BaseException | None = None) -> str:
+        """When the node of actor ``name`` has left the Ray cluster (Ray's list of nodes
+        says so, or the actor's death, ``error``, says its node died): a sentence naming
+        the node and what lived there ("" while it is alive or unknown)."""
         node = self.nodes.get(name)
         if node is None:
             return ""
+        said = error is not None and any(t in str(error).lower() for t in (
+            "node has died", "node died", "node is dead"))
         try:
             alive = {n["NodeID"]: bool(n.get("Alive")) for n in self._ray.nodes()}
-        except Exception:  # asking Ray failed: say nothing rather than guess
-            return ""
-        if alive.get(node, True):
+        except Exception:  # asking Ray failed: what the error said, or nothing
+            alive = {}
+        if alive.get(node, True) and not said:
             return ""
         there = ", ".join(n for n, at in self.nodes.items() if at == node)
         return (f"; its node {_node_labels(self._ray).get(node, node[:8])} left the Ray "
@@ -609,7 +615,7 @@ class RayBackend:
         self.dead.add(w.rank)
         return Outcome(w.rank, step, DEAD, cause=e, message=(
             f"{w.name} (rank {w.rank}) died at step {step}: its Ray actor is gone "
-            f"({type(e).__name__}){self._node_left(w.name)}"))
+            f"({type(e).__name__}){self._node_left(w.name, e)}"))
 
     def _lost(self) -> list[Address]:
         """The servers whose actors died since :meth:`revive` last looked (restarted, or
