@@ -120,7 +120,7 @@ def join_error(address: str, error: BaseException) -> ParamError:
     if "no authentication token was found" in text:
         why = (f"{MODE_VAR}=token here, and no token: {token_path()} is missing (copy the "
                f"cluster's token there, or set {TOKEN_VAR} or {PATH_VAR})")
-    elif "unauthenticated" in text or "authentication" in text or "auth" in text:
+    elif any(t in text for t in ("unauthenticated", "authentication", "invalidauthtoken")):
         if mode == "token":
             why = (f"the cluster refused this process's token ({_source()}): it is not the "
                    "token the cluster was started with")
