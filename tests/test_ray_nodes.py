@@ -148,6 +148,48 @@ def test_a_node_lost_with_a_server_on_it_is_recovered_exactly(ray_nodes: Any,
     assert [p.version for p in ps.owners] == [12, 12]
 
 
+def test_a_node_lost_with_a_server_and_a_worker_on_it_is_survived_exactly(
+        ray_nodes: Any, tmp_path: Path) -> None:
+    """Server 1 and worker 1 live on a node that is lost at step 5 (under the default
+    ``on_worker_failure: stop``): Ray starts the server again elsewhere, from its
+    checkpoint of step 4, a new actor takes the worker's place, steps 4 to 7 run again, and
+    the run ends as the embedded one, bit for bit."""
+    kw = dict(nworkers_per_group=2, nservers_per_group=2)
+    expected = Cluster(conf("local", **kw), make_params(), SGD)
+    expected_metrics = expected.run(fill, 12)
+    doomed = ray_nodes.add("doomed-both")
+    doomed_id = ray_nodes.id_of(doomed)
+    ps = make_params()
+    c = Cluster(conf("ray", **kw), ps, SGD, max_restarts=2, checkpoint_freq=4,
+                checkpoint_dir=tmp_path, placement=None,
+                worker_options=lambda rank: pinned(doomed_id, soft=True) if rank == 1
+                else on("worker"),
+                server_options=lambda a: pinned(doomed_id, soft=True) if a == (0, 1)
+                else on("server"))
+
+    def on_step(step: int, metrics: Any) -> None:
+        if step == 5:
+            ray_nodes.remove(doomed)
+
+    try:
+        assert c.backend.nodes["server 1"] == c.backend.nodes["worker 1 of group 0"] == (
+            doomed_id)
+        with pytest.warns(RuntimeWarning, match="were lost|was lost") as caught:
+            metrics = c.run(fill, 12, on_step=on_step)
+        assert c.backend.nodes["server 1"] != doomed_id
+        assert c.backend.nodes["worker 1 of group 0"] != doomed_id
+    finally:
+        c.close()
+        if doomed in ray_nodes.cluster.worker_nodes:
+            ray_nodes.remove(doomed)
+    texts = [str(w.message) for w in caught]
+    assert any("new actors took the dead workers' places; the servers go back to their "
+               "checkpoint of step 4" in t for t in texts), texts
+    assert metrics == expected_metrics
+    assert np.array_equal(ps.values, expected.params.values)
+    assert [p.version for p in ps.owners] == [12, 12]
+
+
 def test_a_node_lost_with_a_worker_on_it_goes_on_without_it(ray_nodes: Any) -> None:
     """Worker 1 lives on a node that is lost while the worker is in its step 3: with
     ``on_worker_failure: continue`` the run goes on without it, named with its node, and

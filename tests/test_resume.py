@@ -576,3 +576,32 @@ def test_a_resume_that_does_not_fit_says_what_changed_in_one_sentence(
     assert err.endswith(f"paramserver train: error: {newest}{expected}\n"), err
     assert err.count("\n") == 1, err  # one line (in the net's case, after the file's place)
     assert snapshot(ws) == before  # nothing changed
+
+
+@pytest.mark.parametrize("case", ["no checkpoint", "an earlier run"])
+def test_a_refused_start_is_refused_before_any_ray_actor(
+        capsys: pytest.CaptureFixture[str], made: tuple[Path, Path, Path], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    """--resume with nothing to resume (a workspace whose run failed before its first
+    checkpoint), or a new run in a workspace that holds one: refused (exit 2) before the
+    net, the Params or any Ray actor is made, and nothing in the workspace changes."""
+    from paramserver.cluster import ray_backend
+
+    def no_actors(*args: object, **kw: object) -> None:
+        raise AssertionError("the Ray backend was made")
+
+    monkeypatch.setattr(ray_backend.RayBackend, "__init__", no_actors)
+    ws = tmp_path / "ws"
+    if case == "no checkpoint":
+        ws.mkdir()
+        (ws / "metrics.csv").write_text("step,phase\n")
+        argv = ["--resume"]
+    else:
+        shutil.copytree(made[1], ws)
+        argv = []
+    before = snapshot(ws)
+    code, out = run(capsys, made[0], ws, "--backend", "ray", *argv)
+    assert code == 2, out
+    assert ("cannot resume: no checkpoint in" if case == "no checkpoint"
+            else "holds the results of an earlier run") in out, out
+    assert snapshot(ws) == before

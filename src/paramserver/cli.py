@@ -1,4 +1,4 @@
-"""The ``paramserver`` command: check, doc, train, data, export and completion.
+"""The ``paramserver`` command: check, doc, train, data, export, ray-token and completion.
 
 A user's mistake (a bad job file, a missing data file, an unknown component) prints its
 messages on stderr and exits with status 2, without a traceback. Messages of the library
@@ -93,7 +93,7 @@ def singa_argv(argv: list[str]) -> list[str]:
     """``argv`` with SINGA's spelling made a ``train`` command: ``paramserver -conf JOB
     -resume`` (singa-run.sh's line) is ``paramserver train -conf JOB -resume`` (and
     ``paramserver -resume``, its JOB left out, is train's usage error)."""
-    commands = ("check", "doc", "train", "data", "export", "completion")
+    commands = ("check", "doc", "train", "data", "export", "completion", "ray-token")
     if any(a in SINGA_OPTIONS for a in argv) and not any(a in commands for a in argv):
         return ["train", *argv]
     return argv
@@ -261,6 +261,14 @@ def _parser() -> argparse.ArgumentParser:
                         "checkpoint of an earlier release")
     export.set_defaults(run=_export)
 
+    token = sub.add_parser("ray-token", help="make the token of a Ray cluster, readable by "
+                           "you only, before its `ray start` (docs/ray.md)",
+                           description="Make Ray's authentication token where Ray reads it "
+                           "(RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token) with mode 0600, or "
+                           "make an existing one private; prints the file's path. Copy that "
+                           "file to every machine of the cluster.")
+    token.set_defaults(run=_ray_token, sub_imports=[])
+
     completion = sub.add_parser("completion", help="print a shell completion script",
                                 description="Print a completion script for bash or zsh; "
                                 "see the README for where to put it.")
@@ -324,7 +332,7 @@ def _doc(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from .train.jobfile import read_job_file
-    from .train.trainer import Trainer
+    from .train.trainer import Trainer, check_start
 
     job_file = read_job_file(args.job, args.settings)
     job = job_file.job
@@ -348,9 +356,18 @@ def _train(args: argparse.Namespace) -> int:
         raise ParamError(problems)
     job_file.check_outputs(args.allow_outside)  # the job file itself among the inputs
     with job_file.placing():
+        if not args.test:  # refused before anything is built (on Ray, before any actor)
+            check_start(job, resume=args.resume or args.resume_or_start,
+                        overwrite=args.overwrite, or_start=args.resume_or_start)
+        on_ray: dict[str, Any] = {}
+        if job.cluster.backend == "ray":  # Ray's own messages and where its actors are
+            workspace = os.path.abspath(job.workspace_dir)
+            on_ray = {"log_file": os.path.join(workspace, "ray.log"),
+                       "placement_file": os.path.join(workspace, "placement.json")}
         trainer = Trainer(job, progress=not args.quiet, base_dir=job_file.base_dir,
                           tensorboard=args.tensorboard, stream=sys.stdout,
-                          log_format=args.log_format, allow_outside=args.allow_outside)
+                          log_format=args.log_format, allow_outside=args.allow_outside,
+                          cluster_options=on_ray)
         try:
             trainer.train(resume=args.resume or args.resume_or_start,
                           overwrite=args.overwrite, or_start=args.resume_or_start)
@@ -381,6 +398,18 @@ def _export(args: argparse.Namespace) -> int:
     logging.getLogger("paramserver.export").info(
         "wrote %d tensors to %s: %s", len(names), path,
         ", ".join(names[:8]) + (", ..." if len(names) > 8 else ""))
+    return 0
+
+
+# -- ray-token ------------------------------------------------------------------------------
+
+def _ray_token(args: argparse.Namespace) -> int:
+    from .cluster.ray_auth import make_token
+
+    path, done = make_token()
+    print(done, file=sys.stderr)  # what was done; the path alone on stdout, for scripts
+    if path is not None:
+        print(path)
     return 0
 
 

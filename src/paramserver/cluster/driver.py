@@ -244,6 +244,11 @@ class Backend(Protocol):
         call (they have no values until restored)."""
         ...
 
+    def replace_workers(self, ranks: Sequence[int]) -> bool:
+        """Put a new worker (a new process, on any node with room) in the place of each of
+        the dead workers ``ranks``; False where the backend cannot (embedded)."""
+        ...
+
     def kill_server(self, address: Address) -> None:
         """Lose a server, as a crash of its process would (for tests of fault tolerance)."""
         ...
@@ -256,11 +261,12 @@ class _Stop(ClusterError):
     """The first failure of a part of a run."""
 
     def __init__(self, message: str, cause: BaseException | None = None,
-                 server_lost: bool = False):
+                 server_lost: bool = False, worker_lost: bool = False):
         super().__init__(message)
         self.message = message
         self.cause = cause
         self.server_lost = server_lost
+        self.worker_lost = worker_lost  # a worker's process died (not its own code)
 
     def error(self) -> ClusterError:
         if isinstance(self.cause, ClusterError) and str(self.cause) == self.message:
@@ -311,6 +317,7 @@ class Driver:
                                          for L in self.layouts]
         self._names = {a: server_name(a[1], a[0], conf.nserver_groups) for a in self.addresses}
         self.dead: dict[int, int] = {}  # workers whose thread or process died: rank -> step
+        self._replaced: dict[int, int] = {}  # workers given a new actor: rank -> step it died
         # A temporary folder goes when the cluster is closed, or forgotten, or at exit.
         self._cleanup = (weakref.finalize(self, shutil.rmtree, str(checkpoint_dir), True)
                          if temp_dir and checkpoint_dir is not None else None)
@@ -471,7 +478,8 @@ class Driver:
         if busy:
             raise ClusterError(f"a worker of the previous run is still busy ({busy[0]}, in "
                                "its gradient function); cannot start another run")
-        if self.dead and self.conf.on_worker_failure != "continue":
+        if self.dead and self.conf.on_worker_failure != "continue" and not (
+                self._replace_dead()):
             rank, step = min(self.dead.items())
             raise ClusterError(f"{self.backend.workers[rank].name} (rank {rank}) died at step "
                                f"{step}; with cluster.on_worker_failure 'stop' this cluster "
@@ -518,15 +526,30 @@ class Driver:
                 return
             except (_Stop, ClusterError) as e:
                 f = e if isinstance(e, _Stop) else _Stop(str(e), e, isinstance(e, ServerLost))
-                was_lost = f.server_lost or bool(self.saves and self.backend.revive())
-                if not was_lost or self.backend.busy() or attempt == self.max_restarts == 0:
+                lost = self.backend.revive() if self.saves else []
+                dead = sorted(self.dead) if f.worker_lost else []
+                if not (f.server_lost or lost or dead) or self.backend.busy() or (
+                        attempt == self.max_restarts == 0):
                     raise f from None  # a worker stuck in its step cannot run it again
                 if attempt == self.max_restarts:
                     raise _Stop(f"{f.message} (gave up after {attempt} recoveries)",
                                 f.cause) from None
-                warnings.warn(f"a server was lost at {f.message!r}; the servers go back to "
-                              f"their checkpoint of step {first} and steps {first} to "
-                              f"{last - 1} run again", RuntimeWarning, stacklevel=4)
+                if dead and not self._replace_dead():
+                    if any(self._replaced.get(r) == self.dead[r] for r in dead):
+                        raise _Stop(f"{f.message} (it died again at that step after a new "
+                                    "actor took its place: the cause is in the worker's "
+                                    "step, not its node)", f.cause) from None
+                    raise f from None  # a worker that cannot be replaced stops the run
+                server = f.server_lost or bool(lost)
+                head = ("a server and a worker were lost" if server and dead else
+                        "a server was lost" if server else "a worker was lost")
+                what = ", ".join([self._names[a] for a in lost]
+                                 + [self.backend.workers[r].name for r in dead])
+                warnings.warn(
+                    f"{head}{f' ({what})' if what else ''}: {f.message}; "
+                    + ("new actors took the dead workers' places; " if dead else "")
+                    + f"the servers go back to their checkpoint of step {first} and steps "
+                    f"{first} to {last - 1} run again", RuntimeWarning, stacklevel=4)
                 # A worker whose gradient function failed runs again (and fails again, at
                 # the same step); a dead one stays gone.
                 for rank in [r for r, s in left.items() if s >= first]:
@@ -583,7 +606,7 @@ class Driver:
                         self.dead[o.rank] = o.step
                         running.discard(o.rank)
                         if c.on_worker_failure != "continue":
-                            failure = _Stop(o.message, o.cause)
+                            failure = _Stop(o.message, o.cause, worker_lost=True)
                             break
                         self._leave({o.rank: o.step})
                     else:
@@ -610,6 +633,21 @@ class Driver:
         if failure is not None:
             self._stop(f"the run was stopped: {failure.message}")
             raise failure
+
+    def _replace_dead(self) -> bool:
+        """Under ``on_worker_failure: stop``, with the servers' checkpoints to go back to:
+        new workers in the places of the dead ones (their part runs again from its first
+        step, bit for bit as without the loss). Whether they were replaced."""
+        if not (self.dead and self.saves and self.conf.on_worker_failure != "continue"):
+            return False
+        ranks = sorted(self.dead)
+        if any(self._replaced.get(r) == self.dead[r] for r in ranks):
+            return False  # its new actor died at the same step: its own doing, not a node's
+        if not self.backend.replace_workers(ranks):
+            return False
+        for rank in ranks:
+            self._replaced[rank] = self.dead.pop(rank)
+        return True
 
     def _stop(self, reason: str) -> None:
         """Answer every waiting request with ``reason``; wait for the workers to stop."""

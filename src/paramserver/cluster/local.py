@@ -113,6 +113,10 @@ class LocalBackend:
     def busy(self) -> list[str]:
         return [t.name for t in self._threads if t.is_alive()]
 
+    def replace_workers(self, ranks: Sequence[int]) -> bool:
+        """Embedded workers are threads of this process: none is lost but with it."""
+        return False
+
     def revive(self) -> list[Address]:
         restarted, self._restarted = self._restarted, []
         return restarted

@@ -33,6 +33,7 @@ A local Ray started here listens on the loopback interface only (:func:`loopback
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -56,6 +57,7 @@ from .gradfn import RemoteGradFn
 from .keys import updater_text
 from .layout import ServerLayout
 from .messages import Address
+from .ray_logs import RayOutput
 from .ray_wire import layout_to_data, main_components, params_to_data, user_modules
 from .server import Server, server_name
 
@@ -63,6 +65,11 @@ if TYPE_CHECKING:  # ray_compiled imports Ray: only when the backend is made
     from .ray_compiled import CompiledSteps
 
 log = logging.getLogger(__name__)
+
+#: What an actor asks of its node's ``server_resource`` / ``worker_resource``: a token
+#: amount (Ray's smallest is 0.0001), so the resource chooses nodes and never limits how
+#: many actors a node takes.
+_TOKEN_AMOUNT = 0.001
 
 
 def import_ray() -> Any:
@@ -103,31 +110,54 @@ def loopback_only() -> Iterator[None]:
         ray_constants.ENABLE_RAY_CLUSTER = before[1]
 
 
-def start_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
+def start_ray(address: str | None = None, num_cpus: int | None = None, *,
+              log_to_driver: bool = True) -> bool:
     """Connect this process to Ray; returns True when this call started it.
 
     With Ray already connected (``ray.init`` called by you, with the options you need),
     that connection is used. Otherwise, with ``address``, this joins the existing cluster
-    there (``HOST:6379`` or ``ray://HOST:10001``); without, it starts a local instance that
-    listens on 127.0.0.1 only (:func:`loopback_only`), without a dashboard.
+    there (``HOST:6379`` or ``ray://HOST:10001``; as Ray does, the token is shown only
+    under ``RAY_AUTH_MODE=token``: never to an address by chance); without, it starts a
+    local instance that listens on 127.0.0.1 only (:func:`loopback_only`), without a
+    dashboard, its token made private first. A cluster that cannot be joined is a
+    ParamError (the address or the token is the user's to change), in one line.
     """
     ray = import_ray()
     if ray.is_initialized():
         return False
+    from .ray_auth import ensure_local_token, join_error
+
     if address:
         try:
-            ray.init(address=address, logging_level="WARNING")
+            ray.init(address=address, logging_level="WARNING", log_to_driver=log_to_driver)
         except Exception as e:
-            hint = ("; it uses token authentication: set RAY_AUTH_MODE=token here, with the "
-                    "cluster's token in ~/.ray/auth_token (or RAY_AUTH_TOKEN)"
-                    if "auth" in f"{type(e).__name__} {e!r} {e.__cause__!r}".lower() else "")
-            raise ClusterError(f"cannot join the Ray cluster at {address}: {_first_line(e)}"
-                               f"{hint}") from e
+            raise join_error(address, e) from None
     else:
+        ensure_local_token()
         with loopback_only():
-            ray.init(address="local", include_dashboard=False, num_cpus=num_cpus,
-                     logging_level="WARNING")
+            try:
+                ray.init(address="local", include_dashboard=False, num_cpus=num_cpus,
+                         logging_level="WARNING", log_to_driver=log_to_driver)
+            except Exception as e:  # Ray's own failure (a machine too busy, no space)
+                raise ClusterError(f"cannot start a local Ray: {_first_line(e)}") from e
+        if sys.platform.startswith("linux"):  # its agents end with this process, however
+            from .ray_reaper import Reaper
+
+            _REAPER[:] = [Reaper()]
+            _REAPER[0].watch()
     return True
+
+
+#: The watcher of the local Ray this process started (:mod:`.ray_reaper`), while it runs.
+_REAPER: list[Any] = []
+
+
+def stop_ray() -> None:
+    """Stop the Ray this process started (:func:`start_ray`), and its watcher."""
+    ray = import_ray()
+    ray.shutdown()
+    while _REAPER:
+        _REAPER.pop().done()
 
 
 class RemoteWorker:
@@ -154,9 +184,11 @@ class RayBackend:
         conf, params, layouts, updater: the cluster's.
         checkpoint_dir: the folder of the servers' checkpoints (a folder every node can
             reach, on several machines).
-        placement: ``"spread"`` (default) places the actors on as many nodes as Ray can
-            (Ray's ``SPREAD`` strategy); ``None`` leaves it to Ray (which packs them on the
-            driver's node while it has room).
+        placement: ``"spread"`` places the actors on as many nodes as Ray can (Ray's
+            ``SPREAD`` strategy); ``"pack"`` (or ``None``) leaves it to Ray, which packs
+            them on the driver's node while it has room; by default the cluster's
+            ``placement`` (spread unless set). The cluster's ``server_resource`` /
+            ``worker_resource`` put servers / workers only on nodes with that resource.
         server_options, worker_options: options for Ray's ``.options()`` of every server /
             worker actor (``num_cpus``, ``resources``, ``scheduling_strategy`` — e.g. a
             placement group or a node —, ``runtime_env``...), or a function of the server's
@@ -169,6 +201,13 @@ class RayBackend:
             every layout of group 0; ``updater`` None: none) instead of ranges of ``params``.
         compiled: run the steps of a synchronous run through a Ray Compiled Graph
             (:mod:`~paramserver.cluster.ray_compiled`); False: always the actor calls.
+        log_file: where Ray's own messages go while this backend lives (its C++ logging
+            and Python loggers, and the output of the actors), instead of this process's
+            stderr (:class:`~paramserver.cluster.ray_logs.RayOutput`); paramserver's own
+            messages stay on stderr. The command line gives ``<workspace>/ray.log``.
+        placement_file: a JSON file that says where every actor is (node id and name),
+            rewritten whenever that changes (the command line gives
+            ``<workspace>/placement.json``).
 
     Attributes:
         dead: the workers whose actors died, by rank.
@@ -180,11 +219,16 @@ class RayBackend:
 
     def __init__(self, conf: ClusterConf, params: ParamSet, layouts: Sequence[ServerLayout],
                  updater: Updater | None, checkpoint_dir: Path | None = None, *,
-                 placement: str | None = "spread", server_options: Options = None,
+                 placement: str | None = "conf", server_options: Options = None,
                  worker_options: Options = None, modules: Sequence[str] = (),
-                 actor_restarts: int = 3, keys: bool = False, compiled: bool = True):
-        if placement not in (None, "spread"):
-            raise ParamError(f"placement must be None or 'spread', not {placement!r}")
+                 actor_restarts: int = 3, keys: bool = False, compiled: bool = True,
+                 log_file: str | os.PathLike[str] | None = None,
+                 placement_file: str | os.PathLike[str] | None = None):
+        if placement == "conf":
+            placement = conf.placement
+        if placement not in (None, "spread", "pack"):
+            raise ParamError(f"placement must be 'spread', 'pack' or None, not {placement!r}")
+        placement = None if placement == "pack" else placement
         self._ray = import_ray()
         self.conf = conf
         self.updater = updater
@@ -210,11 +254,20 @@ class RayBackend:
         self._steps: CompiledSteps | None = None
         self._owns_ray = False
         self._closed = False
+        self._placement_file = Path(placement_file) if placement_file is not None else None
+        self._output: RayOutput | None = None
+        joined = False
         try:
-            self._owns_ray = start_ray(conf.ray_address)
+            if log_file is not None and not self._ray.is_initialized():
+                self._output = RayOutput(Path(log_file))
+            self._owns_ray = start_ray(conf.ray_address, log_to_driver=self._output is None)
+            joined = True
+            if self._output is not None:
+                self._output.capture_loggers()
+            self._check_resources()
             self._start(params, placement, server_options, worker_options, list(modules))
         except BaseException:
-            self.close()
+            self.close(discard_log=not joined)  # Ray's lines of a run that never was
             raise
 
     # -- actors -----------------------------------------------------------------------------
@@ -234,10 +287,13 @@ class RayBackend:
             "cluster": c.to_json(), "modules": sorted({*user_modules(), *modules}),
             "sys_path": [os.getcwd(), *(p for p in sys.path if isinstance(p, str))]}
 
-        def options(base: dict[str, Any], extra: Options, key: Any) -> dict[str, Any]:
+        def options(base: dict[str, Any], resource: str | None, extra: Options,
+                    key: Any) -> dict[str, Any]:
             opts = dict(base)
             if placement == "spread":
                 opts["scheduling_strategy"] = "SPREAD"
+            if resource:  # a token amount: any number of actors fits on such a node
+                opts.update(num_cpus=0, resources={resource: _TOKEN_AMOUNT})
             opts.update((extra(key) if callable(extra) else extra) or {})
             return opts
 
@@ -263,40 +319,129 @@ class RayBackend:
                         "names": masters}
                 self.servers[address] = server_cls.options(**options(
                     {"max_restarts": self.actor_restarts, "max_task_retries": 0,
-                     "max_concurrency": threads}, server_options, address)).remote(spec)
+                     "max_concurrency": threads}, c.server_resource, server_options,
+                    address)).remote(spec)
         worker_cls = ray.remote(WorkerActor)
         spec_params = params_to_data(params)
         layouts = [layout_to_data(L) for L in self.layouts]
-        for g in range(c.nworker_groups):
+
+        def new_worker(rank: int) -> RemoteWorker:
+            g, i = divmod(rank, c.nworkers_per_group)
             s = g % c.nserver_groups
             handles = {(s, L.index): self.servers[(s, L.index)]
                        for L in self.layouts if (s, L.index) in self.servers}
             names = {(s, L.index): self._names[(s, L.index)] for L in self.layouts}
-            for i in range(c.nworkers_per_group):
-                rank = g * c.nworkers_per_group + i
-                spec = {**common, "group": g, "index": i, "params": spec_params,
-                        "layouts": layouts, "names": names}
-                actor = worker_cls.options(**options(
-                    {"max_restarts": 0, "max_task_retries": 0, "max_concurrency": 1},
-                    worker_options, rank)).remote(spec, handles)
-                self.workers.append(RemoteWorker(g, i, rank, actor))
+            spec = {**common, "group": g, "index": i, "params": spec_params,
+                    "layouts": layouts, "names": names}
+            actor = worker_cls.options(**options(
+                {"max_restarts": 0, "max_task_retries": 0, "max_concurrency": 1},
+                c.worker_resource, worker_options, rank)).remote(spec, handles)
+            return RemoteWorker(g, i, rank, actor)
+
+        self._new_worker = new_worker
+        self.workers = [new_worker(r) for r in range(c.nworker_groups * c.nworkers_per_group)]
         self.transport = RayTransport(self.servers, self._names, self._idle)
         for server in self._idle.values():
             server.connect(self.transport.send)
-        wait = max(60.0, c.timeout)
         pings = {a: h.ping.remote() for a, h in self.servers.items()}
+        self._started(self.workers, lambda wait: {a: ray.get(r, timeout=wait)
+                                                  for a, r in pings.items()})
+        self._connect()
+        self._locate()
+
+    def _started(self, workers: Sequence[RemoteWorker],
+                 servers: Callable[[float], Any] | None = None) -> None:
+        """Wait for ``workers`` to answer (and with ``servers(wait)``, the servers: their
+        incarnations); a start that fails or takes too long is an error saying why."""
+        ray = self._ray
+        wait = max(60.0, self.conf.timeout)
         try:
-            ray.get([w.actor.ping.remote() for w in self.workers], timeout=wait)
-            self._incarnations = {a: ray.get(r, timeout=wait) for a, r in pings.items()}
+            ray.get([w.actor.ping.remote() for w in workers], timeout=wait)
+            if servers is not None:
+                self._incarnations = servers(wait)
         except ray.exceptions.GetTimeoutError:
-            raise ClusterError(f"the {len(self.servers) + len(self.workers)} Ray actors of the "
-                               f"cluster did not start within {wait:g} s; does the Ray "
-                               "cluster have room for them (resources, placement)?") from None
+            n = len(workers) + (len(self.servers) if servers is not None else 0)
+            raise ClusterError(f"the {n} Ray actors of the cluster did not start within "
+                               f"{wait:g} s: {self._not_started()}") from None
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnschedulableError) as e:
             raise ClusterError(f"a Ray actor of the cluster could not start: {_first_line(e)}"
                                ) from None
-        self._connect()
-        self._locate()
+
+    def replace_workers(self, ranks: Sequence[int]) -> bool:
+        """New actors in the places of the dead workers ``ranks`` (anywhere their options
+        allow: on another node when theirs is gone); they start as at the first run, and
+        the driver runs their part again."""
+        self._drop_steps()  # the graph of the dead ones is broken
+        new = []
+        for rank in ranks:
+            try:
+                self._ray.kill(self.workers[rank].actor, no_restart=True)
+            except Exception:  # gone already
+                pass
+            self.workers[rank] = self._new_worker(rank)
+            new.append(self.workers[rank])
+        self._started(new)
+        self.dead.difference_update(ranks)
+        self._locate([w.name for w in new])
+        return True
+
+    def _check_resources(self) -> None:
+        """The cluster's ``server_resource`` / ``worker_resource``: some live node must
+        have each, else the actors would wait for ever (a mistake of the job: ParamError)."""
+        c = self.conf
+        wanted = {k: v for k, v in (("server_resource", c.server_resource),
+                                    ("worker_resource", c.worker_resource)) if v}
+        if not wanted:
+            return
+        have: set[str] = set()
+        for node in self._ray.nodes():
+            if node.get("Alive"):
+                have |= {r for r, n in (node.get("Resources") or {}).items() if n > 0}
+        custom = sorted(r for r in have if r not in ("CPU", "GPU", "memory",
+                                                      "object_store_memory")
+                        and not r.startswith("node:"))
+        problems = [f"cluster.{key} '{name}': no node of the Ray cluster has that resource "
+                    f"(its nodes have: {', '.join(custom) or 'no resource of their own'}; "
+                    f"give one with ray start --resources='{{\"{name}\": 1}}')"
+                    for key, name in wanted.items() if name not in have]
+        if problems:
+            raise ParamError(problems)
+
+    def _not_started(self) -> str:
+        """Why actors have not started yet, from Ray's actor table: waiting for a node
+        with room (not placed yet), or placed and still starting (their process, their
+        imports, the kernels' compilation: a busy machine)."""
+        handles = self._actors()
+        try:
+            from ray._private import state
+
+            table = state.actors()
+        except Exception:  # asking Ray failed: say what is known
+            table = {}
+        waiting, starting, dead = [], [], []
+        for name, h in handles.items():
+            info = table.get(h._actor_id.hex()) if table else None
+            if info is None or info.get("State") == "ALIVE":
+                continue
+            if info.get("State") == "DEAD":
+                dead.append(name)
+            elif info.get("Address", {}).get("NodeID", "").strip("0") == "":
+                waiting.append(name)
+            else:
+                starting.append(name)
+        parts = []
+        if waiting:
+            parts.append(f"{', '.join(waiting)} {_verb(waiting, 'waits', 'wait')} for a node "
+                         "with room (the resources and placement asked for: "
+                         "cluster.placement, server_resource, worker_resource, "
+                         "server_options, worker_options)")
+        if starting:
+            parts.append(f"{', '.join(starting)} {_verb(starting, 'is', 'are')} placed and "
+                         "still starting (processes that start and import on a busy "
+                         "machine: a larger cluster.timeout gives them longer)")
+        if dead:
+            parts.append(f"{', '.join(dead)} died while starting (Ray's logs say why)")
+        return "; ".join(parts) or "Ray did not say why"
 
     def _actors(self) -> dict[str, Any]:
         """Every actor by its name."""
@@ -314,22 +459,45 @@ class RayBackend:
         for name, node in self.nodes.items():
             on.setdefault(node, []).append(name)
         labels = _node_labels(self._ray)
+        self._write_placement(labels)
         log.info("on Ray: %d server(s) and %d worker(s) on %d node(s): %s", len(self.servers),
                  len(self.workers), len(on), "; ".join(
                      f"{labels.get(node, node[:8])}: {', '.join(held)}"
                      for node, held in sorted(on.items(), key=lambda kv: labels.get(kv[0], ""))))
 
-    def _node_left(self, name: str) -> str:
-        """When the node of actor ``name`` has left the Ray cluster: a sentence naming the
-        node and what lived there ("" while it is alive or unknown)."""
+    def _write_placement(self, labels: Mapping[str, str]) -> None:
+        """Where the actors are, as JSON in ``placement_file`` (atomically): each actor's
+        node id and its name, for a user without Ray's dashboard (``ray list actors``
+        needs ``ray[default]``; ``ray status`` shows no resource held by the actors)."""
+        if self._placement_file is None:
+            return
+        from ..atomic import write_atomically
+
+        nodes = {node: labels.get(node, node[:8]) for node in set(self.nodes.values())}
+        data = {"actors": {name: {"node_id": node, "node": nodes[node]}
+                           for name, node in sorted(self.nodes.items())},
+                "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        try:
+            text = json.dumps(data, indent=2) + "\n"
+            write_atomically(self._placement_file, lambda p: p.write_text(text),
+                             "the actors' placement")
+        except (OSError, ParamError) as e:  # a report, not the run: say so and go on
+            log.warning("%s", e)
+
+    def _node_left(self, name: str, error: BaseException | None = None) -> str:
+        """When the node of actor ``name`` has left the Ray cluster (Ray's list of nodes
+        says so, or the actor's death, ``error``, says its node died): a sentence naming
+        the node and what lived there ("" while it is alive or unknown)."""
         node = self.nodes.get(name)
         if node is None:
             return ""
+        said = error is not None and any(t in str(error).lower() for t in (
+            "node has died", "node died", "node is dead"))
         try:
             alive = {n["NodeID"]: bool(n.get("Alive")) for n in self._ray.nodes()}
-        except Exception:  # asking Ray failed: say nothing rather than guess
-            return ""
-        if alive.get(node, True):
+        except Exception:  # asking Ray failed: what the error said, or nothing
+            alive = {}
+        if alive.get(node, True) and not said:
             return ""
         there = ", ".join(n for n, at in self.nodes.items() if at == node)
         return (f"; its node {_node_labels(self._ray).get(node, node[:8])} left the Ray "
@@ -447,7 +615,7 @@ class RayBackend:
         self.dead.add(w.rank)
         return Outcome(w.rank, step, DEAD, cause=e, message=(
             f"{w.name} (rank {w.rank}) died at step {step}: its Ray actor is gone "
-            f"({type(e).__name__}){self._node_left(w.name)}"))
+            f"({type(e).__name__}){self._node_left(w.name, e)}"))
 
     def _lost(self) -> list[Address]:
         """The servers whose actors died since :meth:`revive` last looked (restarted, or
@@ -533,8 +701,9 @@ class RayBackend:
 
     # -- the end ----------------------------------------------------------------------------
 
-    def close(self) -> None:
-        """Stop the actors, and Ray if this backend started it. Idempotent."""
+    def close(self, discard_log: bool = False) -> None:
+        """Stop the actors, and Ray if this backend started it. Idempotent. (With
+        ``discard_log``, the cluster never started: its ``log_file`` goes if made here.)"""
         if self._closed:
             return
         self._closed = True
@@ -547,12 +716,19 @@ class RayBackend:
                     pass
             self._drop_steps()  # after the kills: a worker stuck in its step cannot hold it
             if self._owns_ray:
-                ray.shutdown()
+                stop_ray()
+        output = getattr(self, "_output", None)
+        if output is not None:
+            output.close(discard=discard_log)
 
     def __repr__(self) -> str:
         c = self.conf
         return (f"RayBackend({c.nworker_groups}×{c.nworkers_per_group} worker actors, "
                 f"{c.nserver_groups}×{c.nservers_per_group} servers)")
+
+
+def _verb(names: Sequence[str], one: str, many: str) -> str:
+    return one if len(names) == 1 else many
 
 
 def _first_line(e: BaseException) -> str:

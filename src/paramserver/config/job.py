@@ -416,6 +416,14 @@ class ClusterConf(Parameter):
                                       "installed: paramserver/docs/singa.md).")
     backend: str = field("local", enum=("local", "ray"), doc="Where servers and workers run.")
     ray_address: str | None = field(None, doc="Address of an existing Ray cluster.")
+    placement: str = field("spread", enum=("spread", "pack"),
+                           doc="On Ray: the actors on as many nodes as Ray can (spread), or "
+                               "on as few (pack: Ray's default, the driver's node first).")
+    server_resource: str | None = field(None, doc="On Ray: servers only on the nodes that "
+                                                  "have this resource (ray start "
+                                                  "--resources='{\"NAME\": 1}').")
+    worker_resource: str | None = field(None, doc="On Ray: workers only on the nodes that "
+                                                  "have this resource.")
     timeout: float = field(60.0, lower=0.0, lower_exclusive=True,
                            doc="Seconds any wait may take before it is an error.")
     on_worker_failure: str = field("stop", enum=("stop", "continue"),

@@ -291,9 +291,7 @@ class Trainer:
         """
         resumed = resume or self.job.resume
         if resumed and overwrite:
-            raise ParamError("--resume and --overwrite exclude each other: resume the run "
-                             "in the workspace, or overwrite it" + (
-                                 " (the job file sets resume: true)" if not resume else ""))
+            raise _exclusive(resume)
         if resumed and not or_start and not self.workspace.is_dir():
             raise self._nothing_to_resume()  # refused before the workspace is made
         with workspace_lock(self.workspace), self._stop_requests():
@@ -614,11 +612,7 @@ class Trainer:
         job = self.job
         earlier = earlier_run(self.workspace, training=job.train_steps > job.step)
         if earlier.files and not overwrite:
-            raise ParamError(
-                f"workspace {self.workspace} holds the results of an earlier run "
-                f"({earlier.describe(self.workspace)}): give --resume to go on from its "
-                "newest checkpoint, or --overwrite to start afresh (deleting them), or "
-                "another --workspace")
+            raise _earlier_error(self.workspace, earlier)
         removed = remove_earlier_run(earlier, keep=job.checkpoint_path, workspace=self.workspace)
         if removed.files:
             log.warning("--overwrite: deleted the earlier run's %s",
@@ -658,14 +652,7 @@ class Trainer:
         return 0
 
     def _nothing_to_resume(self) -> CheckpointError:
-        folder = self.workspace / "checkpoints"
-        return CheckpointError(
-            f"cannot resume: no checkpoint in {folder}"
-            + (f" nor SINGA's in {self.workspace / singa_checkpoints.FOLDER}"
-               if self.job.singa_job else "")
-            + (" (the job file sets resume: true)" if self.job.resume else "")
-            + ": train without --resume to start the job, or give --resume-or-start to "
-            "start from the beginning when there is nothing to resume")
+        return _nothing_to_resume(self.job, self.workspace)
 
     def _resume(self, or_start: bool) -> int:
         """Restore the newest checkpoint that can be read; the damaged ones after it are
@@ -758,6 +745,52 @@ class Trainer:
                                          [str(p) for p in e.problems])) from None
         except Exception as e:
             raise CheckpointError(f"{path}: {e}") from None
+
+
+def check_start(job: JobConf, *, resume: bool = False, overwrite: bool = False,
+                or_start: bool = False) -> None:
+    """The refusals of :meth:`Trainer.train` that need nothing built, raised before any
+    net, Param or actor is made (the command asks first: a ``--resume`` with nothing to
+    resume starts no Ray actor, and writes nothing). :meth:`Trainer.train` asks again,
+    holding the workspace."""
+    workspace = check_workspace(job.workspace_dir)
+    resumed = resume or job.resume
+    if resumed and overwrite:
+        raise _exclusive(resume)
+    if resumed:
+        if not or_start and not list_checkpoints(workspace / "checkpoints") and (
+                singa_checkpoints.newest_checkpoint(workspace / singa_checkpoints.FOLDER)
+                is None):
+            raise _nothing_to_resume(job, workspace)
+    elif not job.train_steps:
+        return  # a test-only run (SINGA's -test) keeps an earlier run's files: _test_only
+    elif not overwrite:
+        earlier = earlier_run(workspace, training=job.train_steps > job.step)
+        if earlier.files:
+            raise _earlier_error(workspace, earlier)
+
+
+def _exclusive(resume: bool) -> ParamError:
+    return ParamError("--resume and --overwrite exclude each other: resume the run in the "
+                      "workspace, or overwrite it" + (
+                          " (the job file sets resume: true)" if not resume else ""))
+
+
+def _earlier_error(workspace: Path, earlier: Any) -> ParamError:
+    return ParamError(f"workspace {workspace} holds the results of an earlier run "
+                      f"({earlier.describe(workspace)}): give --resume to go on from its "
+                      "newest checkpoint, or --overwrite to start afresh (deleting them), or "
+                      "another --workspace")
+
+
+def _nothing_to_resume(job: JobConf, workspace: Path) -> CheckpointError:
+    folder = workspace / "checkpoints"
+    return CheckpointError(
+        f"cannot resume: no checkpoint in {folder}"
+        + (f" nor SINGA's in {workspace / singa_checkpoints.FOLDER}" if job.singa_job else "")
+        + (" (the job file sets resume: true)" if job.resume else "")
+        + ": train without --resume to start the job, or give --resume-or-start to "
+        "start from the beginning when there is nothing to resume")
 
 
 def due(step: int, freq: int, after: int) -> bool:
@@ -868,5 +901,5 @@ def net_grad_fn(job: str, base_dir: str | None = None, run: str = ""
     return grad_fn
 
 
-__all__ = ["LOG_FORMATS", "TrainResult", "Trainer", "due", "events_before", "mean_metrics",
-           "net_grad_fn", "singa_due", "worker_device"]
+__all__ = ["LOG_FORMATS", "TrainResult", "Trainer", "check_start", "due", "events_before",
+           "mean_metrics", "net_grad_fn", "singa_due", "worker_device"]
