@@ -62,8 +62,9 @@ def test_set_names_its_setting_in_the_nets_problems(capsys: pytest.CaptureFixtur
         f"'data' go up to 9 (10 classes) but srclayer 'fc2' gives 7 scores (after --set "
         f"{setting})",
         "paramserver check: error: --set updater.type=kAdm: Invalid Input: 'kAdm', valid "
-        "values are: {'kAdaDelta', 'kAdaGrad', 'kAdam', 'kAdamMax', 'kAdamW', 'kNAdam', "
-        "'kNesterov', 'kRAdam', 'kRMSProp', 'kSGD', 'kSparseAdam'}",
+        "values are: {'kAdaDelta', 'kAdaGrad', 'kAdam', 'kAdamMax', 'kAdamW', 'kFtrl', "
+        "'kLAMB', 'kNAdam', 'kNesterov', 'kRAdam', 'kRMSProp', 'kSGD', 'kSignum', "
+        "'kSparseAdam'}",
         "paramserver check: error: --set cluster.nworkers_per_group=0: value 0 for Parameter "
         "nworkers_per_group exceed bound [1,4096]"]
     code, _, err = run(capsys, "check", str(MLP), "--set", "neuralnet.layer[fc9].x=1")

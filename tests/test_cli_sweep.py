@@ -30,8 +30,9 @@ def _valued_options(parser: argparse.ArgumentParser) -> list[str]:
             for o in a.option_strings]
 
 
-#: Commands that do something useful with no arguments at all (``doc``: every component).
-RUN_BARE = {"doc"}
+#: Commands that do something useful with no arguments at all (``doc``: every component;
+#: ``ray-token``: the token, made where Ray reads it -- here a folder of the test's own).
+RUN_BARE = {"doc", "ray-token"}
 
 
 def _cases() -> list[tuple[list[str], int]]:
@@ -49,7 +50,8 @@ def _cases() -> list[tuple[list[str], int]]:
 
 def test_the_sweep_covers_every_command_and_option() -> None:
     commands = {argv[0] if argv and not argv[0].startswith("-") else "" for argv, _ in _cases()}
-    assert commands == {"", "check", "doc", "train", "data", "export", "completion"}
+    assert commands == {"", "check", "doc", "train", "data", "export", "completion",
+                        "ray-token"}
     argvs = [argv for argv, _ in _cases()]
     for option in ("--set", "-conf", "--steps", "--workspace", "--log-format", "--to",
                    "--shape", "--import"):
@@ -62,6 +64,9 @@ def test_a_command_line_left_short(capsys: pytest.CaptureFixture[str], tmp_path:
                                    monkeypatch: pytest.MonkeyPatch, argv: list[str],
                                    expected: int) -> None:
     monkeypatch.chdir(tmp_path)
+    home = tmp_path.parent / f"{tmp_path.name}-home"  # what a command writes there is its job
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(home / ".ray" / "auth_token"))
     try:
         code = main(argv)
     except SystemExit as e:  # argparse's own errors and --help exit from main
@@ -73,6 +78,8 @@ def test_a_command_line_left_short(capsys: pytest.CaptureFixture[str], tmp_path:
         lines = err.splitlines()
         assert out == "" and lines[0].startswith("usage: paramserver"), err
         assert lines[-1].startswith("paramserver") and ": error: " in lines[-1], err
+    elif argv == ["ray-token"]:  # the token's path on stdout, what was made on stderr
+        assert out.strip().endswith("auth_token") and "0600" in err, (out, err)
     else:
         assert out and err == ""
     assert os.listdir(tmp_path) == []  # nothing written by a mistake or by --help
