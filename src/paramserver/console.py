@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from typing import Any, TextIO
 
 from .config import ParamError
-from .config.errors import printable
+from .config.errors import Error, printable
 
 LOGGER = "paramserver"
 #: What ``train --log-format`` takes: paramserver's messages, or SINGA's (glog's) lines.
@@ -60,7 +60,7 @@ def cut(text: str, limit: int = MAX_LINE) -> str:
     return f"{text[:head]}...[{len(text) - head - tail:,} characters]...{text[-tail:]}"
 
 
-class OutputClosed(Exception):
+class OutputClosed(Error):
     """A run stopped, its checkpoint written, because stdout's reader went away (the
     command exits with :data:`EXIT_OUTPUT_CLOSED`)."""
 
