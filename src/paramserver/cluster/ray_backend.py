@@ -365,7 +365,7 @@ class RayBackend:
                                f"{wait:g} s: {self._not_started()}") from None
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnschedulableError) as e:
             raise ClusterError(f"a Ray actor of the cluster could not start: {_first_line(e)}"
-                               ) from None
+                               + _cause(e)) from None
 
     def replace_workers(self, ranks: Sequence[int]) -> bool:
         """New actors in the places of the dead workers ``ranks`` (anywhere their options
@@ -735,6 +735,15 @@ def _first_line(e: BaseException) -> str:
     """The first line of Ray's message (the rest is its advice on Ray's internals)."""
     text = str(e).strip()
     return text.splitlines()[0].rstrip(".") if text else type(e).__name__
+
+
+def _cause(e: BaseException) -> str:
+    """What failed in an actor's creation task: the last line of the traceback Ray keeps
+    (``ValueError: ...``), which its first line does not name."""
+    cause = getattr(e, "error_msg", None) or str(e)
+    lines = [x.strip() for x in str(cause).strip().splitlines() if x.strip()]
+    last = lines[-1] if lines else ""
+    return f" ({last})" if len(lines) > 1 and "creation task" in lines[0] else ""
 
 
 def _node_labels(ray: Any) -> dict[str, str]:
