@@ -2,8 +2,8 @@
 CPU time of start-up, and peak resident memory.
 
 SINGA v0.2.0 is built from source by ``/work/shared/peers/singa/build.sh`` (it needs the
-ZooKeeper ``zk.sh`` starts); give its folder with ``--singa`` (default
-``$SINGA_HOME``, else ``/work/peers/singa-peer/singa-v0.2.0``). Without it the SINGA columns
+ZooKeeper ``zk.sh`` starts); give its folder with ``--singa`` (default ``$SINGA_HOME``, else
+build.sh's ``${TMPDIR:-/tmp}/singa-peer/singa-v0.2.0``). Without it the SINGA columns
 are skipped, with one line saying so, and paramserver is measured alone.
 
 Both run SINGA's ``examples/mnist/job.conf`` (the 784-2500-2000-1500-1000-500-10 MLP) and
@@ -143,8 +143,9 @@ def main() -> int:
     p.add_argument("--short", type=int, default=10)
     p.add_argument("--long", type=int, default=40)
     p.add_argument("--jobs", nargs="+", choices=sorted(JOBS), default=["mlp", "conv"])
-    p.add_argument("--singa", type=Path, default=Path(os.environ.get(
-        "SINGA_HOME", "/work/peers/singa-peer/singa-v0.2.0")))
+    # build.sh's own default place (BASE=${TMPDIR:-/tmp}/singa-peer), unless SINGA_HOME says
+    p.add_argument("--singa", type=Path, default=Path(os.environ.get("SINGA_HOME") or Path(
+        os.environ.get("TMPDIR") or "/tmp") / "singa-peer" / "singa-v0.2.0"))
     args = p.parse_args()
     singa: Path | None = args.singa
     if not (args.singa / ".libs" / "singa").is_file():

@@ -2,10 +2,10 @@
 operators' fields (MXNet 1.9.1, whose operators parse their arguments with dmlc's
 ``Parameter``) and paramserver declarations of the same fields.
 
-    python benchmarks/peers/dmlc_verdicts.py [--mxnet-python PATH] [--all]
+    python benchmarks/peers/dmlc_verdicts.py [--mxnet-venv PATH] [--all]
 
-MXNet runs in its own virtual environment (it needs numpy<1.24), by default
-/work/peers/mxnet-venv (``$MXNET_PYTHON`` or ``--mxnet-python`` name another python);
+MXNet runs in its own virtual environment (it needs numpy<1.24), found as kv_mxnet.py finds
+it (``--mxnet-venv``, ``MXNET_VENV``, else ``benchmarks/peers/.mxnet-venv``: mxnet_venv.py);
 without it the script says so in one line and exits 0. Each case is a text given to one
 field; each side gives a verdict (taken, or refused with a message). An MXNet error that is
 not dmlc's (a shape that does not fit the toy input) counts as taken: the text was parsed.
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -35,7 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from paramserver import ParamError, Parameter, field
 
-DEFAULT_MXNET_PYTHON = "/work/peers/mxnet-venv/bin/python"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mxnet_venv import find_or_make
 
 # -- the fields, as MXNet 1.9.1 declares them ---------------------------------------------------
 
@@ -212,15 +212,17 @@ def show(verdict: tuple[bool, str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--mxnet-python", default=os.environ.get("MXNET_PYTHON",
-                                                             DEFAULT_MXNET_PYTHON))
+    ap.add_argument("--mxnet-venv", default=None,
+                    help="MXNet's side venv (default: MXNET_VENV, else "
+                         "benchmarks/peers/.mxnet-venv; see mxnet_venv.py)")
     ap.add_argument("--all", action="store_true", help="print every case, not only differences")
     args = ap.parse_args(argv)
-    if not Path(args.mxnet_python).exists():
-        print(f"skipped: no MXNet python at {args.mxnet_python} (set MXNET_PYTHON)")
+    python, why = find_or_make(args.mxnet_venv, make=False)
+    if python is None:
+        print(f"skipped: {why}")
         return 0
     all_cases = cases()
-    theirs = mxnet_verdicts(args.mxnet_python, all_cases)
+    theirs = mxnet_verdicts(str(python), all_cases)
     counts = {"same": 0, KEY: 0, "verdict": 0, "words": 0}
     both_refuse = unexplained = 0
     for case, dmlc in zip(all_cases, theirs):

@@ -1,6 +1,6 @@
 """paramserver's key-value store beside real MXNet 1.9.1's: the same optimizer, the same pushes.
 
-    python benchmarks/peers/mxnet_optimizers.py [--venv /work/peers/mxnet-venv] [--steps 30]
+    python benchmarks/peers/mxnet_optimizers.py [--venv PATH] [--steps 30]
 
 For each of MXNet's nine optimizers (and the variants: SGD without momentum, the centred
 RMSProp, Signum without momentum), with ``rescale_grad``, ``clip_gradient`` and ``wd`` all
@@ -28,6 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mxnet_venv import find_or_make
 
 RESCALE, CLIP, WD = 0.5, 1.0, 0.1
 CASES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -132,17 +135,18 @@ def run_paramserver(steps: int) -> dict[str, np.ndarray]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--venv", default=os.environ.get("MXNET_VENV", "/work/peers/mxnet-venv"))
+    ap.add_argument("--venv", default=None,
+                    help="MXNet's side venv (default: MXNET_VENV, else "
+                         "benchmarks/peers/.mxnet-venv; see mxnet_venv.py)")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--mxnet", help=argparse.SUPPRESS)  # (in MXNet's venv) write here
     args = ap.parse_args(argv)
     if args.mxnet:
         run_mxnet(args.steps, Path(args.mxnet))
         return 0
-    python = Path(args.venv) / "bin" / "python"
-    if not python.exists() or subprocess.run([str(python), "-c", "import mxnet"],
-                                             capture_output=True).returncode != 0:
-        print(f"skipped: no MXNet 1.9.1 venv at {args.venv} (--venv PATH)")
+    python, why = find_or_make(args.venv, make=False)
+    if python is None:
+        print(f"skipped: {why}")
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "MXNET_ENGINE_TYPE": "NaiveEngine"}
