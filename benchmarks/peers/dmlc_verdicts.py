@@ -32,42 +32,22 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
-from paramserver import ParamError, Parameter, field
+from paramserver import ParamError, Parameter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mxnet_venv import find_or_make
 
-# -- the fields, as MXNet 1.9.1 declares them ---------------------------------------------------
+# -- the fields, as MXNet 1.9.1 declares them: one declaration, the conformance test's -------
 
-
-class FullyConnected(Parameter):
-    num_hidden: int = field(1, lower=1, doc="Number of hidden nodes of the output.")
-    flatten: bool = field(True, doc="Whether to collapse all but the first axis.")
-
-
-class LeakyReLU(Parameter):
-    slope: float = field(0.25, doc="Init slope for the activation.")
-
-
-class Dropout(Parameter):
-    p: float = field(0.5, lower=0.0, upper=1.0,
-                     doc="Fraction of the input that gets dropped out during training time.")
-
-
-class Activation(Parameter):
-    act_type: str = field(enum=("relu", "sigmoid", "softrelu", "softsign", "tanh"),
-                          doc="Activation function to be applied.")
-
-
-class Convolution(Parameter):
-    kernel: tuple[int, ...] = field((1, 1), doc="Convolution kernel size.")
-    cudnn_tune: str | None = field(None, enum=("fastest", "limited_workspace", "off"),
-                                   doc="Whether to pick convolution algo by running test.")
-
-
-class MultiBoxPrior(Parameter):
-    sizes: tuple[float, ...] = field((1.0,), doc="List of sizes of generated MultiBoxPriores.")
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+from test_dmlc_conformance import (
+    Activation,
+    Convolution,
+    Dropout,
+    FullyConnected,
+    LeakyReLU,
+    MultiBoxPrior,
+)
 
 OURS: dict[str, type[Parameter]] = {c.__name__: c for c in (
     FullyConnected, LeakyReLU, Dropout, Activation, Convolution, MultiBoxPrior)}
