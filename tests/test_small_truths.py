@@ -73,6 +73,7 @@ def test_the_end_line_names_what_the_run_made_and_the_steps_it_ran(
     code, out, err = run(capsys, "train", str(tiny), "--workspace", str(only), "--test")
     assert code == 0, err
     assert not (only / "tensorboard").exists()
+    assert out.splitlines()[-1].startswith("done: tested step 0 in "), out
     assert out.splitlines()[-1].endswith(f"; {only}/metrics.csv, {only}/metrics.png"), out
 
 

@@ -378,10 +378,16 @@ class Trainer:
         seconds = time.perf_counter() - t0
         files = [self.log.path if self._write_metrics else None, plot,  # this run's
                  board.folder if board.wrote else None]
-        ran = f"{step} steps" if start == 0 else f"ran {step - start} steps ({start} → {step})"
-        log.info("done: %s in %.1f s (training %.1f s, tests %.1f s); %s", ran, seconds,
-                 self.seconds["steps"], self.seconds["tests"],
-                 ", ".join(str(p) for p in files if p is not None))
+        wrote = ", ".join(str(p) for p in files if p is not None)
+        if not job.train_steps and not resumed:  # a test-only run: it trained no step
+            log.info("done: tested step %d in %.1f s%s", self._tested_step, seconds,
+                     f"; {wrote}" if wrote else "")
+        else:
+            ran = (f"{step} steps" if start == 0
+                   else f"ran {step - start} steps ({start} → {step})")
+            log.info("done: %s in %.1f s (training %.1f s, tests %.1f s)%s", ran, seconds,
+                     self.seconds["steps"], self.seconds["tests"],
+                     f"; {wrote}" if wrote else "")
         return TrainResult(step, None if test is None else test["loss"],
                            None if test is None else test["accuracy"], seconds,
                            self.workspace)
