@@ -37,6 +37,24 @@ def _a_folder_of_its_own(tmp_path_factory: pytest.TempPathFactory,
     monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
 
 
+@pytest.fixture(autouse=True)
+def _registries_as_they_were() -> Iterator[None]:
+    """A component a test registers (a user's layer, updater, ...) is forgotten after it:
+    a Ray cluster started by a later test makes every actor import the modules of every
+    registered component, and a test's module in its own temporary folder is not
+    importable there (a CI run failed on exactly that)."""
+    from paramserver.config.components import (is_users, layers, lr_methods,
+                                               param_generators, updaters)
+
+    registries = (param_generators, updaters, lr_methods, layers)
+    before = [set(r.names()) for r in registries]
+    yield
+    for registry, names in zip(registries, before, strict=True):
+        for name, obj in registry.items():  # built-ins load lazily: only a user's go
+            if name not in names and is_users(obj):
+                registry.remove(name)
+
+
 @pytest.fixture
 def cwd(tmp_path: Path) -> Iterator[Path]:
     """Run the test in ``tmp_path`` (job files that name relative paths), then go back."""
