@@ -43,8 +43,13 @@ def _registries_as_they_were() -> Iterator[None]:
     a Ray cluster started by a later test makes every actor import the modules of every
     registered component, and a test's module in its own temporary folder is not
     importable there (a CI run failed on exactly that)."""
-    from paramserver.config.components import (is_users, layers, lr_methods,
-                                               param_generators, updaters)
+    from paramserver.config.components import (
+        is_users,
+        layers,
+        lr_methods,
+        param_generators,
+        updaters,
+    )
 
     registries = (param_generators, updaters, lr_methods, layers)
     before = [set(r.names()) for r in registries]
