@@ -257,23 +257,35 @@ KEY_SEPARATOR = "\n"
 
 @dataclass(frozen=True, eq=False)
 class KeyBatch:
-    """``request`` (a :class:`Get`, or an :class:`Update` of dense gradients) for the pieces
-    of ``keys`` this server holds, in one message: ps-lite's push or pull of the key ranges
-    a server holds. Each key's piece is served as a :class:`Keyed` request would be (its
-    rounds, versions and staleness); the reply comes once every key's has.
+    """``request`` (a :class:`Get`, or an :class:`Update`) for the pieces of ``keys`` this
+    server holds, in one message: ps-lite's push or pull of the key ranges a server holds.
+    Each key's piece is served as a :class:`Keyed` request would be (its rounds, versions
+    and staleness); the reply comes once every key's has. A key may be a table's piece
+    (``tables``): its part is rows by id — the rows pushed, or the rows asked for (the
+    reply's values then hold those rows where the key's values would be).
 
     Attributes:
-        keys: the key names, joined by :data:`KEY_SEPARATOR`.
-        request: what is asked of each piece; an update's ``grads`` are None here (they are
-            ``data``).
-        offsets: (an update) the bounds of each key's gradient in ``data`` (``len + 1``).
-        data: (an update) every key's gradient, one after the other, in one buffer.
+        keys: the key names, joined by :data:`KEY_SEPARATOR` (a key may come more than once
+            in a get: each is answered).
+        request: what is asked of each piece; an update's ``grads``, ``ids`` and ``rows``
+            are None here (they are ``data`` and ``ids``).
+        offsets: (an update) the bounds of each key's gradient (or rows) in ``data``
+            (``len + 1``).
+        data: (an update) every key's gradient or rows, one after the other, in one buffer.
+        tables: None (every key's part is dense), or per key whether its part is rows by id.
+        ids: the row ids of the table keys' parts, one after the other (each strictly
+            increasing for an update, any order for a get; rows from 0 within the piece).
+        id_offsets: the bounds of each key's part of ``ids`` (``len + 1``; a dense key's is
+            empty).
     """
 
     keys: str
     request: Get | Update
     offsets: np.ndarray | None = None
     data: np.ndarray | None = None
+    tables: np.ndarray | None = None
+    ids: np.ndarray | None = None
+    id_offsets: np.ndarray | None = None
 
     @property
     def names(self) -> list[str]:
