@@ -532,7 +532,8 @@ def test_a_push_or_row_sparse_pull_of_many_tables_is_one_message_per_server() ->
         assert np.array_equal(outs[1], big[far])
 
 
-def test_workers_in_step_pushing_many_tables_end_as_key_by_key() -> None:
+def test_workers_in_step_pushing_many_tables_end_as_key_by_key(backend: str = "local"
+                                                               ) -> None:
     # the same rounds, sums in worker order and lazy updates as pushes of one key at a time
     shapes = {"a": (60, 5), "b": (300, 2), "c": (40, 3)}
 
@@ -561,9 +562,68 @@ def test_workers_in_step_pushing_many_tables_end_as_key_by_key() -> None:
     got = {}
     for batched in (True, False):
         with kv.create("dist_sync", num_workers=2, num_servers=2, bound=200,
-                       updater=ADAM) as store:
+                       updater=ADAM, backend=backend if batched else "local") as store:
             got[batched] = store.run(train, batched)
     for a, b in zip(got[True], got[False], strict=True):
         for x, y in zip(a, b, strict=True):
             assert np.array_equal(x, y)
     assert not np.array_equal(got[True][0][0], np.full((60, 5), 0.5, np.float32))
+
+
+def test_batches_of_tables_inits_and_descriptions_on_ray_end_as_key_by_key(
+        ray_session: Any) -> None:
+    test_workers_in_step_pushing_many_tables_end_as_key_by_key("ray")
+
+
+def test_an_init_of_many_keys_is_one_message_per_server_and_refuses_a_second_whole() -> None:
+    sent: list[tuple[int, str]] = []
+
+    class Counting(LocalTransport):
+        def send(self, to: Any, request: Any, what: str) -> Any:
+            sent.append((to[1], type(request).__name__))
+            return super().send(to, request, what)
+
+    keys = [*range(40), 1000]  # key 1000 is cut over the servers (bound 100)
+    values = [np.full(n, k, np.float64 if k % 3 else np.float32)
+              for k, n in zip(keys, [3] * 40 + [500], strict=True)]
+    with kv.create("local", num_servers=3, bound=100, transport=Counting) as store:
+        sent.clear()
+        store.init(keys, values)
+        # the home servers' messages, then the pieces of key 1000 on the two others
+        assert sorted(sent) == sorted([(s, "KeyInits") for s in range(3)]
+                                      + [(s, "KeyInit") for s in range(3)
+                                         if s != 1000 % 3])
+        for k, v in zip(keys, values, strict=True):
+            got = store.pull(k)
+            assert got.dtype == v.dtype and np.array_equal(got, v)
+        # a batch with a key another store made: refused by its server, which makes none of
+        # the batch's keys (key 42 lies there too; as before, an init of a list is not one
+        # transaction across servers: key 10,000 lies on another)
+        with pytest.raises(ClusterError, match="key '3' is initialised already"):
+            other = kv.KVStore(store._spec, store._transport)
+            other.init([3, 10_000, 42], [np.zeros(2, np.float32)] * 3)
+        assert store.pull(3).tolist() == [3.0] * 3
+        with pytest.raises(ParamError, match="key '42' is not initialised"):
+            store.pull(42)
+
+
+def test_workers_ask_for_many_keys_descriptions_in_one_message_per_server() -> None:
+    sent: list[str] = []
+
+    class Counting(LocalTransport):
+        def send(self, to: Any, request: Any, what: str) -> Any:
+            sent.append(type(request).__name__)
+            return super().send(to, request, what)
+
+    keys = list(range(30))
+
+    def train(s: kv.KVStore) -> list[np.ndarray]:
+        s.init(keys, [np.full(2, k, np.float32) for k in keys])  # rank 0's are used
+        return s.pull(keys)
+
+    with kv.create("dist_sync", num_workers=2, num_servers=3,
+                   transport=Counting) as store:
+        results = store.run(train)
+    assert "Describe" not in sent and sent.count("DescribeKeys") == 3
+    for got in results:
+        assert [g.tolist() for g in got] == [[float(k)] * 2 for k in keys]

@@ -53,9 +53,11 @@ from ..updaters import Updater, create_updater
 from .errors import ClusterError
 from .layout import ServerLayout
 from .messages import (
+    KEY_SEPARATOR,
     Ack,
     Barrier,
     Describe,
+    DescribeKeys,
     ErrorReply,
     Flush,
     Get,
@@ -63,7 +65,9 @@ from .messages import (
     KeyBatch,
     Keyed,
     KeyInfo,
+    KeyInfos,
     KeyInit,
+    KeyInits,
     Leave,
     Put,
     Reply,
@@ -386,6 +390,12 @@ class KeyServer:
             return [(reply, info)]
         if isinstance(request, KeyInit):
             return self._init(request, reply, forward)
+        if isinstance(request, KeyInits):
+            return self._inits(request, reply, forward)
+        if isinstance(request, DescribeKeys):
+            if self._aborted is not None:
+                return [(reply, ErrorReply(self._aborted))]
+            return self._describe_keys(request, reply)
         if isinstance(request, SetUpdater):
             if request.updater != self._updater_text:
                 updater = make_updater(request.updater)
@@ -632,6 +642,55 @@ class KeyServer:
             self._waiting[msg.key] = still
         return out
 
+    def _inits(self, msg: KeyInits, reply: ReplyFn,
+               forward: list[tuple[Server, Request, ReplyFn]]) -> list[tuple[ReplyFn, Reply]]:
+        """Several keys' inits: every one checked first (a second init refuses the message,
+        nothing made), then each as its own :class:`KeyInit`."""
+        try:
+            entries = json.loads(msg.inits)
+            spans = np.asarray(msg.offsets, np.int64)
+            data = np.asarray(msg.data)
+            if (not isinstance(entries, list) or spans.shape != (len(entries), 2)
+                    or data.dtype != np.uint8 or data.ndim != 1 or np.any(spans < 0)
+                    or np.any(spans[:, 1] < spans[:, 0]) or np.any(spans > data.size)):
+                raise ValueError("its parts do not fit its buffer")
+            inits = []
+            for (a, b), (key, shape, dtype, sparse, int_key, home, piece, fill, seed) in \
+                    zip(spans.tolist(), entries, strict=True):
+                values = data[a:b].view(np.dtype(dtype)) if b > a else None
+                inits.append(KeyInit(str(key), tuple(int(x) for x in shape), str(dtype),
+                                     bool(sparse), bool(int_key), bool(home),
+                                     None if piece is None else (int(piece[0]), int(piece[1])),
+                                     values, str(fill), int(seed)))
+        except (TypeError, ValueError) as e:
+            raise ClusterError(f"a damaged init of several keys ({e})") from None
+        names = [m.key for m in inits]
+        again = sorted({m.key for m in inits if (m.home and m.key in self._meta)
+                        or (m.piece is not None and m.key in self._keys)})
+        if again or len(set(names)) != len(names):
+            which = again or sorted({n for n in names if names.count(n) > 1})
+            raise ClusterError(f"key '{which[0]}' is initialised already (a second init of a "
+                               "key is an error)")
+        out: list[tuple[ReplyFn, Reply]] = []
+        for m in inits:
+            out += self._init(m, _ignore, forward)
+        return [*out, (reply, Ack())]
+
+    def _describe_keys(self, msg: DescribeKeys, reply: ReplyFn) -> list[tuple[ReplyFn, Reply]]:
+        """Several keys' descriptions, answered once every key is initialised."""
+        names = msg.keys.split(KEY_SEPARATOR)
+        missing = [n for n in names if n not in self._meta]
+        if missing and not msg.wait:
+            raise ClusterError(f"key '{missing[0]}' is not initialised (init it first)")
+        infos = _Infos(names, reply)
+        out: list[tuple[ReplyFn, Reply]] = []
+        for i, name in enumerate(names):
+            if name in self._meta:
+                out += infos.answered(i, self._meta[name])  # the last one: the reply
+            else:
+                self._waiting.setdefault(name, []).append((Describe(name), infos.reply_of(i)))
+        return out
+
     def _updater_of(self, key: str) -> Updater:
         """The update method of a key's piece: the store's, or its Python function's."""
         if self._function is None:
@@ -818,6 +877,42 @@ class BatchReply:
         # one piece: its values as they are (a view, in one process); else one copy
         values = parts[0] if len(parts) == 1 else np.concatenate(parts)
         return Values(values, versions, bfloat16=bf16 and bool(parts))
+
+
+class _Infos:
+    """The one reply to a :class:`~.messages.DescribeKeys`, once every key's description
+    has come (or the first error)."""
+
+    def __init__(self, names: list[str], reply: ReplyFn):
+        self.names, self._reply = names, reply
+        self._infos: list[KeyInfo | None] = [None] * len(names)
+        self._left = len(names)
+        self._lock = threading.Lock()
+        self._done = False
+
+    def answered(self, i: int, info: Reply) -> list[tuple[ReplyFn, Reply]]:
+        with self._lock:
+            if self._done:
+                return []
+            if not isinstance(info, KeyInfo):
+                self._done = True
+                return [(self._reply, info if isinstance(info, ErrorReply) else
+                         ErrorReply(f"no description of key '{self.names[i]}'"))]
+            if self._infos[i] is None:
+                self._infos[i] = info
+                self._left -= 1
+            if self._left:
+                return []
+            self._done = True
+        text = json.dumps([[k.key, list(k.shape), k.dtype, k.row_sparse, k.int_key]
+                           for k in self._infos if k is not None])
+        return [(self._reply, KeyInfos(text))]
+
+    def reply_of(self, i: int) -> ReplyFn:
+        def answer(info: Reply) -> None:
+            for fn, r in self.answered(i, info):
+                fn(r)
+        return answer
 
 
 def batch_tables(msg: KeyBatch, n: int) -> tuple[np.ndarray | None, list[int] | None]:

@@ -55,12 +55,15 @@ from ..cluster.messages import (
     KEY_SEPARATOR,
     Barrier,
     Describe,
+    DescribeKeys,
     Get,
     GetState,
     KeyBatch,
     Keyed,
     KeyInfo,
+    KeyInfos,
     KeyInit,
+    KeyInits,
     Problems,
     Reply,
     SetState,
@@ -291,6 +294,31 @@ class KVStore:
         assert isinstance(reply, KeyInfo)
         return self._remember(reply)
 
+    def _prefetch(self, keys: Sequence[Any]) -> None:
+        """Ask for the descriptions of the keys not known yet, one message per home server
+        (a worker's first call with many keys; each waits for the key's init). With one
+        worker every key is its own store's: nothing to ask."""
+        if self.num_workers == 1:
+            return
+        wanted: dict[int, dict[str, None]] = {}
+        for key in keys:
+            if (type(key) is int or type(key) is str) and key in self._known:
+                continue
+            name, int_key = self._name(key)
+            if name not in self._keys:
+                wanted.setdefault(home_of(name, int_key, self.num_servers), {})[name] = None
+        asked = [(s, list(names)) for s, names in wanted.items() if len(names) > 1]
+        if not asked:
+            return
+        replies = self._wait([self._send(s, DescribeKeys(KEY_SEPARATOR.join(names)),
+                                         f"descriptions of {len(names)} keys (their init)")
+                              for s, names in asked])
+        for reply in replies:
+            assert isinstance(reply, KeyInfos)
+            for name, shape, dtype, sparse, int_key in json.loads(reply.infos):
+                if name not in self._keys:
+                    self._remember(KeyInfo(name, tuple(shape), dtype, sparse, int_key))
+
     def _remember(self, info: KeyInfo) -> _Key:
         shape = tuple(int(x) for x in info.shape)
         k = _Key(info.key, bool(info.int_key), shape, np.dtype(info.dtype),
@@ -335,10 +363,47 @@ class KVStore:
                 raise ParamError(f"init of key {k!r}: it is initialised already (a second init "
                                  "of a key is an error)")
             seen.add(name)
-        for (k, v), flag in zip(pairs, sparse, strict=True):
-            self._init_one(k, v, bool(flag))
+        if len(pairs) == 1:
+            self._init_one(pairs[0][0], pairs[0][1], bool(sparse[0]))
+            return
+        if self.rank != 0:  # rank 0's descriptions, to check ours against
+            self._prefetch([k for k, _ in pairs])
+        plans = [self._init_plan(k, v, bool(flag))
+                 for (k, v), flag in zip(pairs, sparse, strict=True)]
+        made = [p for p in plans if p is not None]
+        if not made:
+            return
+        # one message per server: the home servers' first (each refuses a second init
+        # before any piece is made), then the other pieces of keys cut over several
+        what = f"reply to the init of {len(made)} keys"
+        for first in (True, False):
+            per_server: dict[int, list[KeyInit]] = {}
+            for _, messages in made:
+                for s, m in messages[:1] if first else messages[1:]:
+                    per_server.setdefault(s, []).append(m)
+            self._wait([self._send(s, m[0] if len(m) == 1 else _key_inits(m), what)
+                        for s, m in per_server.items()])
+        for k, _ in made:
+            k.residuals = [None] * len(k.pieces)
+            self._keys[k.name] = k
 
     def _init_one(self, key: Any, value: Any, row_sparse: bool) -> None:
+        plan = self._init_plan(key, value, row_sparse)
+        if plan is None:
+            return
+        k, messages = plan
+        (home, first), rest = messages[0], messages[1:]
+        # The home server first: it refuses a second init before any piece is made.
+        self._wait([self._send(home, first, f"reply to the init of key {key!r}")])
+        self._wait([self._send(s, m, f"reply to the init of key {key!r}") for s, m in rest])
+        k.residuals = [None] * len(k.pieces)
+        self._keys[k.name] = k
+
+    def _init_plan(self, key: Any, value: Any, row_sparse: bool
+                   ) -> tuple[_Key, list[tuple[int, KeyInit]]] | None:
+        """A key's init on rank 0: its description and the message of each server, the
+        home server's first; on another rank (None), its description checked against rank
+        0's."""
         name, int_key = self._name(key)
         where = f"init of key {key!r}"
         if isinstance(value, Fill):
@@ -359,7 +424,7 @@ class KVStore:
             if (k.shape, k.dtype, k.row_sparse) != (shape, dtype, row_sparse):
                 raise ParamError(f"{where} on rank {self.rank}: {info_text(info)}, but rank 0 "
                                  f"initialised it as {k.describe()}")
-            return
+            return None
         if self._int_keys is None:
             self._int_keys = int_key
         plan = plan_key(name, int_key, shape, row_sparse, self.num_servers, self._spec.bound)
@@ -390,12 +455,8 @@ class KVStore:
         holds = {s: (lo, hi) for s, lo, hi in plan}
         first = (message(home, *holds[home], True) if home in holds else
                  KeyInit(name, shape, dtype.name, row_sparse, int_key, True, None))
-        # The home server first: it refuses a second init before any piece is made.
-        self._wait([self._send(home, first, f"reply to the init of key {key!r}")])
-        self._wait([self._send(s, message(s, lo, hi, False), f"reply to the init of key {key!r}")
-                    for s, lo, hi in plan if s != home])
-        k.residuals = [None] * len(plan)
-        self._keys[name] = k
+        return k, [(home, first), *((s, message(s, lo, hi, False)) for s, lo, hi in plan
+                                    if s != home)]
 
     # -- the updater ------------------------------------------------------------------------
 
@@ -497,6 +558,7 @@ class KVStore:
         the workers check (that path names the key)."""
         if self._compression.codec:
             return False
+        self._prefetch([key for key, _ in pairs])
         keys: list[_Key] = []
         grads: list[tuple[np.ndarray | None, np.ndarray]] = []  # (sorted ids or None, values)
         for key, v in pairs:
@@ -733,6 +795,7 @@ class KVStore:
         """ps-lite's pull: one :class:`~paramserver.cluster.messages.KeyBatch` per server
         for every key's piece there; each reply, one buffer, is copied into the keys' outs
         (new arrays where None)."""
+        self._prefetch([key for key, _ in pairs])
         keys = [self._key(key) for key, _ in pairs]
         for (key, out), k in zip(pairs, keys, strict=True):
             if out is not None:
@@ -778,6 +841,7 @@ class KVStore:
         from .rowsparse import place_rows, pull_plan, row_ids_of, unique_ids
 
         plan = pull_plan(key, out, row_ids)
+        self._prefetch([k for k, _, _ in plan])
         wanted = []
         for key_, out_, ids_ in plan:  # every problem of the call before anything is sent
             k = self._key(key_)
@@ -1102,6 +1166,23 @@ def _updater_text(updater: Any) -> str:
     raise ParamError(f"set_updater takes a declaration (an updater {{ }} block's text, a dict "
                      f"or an UpdaterConf; SPEC §5), not a {type(updater).__name__} object: "
                      "updaters never travel pickled")
+
+
+def _key_inits(inits: list[KeyInit]) -> KeyInits:
+    """Several keys' inits for one server as one message (their values' bytes in one
+    buffer, each from a multiple of 8 bytes)."""
+    entries, spans, end = [], [], 0
+    for m in inits:
+        entries.append([m.key, list(m.shape), m.dtype, m.row_sparse, m.int_key, m.home,
+                        None if m.piece is None else list(m.piece), m.fill, m.seed])
+        start = end + (-end % 8)
+        end = start + (0 if m.values is None else m.values.nbytes)
+        spans.append((start, end))
+    data = np.empty(end, np.uint8)
+    for m, (a, b) in zip(inits, spans, strict=True):
+        if m.values is not None:
+            data[a:b] = np.ascontiguousarray(m.values).reshape(-1).view(np.uint8)
+    return KeyInits(json.dumps(entries), np.array(spans, np.int64).reshape(-1, 2), data)
 
 
 def _fill_whole(generator: Any, name: str, shape: tuple[int, ...], dtype: np.dtype[Any],
