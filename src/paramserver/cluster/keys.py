@@ -467,7 +467,7 @@ class KeyServer:
         pieces = [s.values for s in servers]  # type: ignore[union-attr]
         # one piece: its values as they are, as a key's own get answers (a transport between
         # processes copies them as it sends the reply); several: one copy, in one buffer
-        return Values(pieces[0] if len(pieces) == 1 else np.concatenate(pieces),  # type: ignore[arg-type]
+        return Values(pieces[0] if len(pieces) == 1 else _own(np.concatenate(pieces)),  # type: ignore[arg-type]
                       versions)
 
     def _batch_rows(self, msg: KeyBatch, servers: list[Server], versions: np.ndarray
@@ -509,7 +509,7 @@ class KeyServer:
                 np.take(src, sel, axis=0, mode="clip",
                         out=out[at:at + sel.size * dim].reshape(sel.size, dim))
                 at += sel.size * dim
-        return Values(out, versions)
+        return Values(_own(out), versions)
 
     def _batch_push(self, msg: KeyBatch, reply: ReplyFn,
                     forward: list[tuple[Server, Request, ReplyFn]]
@@ -875,7 +875,7 @@ class BatchReply:
                              for a in answers if isinstance(a, Values)], np.int64)
         bf16 = all(a.bfloat16 for a in answers if isinstance(a, Values))
         # one piece: its values as they are (a view, in one process); else one copy
-        values = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        values = parts[0] if len(parts) == 1 else _own(np.concatenate(parts))
         return Values(values, versions, bfloat16=bf16 and bool(parts))
 
 
@@ -932,6 +932,14 @@ def batch_tables(msg: KeyBatch, n: int) -> tuple[np.ndarray | None, list[int] | 
         raise ClusterError(f"a batch of {n} keys with tables carries a bool per key, int64 "
                            f"row ids and {n + 1} bounds of each table's part of them")
     return tables, bounds.astype(np.int64).tolist()
+
+
+def _own(values: np.ndarray) -> np.ndarray:
+    """A reply's values made for it alone, marked read-only: nothing changes them, so a
+    transport between processes may send them as they are, without a copy of its own
+    first (:meth:`~paramserver.cluster.ray_actors.ServerActor._share`)."""
+    values.flags.writeable = False
+    return values
 
 
 def _ignore(reply: Reply) -> None:
