@@ -127,7 +127,9 @@ def test_only_the_rows_pushed_and_pulled_travel() -> None:
             ids = np.arange(n) * 97
             store.push("emb", kv.RowSparse(ids, np.ones((n, 16), np.float32)))
             store.row_sparse_pull("emb", row_ids=ids)
-            assert meter[0].sent["Update"] == n * (8 + 16 * 4)  # int64 ids, float32 rows
+            # int64 ids, float32 rows, and per server's message the bounds of the key's
+            # part (two int64 for the rows, two for the ids) and its table flag
+            assert 0 <= meter[0].sent["Update"] - n * (8 + 16 * 4) <= 2 * (4 * 8 + 1)
             moved[n] = meter[0].received["Values"]
         # rows, and a version per reply (one reply per server to the push and to the pull)
         assert all(0 <= moved[n] - n * 16 * 4 <= 4 * 8 for n in moved)
@@ -489,3 +491,139 @@ def test_a_nan_in_a_batch_push_refuses_that_keys_update_only_and_names_it() -> N
             store.pull([0, 1])
         assert store.pull(0).tolist() == [2.0] * 4
         assert store.pull(1).tolist() == [1.0] * 4
+
+
+def test_a_push_or_row_sparse_pull_of_many_tables_is_one_message_per_server() -> None:
+    sent: list[tuple[int, str]] = []
+
+    class Counting(LocalTransport):
+        def send(self, to: Any, request: Any, what: str) -> Any:
+            sent.append((to[1], type(request).__name__))
+            return super().send(to, request, what)
+
+    rng = np.random.default_rng(3)
+    tables = [f"emb{i}" for i in range(6)] + ["big"]  # 'big' is cut over the servers
+    shapes = [(50, 4)] * 6 + [(400, 3)]
+    with kv.create("local", num_servers=3, bound=100, transport=Counting) as store:
+        store.init(tables, [kv.Fill(s) for s in shapes], row_sparse=True)
+        store.init("w", np.zeros(7, np.float32))
+        sent.clear()
+        ids = [rng.choice(s[0], 9, replace=False) for s in shapes]
+        rows = [rng.standard_normal((9, s[1])).astype(np.float32) for s in shapes]
+        w = rng.standard_normal(7).astype(np.float32)
+        store.push([*tables, "w"], [*(kv.RowSparse(i, r) for i, r in zip(ids, rows,
+                                                                         strict=True)), w])
+        pulled = store.row_sparse_pull(tables, row_ids=ids)
+        # every server holds a piece of 'big': one message to each per call
+        assert sorted(sent) == sorted([(s, "KeyBatch") for s in range(3)] * 2)
+        for r, p in zip(rows, pulled, strict=True):
+            assert np.array_equal(p, r)
+        assert np.array_equal(store.pull("w"), w)
+        # out of the table's shape: the rows at their ids, every other row 0; repeats
+        again, far = np.array([3, 3, 0, 1, 49, 0]), np.array([3, 3, 0, 1, 399, 0])
+        outs = [np.full(shapes[0], 9, np.float32), np.empty((6, 3), np.float32)]
+        store.row_sparse_pull(["emb0", "big"], out=outs, row_ids=[again, far])
+        table0 = np.zeros(shapes[0], np.float32)
+        table0[ids[0]] = rows[0]
+        want0 = np.zeros(shapes[0], np.float32)
+        want0[again] = table0[again]
+        assert np.array_equal(outs[0], want0)
+        big = store.pull("big")
+        assert np.array_equal(outs[1], big[far])
+
+
+def test_workers_in_step_pushing_many_tables_end_as_key_by_key(backend: str = "local"
+                                                               ) -> None:
+    # the same rounds, sums in worker order and lazy updates as pushes of one key at a time
+    shapes = {"a": (60, 5), "b": (300, 2), "c": (40, 3)}
+
+    def ids_rows(rank: int, step: int, name: str) -> tuple[np.ndarray, np.ndarray]:
+        rng = np.random.default_rng([rank, step, ord(name)])
+        n, dim = shapes[name]
+        ids = rng.integers(0, n, 12)  # repeats, any order
+        return ids, rng.standard_normal((12, dim)).astype(np.float32)
+
+    def train(s: kv.KVStore, batched: bool) -> list[np.ndarray]:
+        if s.rank == 0:
+            s.init(list(shapes), [kv.Fill(v, {"type": "kConstant", "value": 0.5})
+                                  for v in shapes.values()], row_sparse=True)
+        s.barrier()
+        for step in range(3):
+            grads = [kv.RowSparse(*ids_rows(s.rank, step, n)) for n in shapes]
+            if batched:
+                s.push(list(shapes), grads)
+            else:
+                for n, g in zip(shapes, grads, strict=True):
+                    s.push(n, g)
+            pulled = s.row_sparse_pull(list(shapes), row_ids=[np.arange(v[0]) for v in
+                                                              shapes.values()])
+        return pulled
+
+    got = {}
+    for batched in (True, False):
+        with kv.create("dist_sync", num_workers=2, num_servers=2, bound=200,
+                       updater=ADAM, backend=backend if batched else "local") as store:
+            got[batched] = store.run(train, batched)
+    for a, b in zip(got[True], got[False], strict=True):
+        for x, y in zip(a, b, strict=True):
+            assert np.array_equal(x, y)
+    assert not np.array_equal(got[True][0][0], np.full((60, 5), 0.5, np.float32))
+
+
+def test_batches_of_tables_inits_and_descriptions_on_ray_end_as_key_by_key(
+        ray_session: Any) -> None:
+    test_workers_in_step_pushing_many_tables_end_as_key_by_key("ray")
+
+
+def test_an_init_of_many_keys_is_one_message_per_server_and_refuses_a_second_whole() -> None:
+    sent: list[tuple[int, str]] = []
+
+    class Counting(LocalTransport):
+        def send(self, to: Any, request: Any, what: str) -> Any:
+            sent.append((to[1], type(request).__name__))
+            return super().send(to, request, what)
+
+    keys = [*range(40), 1000]  # key 1000 is cut over the servers (bound 100)
+    values = [np.full(n, k, np.float64 if k % 3 else np.float32)
+              for k, n in zip(keys, [3] * 40 + [500], strict=True)]
+    with kv.create("local", num_servers=3, bound=100, transport=Counting) as store:
+        sent.clear()
+        store.init(keys, values)
+        # the home servers' messages, then the pieces of key 1000 on the two others
+        assert sorted(sent) == sorted([(s, "KeyInits") for s in range(3)]
+                                      + [(s, "KeyInit") for s in range(3)
+                                         if s != 1000 % 3])
+        for k, v in zip(keys, values, strict=True):
+            got = store.pull(k)
+            assert got.dtype == v.dtype and np.array_equal(got, v)
+        # a batch with a key another store made: refused by its server, which makes none of
+        # the batch's keys (key 42 lies there too; as before, an init of a list is not one
+        # transaction across servers: key 10,000 lies on another)
+        with pytest.raises(ClusterError, match="key '3' is initialised already"):
+            other = kv.KVStore(store._spec, store._transport)
+            other.init([3, 10_000, 42], [np.zeros(2, np.float32)] * 3)
+        assert store.pull(3).tolist() == [3.0] * 3
+        with pytest.raises(ParamError, match="key '42' is not initialised"):
+            store.pull(42)
+
+
+def test_workers_ask_for_many_keys_descriptions_in_one_message_per_server() -> None:
+    sent: list[str] = []
+
+    class Counting(LocalTransport):
+        def send(self, to: Any, request: Any, what: str) -> Any:
+            sent.append(type(request).__name__)
+            return super().send(to, request, what)
+
+    keys = list(range(30))
+
+    def train(s: kv.KVStore) -> list[np.ndarray]:
+        s.init(keys, [np.full(2, k, np.float32) for k in keys])  # rank 0's are used
+        return s.pull(keys)
+
+    with kv.create("dist_sync", num_workers=2, num_servers=3,
+                   transport=Counting) as store:
+        results = store.run(train)
+    assert "Describe" not in sent and sent.count("DescribeKeys") == 3
+    for got in results:
+        assert [g.tolist() for g in got] == [[float(k)] * 2 for k in keys]

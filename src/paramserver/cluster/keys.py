@@ -40,7 +40,7 @@ import json
 import threading
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -53,9 +53,11 @@ from ..updaters import Updater, create_updater
 from .errors import ClusterError
 from .layout import ServerLayout
 from .messages import (
+    KEY_SEPARATOR,
     Ack,
     Barrier,
     Describe,
+    DescribeKeys,
     ErrorReply,
     Flush,
     Get,
@@ -63,7 +65,9 @@ from .messages import (
     KeyBatch,
     Keyed,
     KeyInfo,
+    KeyInfos,
     KeyInit,
+    KeyInits,
     Leave,
     Put,
     Reply,
@@ -226,11 +230,15 @@ class Replace(Updater):
     def _run_rows(self, w: np.ndarray, g: np.ndarray, ids: np.ndarray, dim: int,
                   state: UpdaterState, lr: float, wd: float, gscale: float,
                   check: bool = False) -> int:
-        nonfinite = int(g.size - np.count_nonzero(np.isfinite(g)))
-        if check and nonfinite:
-            return nonfinite
-        w.reshape(-1, dim)[ids] = g.reshape(-1, dim) * w.dtype.type(gscale)
-        return nonfinite
+        # read for NaN and Inf only to refuse them (else 0, as apply: the server checked
+        # the step's rows as it summed them)
+        if check:
+            nonfinite = int(g.size - np.count_nonzero(np.isfinite(g)))
+            if nonfinite:
+                return nonfinite
+        rows = g.reshape(-1, dim)
+        w.reshape(-1, dim)[ids] = rows if gscale == 1 else rows * w.dtype.type(gscale)
+        return 0
 
 
 #: How the updater text of a Python function (``set_updater(fn)``) begins: not a
@@ -358,9 +366,12 @@ class KeyServer:
             if self._aborted is not None:
                 return [(reply, ErrorReply(self._aborted))]
             if isinstance(request.request, Update):
-                summed = self._batch_push(request, reply, forward)
-                if summed is not None:
-                    return summed
+                if request.tables is not None:  # rows: each key's own round, after the
+                    self._spill(forward)        # batches held (as a key's own push)
+                else:
+                    summed = self._batch_push(request, reply, forward)
+                    if summed is not None:
+                        return summed
             else:
                 values = self._batch_get(request)
                 if values is not None:
@@ -379,6 +390,12 @@ class KeyServer:
             return [(reply, info)]
         if isinstance(request, KeyInit):
             return self._init(request, reply, forward)
+        if isinstance(request, KeyInits):
+            return self._inits(request, reply, forward)
+        if isinstance(request, DescribeKeys):
+            if self._aborted is not None:
+                return [(reply, ErrorReply(self._aborted))]
+            return self._describe_keys(request, reply)
         if isinstance(request, SetUpdater):
             if request.updater != self._updater_text:
                 updater = make_updater(request.updater)
@@ -439,16 +456,60 @@ class KeyServer:
         if not isinstance(get, Get) or get.ids is not None or get.lag is not None \
                 or get.clock is not None or get.version > 0:
             return None
-        servers = [self._keys.get(n) for n in msg.names]
+        names = msg.names
+        servers = [self._keys.get(n) for n in names]
         for s in servers:
             if s is None or not s.serving:
                 return None
-        pieces = [s.values for s in servers]  # type: ignore[union-attr]
         versions = np.concatenate([s.versions for s in servers])  # type: ignore[union-attr]
+        if msg.tables is not None:
+            return self._batch_rows(msg, servers, versions)  # type: ignore[arg-type]
+        pieces = [s.values for s in servers]  # type: ignore[union-attr]
         # one piece: its values as they are, as a key's own get answers (a transport between
         # processes copies them as it sends the reply); several: one copy, in one buffer
-        return Values(pieces[0] if len(pieces) == 1 else np.concatenate(pieces),  # type: ignore[arg-type]
+        return Values(pieces[0] if len(pieces) == 1 else _own(np.concatenate(pieces)),  # type: ignore[arg-type]
                       versions)
+
+    def _batch_rows(self, msg: KeyBatch, servers: list[Server], versions: np.ndarray
+                    ) -> Values | None:
+        """A batch's gets of rows (and whole pieces) gathered into one buffer, each table's
+        rows taken in one pass; None when an id is outside its piece (key by key: that
+        key's server says which)."""
+        tables, bounds = batch_tables(msg, len(servers))
+        assert tables is not None and bounds is not None and msg.ids is not None
+        ids = msg.ids
+        parts: list[tuple[np.ndarray, np.ndarray | None, int]] = []
+        total = 0
+        for i, s in enumerate(servers):
+            values = s.values
+            assert values is not None
+            if not tables[i]:
+                parts.append((values, None, 0))
+                total += values.size
+                continue
+            if not s.layout.tables or s.layout.num_segments != 1:
+                return None
+            dim = int(s.layout.dims[0])
+            part = ids[bounds[i]:bounds[i + 1]]
+            table = values.reshape(-1, dim)
+            if part.size and (int(part.min()) < 0 or int(part.max()) >= len(table)):
+                return None
+            parts.append((table, part, dim))
+            total += part.size * dim
+        dtype = servers[0].values.dtype  # type: ignore[union-attr]
+        if any(v.dtype != dtype for v, _, _ in parts):
+            return None
+        out = np.empty(total, dtype)
+        at = 0
+        for src, sel, dim in parts:
+            if sel is None:
+                out[at:at + src.size] = src
+                at += src.size
+            else:  # the ids are in range (checked above): no bounds check per row
+                np.take(src, sel, axis=0, mode="clip",
+                        out=out[at:at + sel.size * dim].reshape(sel.size, dim))
+                at += sel.size * dim
+        return Values(_own(out), versions)
 
     def _batch_push(self, msg: KeyBatch, reply: ReplyFn,
                     forward: list[tuple[Server, Request, ReplyFn]]
@@ -581,6 +642,55 @@ class KeyServer:
             self._waiting[msg.key] = still
         return out
 
+    def _inits(self, msg: KeyInits, reply: ReplyFn,
+               forward: list[tuple[Server, Request, ReplyFn]]) -> list[tuple[ReplyFn, Reply]]:
+        """Several keys' inits: every one checked first (a second init refuses the message,
+        nothing made), then each as its own :class:`KeyInit`."""
+        try:
+            entries = json.loads(msg.inits)
+            spans = np.asarray(msg.offsets, np.int64)
+            data = np.asarray(msg.data)
+            if (not isinstance(entries, list) or spans.shape != (len(entries), 2)
+                    or data.dtype != np.uint8 or data.ndim != 1 or np.any(spans < 0)
+                    or np.any(spans[:, 1] < spans[:, 0]) or np.any(spans > data.size)):
+                raise ValueError("its parts do not fit its buffer")
+            inits = []
+            for (a, b), (key, shape, dtype, sparse, int_key, home, piece, fill, seed) in \
+                    zip(spans.tolist(), entries, strict=True):
+                values = data[a:b].view(np.dtype(dtype)) if b > a else None
+                inits.append(KeyInit(str(key), tuple(int(x) for x in shape), str(dtype),
+                                     bool(sparse), bool(int_key), bool(home),
+                                     None if piece is None else (int(piece[0]), int(piece[1])),
+                                     values, str(fill), int(seed)))
+        except (TypeError, ValueError) as e:
+            raise ClusterError(f"a damaged init of several keys ({e})") from None
+        names = [m.key for m in inits]
+        again = sorted({m.key for m in inits if (m.home and m.key in self._meta)
+                        or (m.piece is not None and m.key in self._keys)})
+        if again or len(set(names)) != len(names):
+            which = again or sorted({n for n in names if names.count(n) > 1})
+            raise ClusterError(f"key '{which[0]}' is initialised already (a second init of a "
+                               "key is an error)")
+        out: list[tuple[ReplyFn, Reply]] = []
+        for m in inits:
+            out += self._init(m, _ignore, forward)
+        return [*out, (reply, Ack())]
+
+    def _describe_keys(self, msg: DescribeKeys, reply: ReplyFn) -> list[tuple[ReplyFn, Reply]]:
+        """Several keys' descriptions, answered once every key is initialised."""
+        names = msg.keys.split(KEY_SEPARATOR)
+        missing = [n for n in names if n not in self._meta]
+        if missing and not msg.wait:
+            raise ClusterError(f"key '{missing[0]}' is not initialised (init it first)")
+        infos = _Infos(names, reply)
+        out: list[tuple[ReplyFn, Reply]] = []
+        for i, name in enumerate(names):
+            if name in self._meta:
+                out += infos.answered(i, self._meta[name])  # the last one: the reply
+            else:
+                self._waiting.setdefault(name, []).append((Describe(name), infos.reply_of(i)))
+        return out
+
     def _updater_of(self, key: str) -> Updater:
         """The update method of a key's piece: the store's, or its Python function's."""
         if self._function is None:
@@ -698,7 +808,8 @@ class BatchReply:
     once — the first error of a piece, or (a get) every key's values in one buffer, in the
     order of the keys, with each key's version, or (an update) :class:`Ack`."""
 
-    __slots__ = ("_answers", "_bounds", "_left", "_lock", "_reply", "msg", "names")
+    __slots__ = ("_answers", "_bounds", "_id_bounds", "_left", "_lock", "_reply", "_tables", "msg",
+                 "names")
 
     def __init__(self, msg: KeyBatch, reply: ReplyFn):
         self.msg = msg
@@ -708,26 +819,35 @@ class BatchReply:
         self._left = len(self.names)
         self._lock = threading.Lock()
         request = msg.request
+        n = len(self.names)
+        self._tables, self._id_bounds = batch_tables(msg, n)
         if isinstance(request, Update):
             off = msg.offsets
-            if (msg.data is None or off is None or len(off) != len(self.names) + 1
+            if (msg.data is None or off is None or len(off) != n + 1
                     or int(off[-1]) != msg.data.size or request.grads is not None
-                    or request.ids is not None or request.codec):
-                raise ClusterError("a batch of updates carries one buffer of dense, "
-                                   f"uncompressed gradients and {len(self.names) + 1} bounds "
-                                   "of the keys' parts of it")
+                    or request.ids is not None or request.rows is not None or request.codec):
+                raise ClusterError("a batch of updates carries one buffer of uncompressed "
+                                   f"gradients and rows and {n + 1} bounds of the keys' parts "
+                                   "of it")
             self._bounds = np.asarray(off, np.int64).tolist()
         elif not isinstance(request, Get) or request.ids is not None:
-            raise ClusterError(f"a batch carries gets of whole pieces or updates, not a "
-                               f"{type(request).__name__}")
+            raise ClusterError(f"a batch carries gets of pieces or their rows, or updates, "
+                               f"not a {type(request).__name__}")
 
     def piece(self, i: int) -> Get | Update:
         """The request of the ``i``-th key's piece."""
         r = self.msg.request
+        table = self._tables is not None and bool(self._tables[i])
+        ids = None
+        if table:
+            assert self.msg.ids is not None and self._id_bounds is not None
+            ids = self.msg.ids[self._id_bounds[i]:self._id_bounds[i + 1]]
         if isinstance(r, Get):
-            return r
+            return replace(r, ids=ids, segment=0, whole=False) if table else r
         assert self.msg.data is not None
         a, b = self._bounds[i], self._bounds[i + 1]
+        if table:
+            return Update(r.group, r.worker, r.step, None, ids, self.msg.data[a:b])
         return Update(r.group, r.worker, r.step, self.msg.data[a:b])
 
     def reply_of(self, i: int) -> ReplyFn:
@@ -755,8 +875,71 @@ class BatchReply:
                              for a in answers if isinstance(a, Values)], np.int64)
         bf16 = all(a.bfloat16 for a in answers if isinstance(a, Values))
         # one piece: its values as they are (a view, in one process); else one copy
-        values = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        values = parts[0] if len(parts) == 1 else _own(np.concatenate(parts))
         return Values(values, versions, bfloat16=bf16 and bool(parts))
+
+
+class _Infos:
+    """The one reply to a :class:`~.messages.DescribeKeys`, once every key's description
+    has come (or the first error)."""
+
+    def __init__(self, names: list[str], reply: ReplyFn):
+        self.names, self._reply = names, reply
+        self._infos: list[KeyInfo | None] = [None] * len(names)
+        self._left = len(names)
+        self._lock = threading.Lock()
+        self._done = False
+
+    def answered(self, i: int, info: Reply) -> list[tuple[ReplyFn, Reply]]:
+        with self._lock:
+            if self._done:
+                return []
+            if not isinstance(info, KeyInfo):
+                self._done = True
+                return [(self._reply, info if isinstance(info, ErrorReply) else
+                         ErrorReply(f"no description of key '{self.names[i]}'"))]
+            if self._infos[i] is None:
+                self._infos[i] = info
+                self._left -= 1
+            if self._left:
+                return []
+            self._done = True
+        text = json.dumps([[k.key, list(k.shape), k.dtype, k.row_sparse, k.int_key]
+                           for k in self._infos if k is not None])
+        return [(self._reply, KeyInfos(text))]
+
+    def reply_of(self, i: int) -> ReplyFn:
+        def answer(info: Reply) -> None:
+            for fn, r in self.answered(i, info):
+                fn(r)
+        return answer
+
+
+def batch_tables(msg: KeyBatch, n: int) -> tuple[np.ndarray | None, list[int] | None]:
+    """A batch's flags of which keys' parts are rows by id, and the bounds of their ids
+    (None, None: every part is dense); checked."""
+    if msg.tables is None:
+        if msg.ids is not None or msg.id_offsets is not None:
+            raise ClusterError("a batch with row ids but no flags of its tables")
+        return None, None
+    tables = np.asarray(msg.tables)
+    bounds = None if msg.id_offsets is None else np.asarray(msg.id_offsets)
+    if (tables.dtype != np.bool_ or tables.shape != (n,) or msg.ids is None or bounds is None
+            or bounds.shape != (n + 1,) or bounds.dtype.kind not in "iu"
+            or np.asarray(msg.ids).dtype != np.int64
+            or int(bounds[0]) != 0 or int(bounds[-1]) != msg.ids.size
+            or np.any(np.diff(bounds) < 0) or np.any(np.diff(bounds)[~tables] != 0)):
+        raise ClusterError(f"a batch of {n} keys with tables carries a bool per key, int64 "
+                           f"row ids and {n + 1} bounds of each table's part of them")
+    return tables, bounds.astype(np.int64).tolist()
+
+
+def _own(values: np.ndarray) -> np.ndarray:
+    """A reply's values made for it alone, marked read-only: nothing changes them, so a
+    transport between processes may send them as they are, without a copy of its own
+    first (:meth:`~paramserver.cluster.ray_actors.ServerActor._share`)."""
+    values.flags.writeable = False
+    return values
 
 
 def _ignore(reply: Reply) -> None:

@@ -17,7 +17,9 @@ Requests, worker → server (→ the reply):
 Requests of a key-value store's clients (SPEC §10) to its servers
 (:class:`~paramserver.cluster.keys.KeyServer`, one :class:`~.server.Server` per key piece):
     :class:`KeyInit`  hold this piece of a key (rank 0's value, or fill it) → :class:`Ack`
+    :class:`KeyInits` several keys' KeyInits in one message (an init of a list) → :class:`Ack`
     :class:`Describe` a key's shape and type, once it is initialised → :class:`KeyInfo`
+    :class:`DescribeKeys` several keys' → :class:`KeyInfos`
     :class:`Keyed`    a request (get, update, state) for one key's piece → its reply
     :class:`KeyBatch` a get or an update of several keys' pieces held by one server, their
                       values or gradients in one buffer (ps-lite's key ranges: one message
@@ -233,6 +235,34 @@ class KeyInit:
 
 
 @dataclass(frozen=True, eq=False)
+class KeyInits:
+    """Several keys' :class:`KeyInit` for one server in one message (an init of a list of
+    keys: one message per server, not one per key). The server refuses the whole message
+    (nothing made) when one of its keys is initialised already.
+
+    Attributes:
+        inits: per key, the fields of its :class:`KeyInit` but ``values``, as JSON: a list
+            of ``[key, shape, dtype, row_sparse, int_key, home, piece, fill, seed]``.
+        offsets: per key, the first and the end byte of its values in ``data`` (``len × 2``;
+            the same for a key that is filled, or holds no piece here).
+        data: every key's values' bytes, each part from a multiple of 8 bytes.
+    """
+
+    inits: str
+    offsets: np.ndarray
+    data: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
+class DescribeKeys:
+    """What several keys are (:class:`Describe` of each, one message), answered once every
+    one is initialised with :class:`KeyInfos`; ``wait`` as Describe's."""
+
+    keys: str
+    wait: bool = True
+
+
+@dataclass(frozen=True, eq=False)
 class Describe:
     """What a key is, once it is initialised (a worker that did not make it); ``wait``
     False: an error at once when it is not (a store with one worker)."""
@@ -257,23 +287,35 @@ KEY_SEPARATOR = "\n"
 
 @dataclass(frozen=True, eq=False)
 class KeyBatch:
-    """``request`` (a :class:`Get`, or an :class:`Update` of dense gradients) for the pieces
-    of ``keys`` this server holds, in one message: ps-lite's push or pull of the key ranges
-    a server holds. Each key's piece is served as a :class:`Keyed` request would be (its
-    rounds, versions and staleness); the reply comes once every key's has.
+    """``request`` (a :class:`Get`, or an :class:`Update`) for the pieces of ``keys`` this
+    server holds, in one message: ps-lite's push or pull of the key ranges a server holds.
+    Each key's piece is served as a :class:`Keyed` request would be (its rounds, versions
+    and staleness); the reply comes once every key's has. A key may be a table's piece
+    (``tables``): its part is rows by id — the rows pushed, or the rows asked for (the
+    reply's values then hold those rows where the key's values would be).
 
     Attributes:
-        keys: the key names, joined by :data:`KEY_SEPARATOR`.
-        request: what is asked of each piece; an update's ``grads`` are None here (they are
-            ``data``).
-        offsets: (an update) the bounds of each key's gradient in ``data`` (``len + 1``).
-        data: (an update) every key's gradient, one after the other, in one buffer.
+        keys: the key names, joined by :data:`KEY_SEPARATOR` (a key may come more than once
+            in a get: each is answered).
+        request: what is asked of each piece; an update's ``grads``, ``ids`` and ``rows``
+            are None here (they are ``data`` and ``ids``).
+        offsets: (an update) the bounds of each key's gradient (or rows) in ``data``
+            (``len + 1``).
+        data: (an update) every key's gradient or rows, one after the other, in one buffer.
+        tables: None (every key's part is dense), or per key whether its part is rows by id.
+        ids: the row ids of the table keys' parts, one after the other (each strictly
+            increasing for an update, any order for a get; rows from 0 within the piece).
+        id_offsets: the bounds of each key's part of ``ids`` (``len + 1``; a dense key's is
+            empty).
     """
 
     keys: str
     request: Get | Update
     offsets: np.ndarray | None = None
     data: np.ndarray | None = None
+    tables: np.ndarray | None = None
+    ids: np.ndarray | None = None
+    id_offsets: np.ndarray | None = None
 
     @property
     def names(self) -> list[str]:
@@ -300,7 +342,8 @@ class Barrier:
 
 
 Request = (Get | Update | Clip | Leave | Sync | Put | Flush | GetState | SetState | Save | Restore
-           | KeyInit | Describe | Keyed | KeyBatch | SetUpdater | Barrier)
+           | KeyInit | KeyInits | Describe | DescribeKeys | Keyed | KeyBatch | SetUpdater
+           | Barrier)
 
 
 # -- replies -----------------------------------------------------------------------------------
@@ -370,13 +413,21 @@ class KeyInfo:
     int_key: bool
 
 
-Reply = Values | Norm | State | Problems | Ack | ErrorReply | KeyInfo
+@dataclass(frozen=True, eq=False)
+class KeyInfos:
+    """Several keys' descriptions (the reply to :class:`DescribeKeys`): a JSON list of
+    ``[key, shape, dtype, row_sparse, int_key]``, in the order asked."""
+
+    infos: str
+
+
+Reply = Values | Norm | State | Problems | Ack | ErrorReply | KeyInfo | KeyInfos
 
 #: Every message kind, by name (what a transport between processes sends).
 KINDS: dict[str, type] = {cls.__name__: cls for cls in (
     Get, Update, Clip, Leave, Sync, Put, Flush, GetState, SetState, Save, Restore,
-    KeyInit, Describe, Keyed, KeyBatch, SetUpdater, Barrier,
-    Values, Norm, State, Problems, Ack, ErrorReply, KeyInfo)}
+    KeyInit, KeyInits, Describe, DescribeKeys, Keyed, KeyBatch, SetUpdater, Barrier,
+    Values, Norm, State, Problems, Ack, ErrorReply, KeyInfo, KeyInfos)}
 
 #: Fields that hold a message themselves (sent as the tuple of that message).
 NESTED = {"Keyed": ("request",), "KeyBatch": ("request",)}
@@ -405,13 +456,16 @@ __all__ = [
     "Barrier",
     "Clip",
     "Describe",
+    "DescribeKeys",
     "ErrorReply",
     "Flush",
     "Get",
     "GetState",
     "KeyBatch",
     "KeyInfo",
+    "KeyInfos",
     "KeyInit",
+    "KeyInits",
     "Keyed",
     "Leave",
     "Norm",

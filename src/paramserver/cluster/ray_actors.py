@@ -139,6 +139,10 @@ class ServerActor:
         shared by the replies of this state."""
         if values.nbytes < LARGE:
             return values.copy()
+        if not values.flags.writeable and values.flags.owndata:
+            # the reply's own array (a batch's rows or values, read-only): nothing changes
+            # it, so Ray stores it as it sends the reply (one object fewer to fetch)
+            return values
         ref = self._memo.get(id(values))
         if ref is None:
             ref = self._memo[id(values)] = ray.put(values)

@@ -98,11 +98,21 @@ def pull_plan(key: Any, out: Any, row_ids: Any) -> list[tuple[Any, Any, Any]]:
     return [(k, o, r) for (k, o), (_, r) in zip(pairs, ids, strict=True)]
 
 
+def unique_ids(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """The sorted distinct ``ids``, and where each id is among them (None when ``ids`` are
+    already sorted and distinct: they are their own, in one pass instead of a sort)."""
+    if ids.size < 2 or bool(np.all(ids[1:] > ids[:-1])):
+        return ids, None
+    unique, at = np.unique(ids, return_inverse=True)
+    return unique, at.reshape(-1)
+
+
 def place_rows(out: np.ndarray | None, table_shape: tuple[int, ...], ids: np.ndarray,
-               unique: np.ndarray, at: np.ndarray, rows: np.ndarray, dtype: Any) -> np.ndarray:
-    """Put the pulled ``rows`` (one per id of ``unique``; ``at`` maps ``ids`` to them) into
-    ``out`` as :mod:`this module <paramserver.kv.rowsparse>` says, or into a new array of
-    ``len(ids)`` rows."""
+               unique: np.ndarray, at: np.ndarray | None, rows: np.ndarray, dtype: Any
+               ) -> np.ndarray:
+    """Put the pulled ``rows`` (one per id of ``unique``; ``at`` maps ``ids`` to them, None:
+    ``ids`` are ``unique``) into ``out`` as :mod:`this module <paramserver.kv.rowsparse>`
+    says, or into a new array of ``len(ids)`` rows (one copy)."""
     num_rows = int(table_shape[0])
     dim = rows.shape[1]
     if out is not None and tuple(out.shape) == tuple(table_shape):
@@ -110,9 +120,15 @@ def place_rows(out: np.ndarray | None, table_shape: tuple[int, ...], ids: np.nda
         flat[...] = 0
         flat[unique] = rows
         return out
+    if out is None and at is None and rows.base is None and rows.dtype == dtype:
+        return rows.reshape(ids.size, *table_shape[1:])  # its own array already
     target = out if out is not None else np.empty((ids.size, *table_shape[1:]), dtype)
-    target.reshape(ids.size, dim)[...] = rows[at]
+    flat = target.reshape(ids.size, dim)
+    if at is None:
+        flat[...] = rows
+    else:
+        np.take(rows, at, axis=0, out=flat, mode="clip")  # (at is in range)
     return target
 
 
-__all__ = ["is_ids", "place_rows", "pull_plan", "row_ids_of"]
+__all__ = ["is_ids", "place_rows", "pull_plan", "row_ids_of", "unique_ids"]

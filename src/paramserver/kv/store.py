@@ -55,12 +55,15 @@ from ..cluster.messages import (
     KEY_SEPARATOR,
     Barrier,
     Describe,
+    DescribeKeys,
     Get,
     GetState,
     KeyBatch,
     Keyed,
     KeyInfo,
+    KeyInfos,
     KeyInit,
+    KeyInits,
     Problems,
     Reply,
     SetState,
@@ -141,6 +144,54 @@ class _Key:
 
 def _is_list(x: Any) -> bool:
     return isinstance(x, (list, tuple))
+
+
+class _Batch:
+    """What one server is sent of a call: each key's part (its values, or its rows by id,
+    or the ids of the rows asked for), then one :class:`KeyBatch` of them."""
+
+    __slots__ = ("data", "dims", "ids", "names", "reply", "tables")
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.data: list[np.ndarray] = []
+        self.ids: list[np.ndarray] = []
+        self.tables: list[bool] = []
+        self.dims: list[int] = []
+        self.reply: np.ndarray | None = None
+
+    def add(self, name: str, data: np.ndarray | None, ids: np.ndarray | None = None,
+            dim: int = 0) -> None:
+        self.names.append(name)
+        if data is not None:
+            self.data.append(data)
+        self.tables.append(ids is not None)
+        self.ids.append(ids if ids is not None else _NO_IDS)
+        self.dims.append(dim)
+
+    def message(self, request: Get | Update, dtype: Any, sends_copy: bool) -> KeyBatch:
+        """The batch: an update's parts in one buffer, and the ids in one (copies, unless
+        ``sends_copy`` -- the transport copies as it sends, or the arrays are the store's
+        own -- and there is one part)."""
+        data = offsets = None
+        if self.data:
+            offsets = np.zeros(len(self.data) + 1, np.int64)
+            np.cumsum([p.size for p in self.data], out=offsets[1:])
+            one = self.data[0]
+            data = (one if sends_copy and len(self.data) == 1 and one.dtype == dtype
+                    else np.concatenate(self.data, dtype=dtype))
+        tables = ids = id_offsets = None
+        if any(self.tables):
+            tables = np.array(self.tables, np.bool_)
+            id_offsets = np.zeros(len(self.ids) + 1, np.int64)
+            np.cumsum([i.size for i in self.ids], out=id_offsets[1:])
+            ids = (self.ids[0] if sends_copy and len(self.ids) == 1
+                   else np.concatenate(self.ids, dtype=np.int64))
+        return KeyBatch(KEY_SEPARATOR.join(self.names), request, offsets, data, tables, ids,
+                        id_offsets)
+
+
+_NO_IDS = np.zeros(0, np.int64)
 
 
 class KVStore:
@@ -243,6 +294,31 @@ class KVStore:
         assert isinstance(reply, KeyInfo)
         return self._remember(reply)
 
+    def _prefetch(self, keys: Sequence[Any]) -> None:
+        """Ask for the descriptions of the keys not known yet, one message per home server
+        (a worker's first call with many keys; each waits for the key's init). With one
+        worker every key is its own store's: nothing to ask."""
+        if self.num_workers == 1:
+            return
+        wanted: dict[int, dict[str, None]] = {}
+        for key in keys:
+            if (type(key) is int or type(key) is str) and key in self._known:
+                continue
+            name, int_key = self._name(key)
+            if name not in self._keys:
+                wanted.setdefault(home_of(name, int_key, self.num_servers), {})[name] = None
+        asked = [(s, list(names)) for s, names in wanted.items() if len(names) > 1]
+        if not asked:
+            return
+        replies = self._wait([self._send(s, DescribeKeys(KEY_SEPARATOR.join(names)),
+                                         f"descriptions of {len(names)} keys (their init)")
+                              for s, names in asked])
+        for reply in replies:
+            assert isinstance(reply, KeyInfos)
+            for name, shape, dtype, sparse, int_key in json.loads(reply.infos):
+                if name not in self._keys:
+                    self._remember(KeyInfo(name, tuple(shape), dtype, sparse, int_key))
+
     def _remember(self, info: KeyInfo) -> _Key:
         shape = tuple(int(x) for x in info.shape)
         k = _Key(info.key, bool(info.int_key), shape, np.dtype(info.dtype),
@@ -287,10 +363,47 @@ class KVStore:
                 raise ParamError(f"init of key {k!r}: it is initialised already (a second init "
                                  "of a key is an error)")
             seen.add(name)
-        for (k, v), flag in zip(pairs, sparse, strict=True):
-            self._init_one(k, v, bool(flag))
+        if len(pairs) == 1:
+            self._init_one(pairs[0][0], pairs[0][1], bool(sparse[0]))
+            return
+        if self.rank != 0:  # rank 0's descriptions, to check ours against
+            self._prefetch([k for k, _ in pairs])
+        plans = [self._init_plan(k, v, bool(flag))
+                 for (k, v), flag in zip(pairs, sparse, strict=True)]
+        made = [p for p in plans if p is not None]
+        if not made:
+            return
+        # one message per server: the home servers' first (each refuses a second init
+        # before any piece is made), then the other pieces of keys cut over several
+        what = f"reply to the init of {len(made)} keys"
+        for first in (True, False):
+            per_server: dict[int, list[KeyInit]] = {}
+            for _, messages in made:
+                for s, m in messages[:1] if first else messages[1:]:
+                    per_server.setdefault(s, []).append(m)
+            self._wait([self._send(s, m[0] if len(m) == 1 else _key_inits(m), what)
+                        for s, m in per_server.items()])
+        for k, _ in made:
+            k.residuals = [None] * len(k.pieces)
+            self._keys[k.name] = k
 
     def _init_one(self, key: Any, value: Any, row_sparse: bool) -> None:
+        plan = self._init_plan(key, value, row_sparse)
+        if plan is None:
+            return
+        k, messages = plan
+        (home, first), rest = messages[0], messages[1:]
+        # The home server first: it refuses a second init before any piece is made.
+        self._wait([self._send(home, first, f"reply to the init of key {key!r}")])
+        self._wait([self._send(s, m, f"reply to the init of key {key!r}") for s, m in rest])
+        k.residuals = [None] * len(k.pieces)
+        self._keys[k.name] = k
+
+    def _init_plan(self, key: Any, value: Any, row_sparse: bool
+                   ) -> tuple[_Key, list[tuple[int, KeyInit]]] | None:
+        """A key's init on rank 0: its description and the message of each server, the
+        home server's first; on another rank (None), its description checked against rank
+        0's."""
         name, int_key = self._name(key)
         where = f"init of key {key!r}"
         if isinstance(value, Fill):
@@ -311,7 +424,7 @@ class KVStore:
             if (k.shape, k.dtype, k.row_sparse) != (shape, dtype, row_sparse):
                 raise ParamError(f"{where} on rank {self.rank}: {info_text(info)}, but rank 0 "
                                  f"initialised it as {k.describe()}")
-            return
+            return None
         if self._int_keys is None:
             self._int_keys = int_key
         plan = plan_key(name, int_key, shape, row_sparse, self.num_servers, self._spec.bound)
@@ -342,12 +455,8 @@ class KVStore:
         holds = {s: (lo, hi) for s, lo, hi in plan}
         first = (message(home, *holds[home], True) if home in holds else
                  KeyInit(name, shape, dtype.name, row_sparse, int_key, True, None))
-        # The home server first: it refuses a second init before any piece is made.
-        self._wait([self._send(home, first, f"reply to the init of key {key!r}")])
-        self._wait([self._send(s, message(s, lo, hi, False), f"reply to the init of key {key!r}")
-                    for s, lo, hi in plan if s != home])
-        k.residuals = [None] * len(plan)
-        self._keys[name] = k
+        return k, [(home, first), *((s, message(s, lo, hi, False)) for s, lo, hi in plan
+                                    if s != home)]
 
     # -- the updater ------------------------------------------------------------------------
 
@@ -442,48 +551,63 @@ class KVStore:
 
     def _push_batch(self, pairs: list[tuple[Any, Any]]) -> bool:
         """ps-lite's push: one :class:`~paramserver.cluster.messages.KeyBatch` per server,
-        every key's gradient for it in one buffer (a copy: the caller may change its arrays
-        once push returns). False, with nothing sent, when a value needs a key's own path:
-        a table's rows, a list of values to sum, counts, compression, a key given twice, a
-        value of another shape, or a non-finite gradient the workers check (that path names
-        the key)."""
+        every key's gradient for it (a dense key's values, a table's rows by id) in one
+        buffer (a copy: the caller may change its arrays once push returns). False, with
+        nothing sent, when a value needs a key's own path: a list of values to sum, counts,
+        compression, a key given twice, a value of another shape, or a non-finite gradient
+        the workers check (that path names the key)."""
         if self._compression.codec:
             return False
+        self._prefetch([key for key, _ in pairs])
         keys: list[_Key] = []
+        grads: list[tuple[np.ndarray | None, np.ndarray]] = []  # (sorted ids or None, values)
         for key, v in pairs:
-            if not isinstance(v, np.ndarray) or v.dtype.kind != "f":
-                return False
             k = self._key(key)
-            if k.row_sparse or k.dtype.kind != "f" or v.shape != k.shape:
+            if k.dtype.kind != "f":
                 return False
+            if k.row_sparse:
+                if isinstance(v, tuple) and len(v) == 2:
+                    v = RowSparse(*v)
+                if not isinstance(v, RowSparse):
+                    return False
+                got, rows = v.coalesced(k.num_rows, k.dim, k.dtype, f"push of key {key!r}")
+                grads.append((got, rows.reshape(-1)))
+            else:
+                if not isinstance(v, np.ndarray) or v.dtype.kind != "f" or v.shape != k.shape:
+                    return False
+                grads.append((None, v.reshape(-1)))
             keys.append(k)
         if len({k.name for k in keys}) != len(keys) or len({k.dtype for k in keys}) != 1:
             return False
-        names: dict[int, list[str]] = {}
-        parts: dict[int, list[np.ndarray]] = {}
-        for k, (_, v) in zip(keys, pairs, strict=True):
-            flat = v.reshape(-1)
-            for s, lo, hi in k.pieces:
-                names.setdefault(s, []).append(k.name)
-                parts.setdefault(s, []).append(flat if hi - lo == flat.size else flat[lo:hi])
         dtype = keys[0].dtype
+        batches: dict[int, _Batch] = {}
+        for k, (ids, flat) in zip(keys, grads, strict=True):
+            if ids is None:
+                for s, lo, hi in k.pieces:
+                    batches.setdefault(s, _Batch()).add(
+                        k.name, flat if hi - lo == flat.size else flat[lo:hi])
+                continue
+            dim = k.dim
+            if len(k.pieces) == 1:
+                s, lo, _ = k.pieces[0]
+                batches.setdefault(s, _Batch()).add(k.name, flat, ids - lo if lo else ids)
+                continue
+            cuts = np.searchsorted(ids, [lo for _, lo, _ in k.pieces[1:]]).tolist()
+            for (s, lo, _), a, b in zip(k.pieces, [0, *cuts], [*cuts, ids.size], strict=True):
+                batches.setdefault(s, _Batch()).add(k.name, flat[a * dim:b * dim],
+                                                    ids[a:b] - lo)
         # a copy (the caller may change its arrays once push returns), made here unless the
         # transport copies as it sends (between processes) and the buffer is one array
         sends_copy = getattr(self._transport, "copies", False)
-        buffers = {s: p[0] if sends_copy and len(p) == 1 and p[0].dtype == dtype
-                   else np.concatenate(p, dtype=dtype) for s, p in parts.items()}
-        if workers_check(self._conf) and not all(all_finite(b) for b in buffers.values()):
+        messages = {s: b.message(Update(self._group, self._index, -1, None), dtype, sends_copy)
+                    for s, b in batches.items()}
+        if workers_check(self._conf) and not all(all_finite(m.data) for m in messages.values()
+                                                 if m.data is not None):
             return False
         self._finish_keys(keys)
         what = (f"reply to a push of key {pairs[0][0]!r}" if len(pairs) == 1
                 else f"reply to a push of {len(pairs)} keys")
-        pendings = {}
-        for s, buffer in buffers.items():
-            offsets = np.zeros(len(parts[s]) + 1, np.int64)
-            np.cumsum([p.size for p in parts[s]], out=offsets[1:])
-            pendings[s] = self._send(s, KeyBatch(KEY_SEPARATOR.join(names[s]),
-                                                 Update(self._group, self._index, -1, None),
-                                                 offsets, buffer), what)
+        pendings = {s: self._send(s, m, what) for s, m in messages.items()}
         for k in keys:
             k.pending = [pendings[s] for s, _, _ in k.pieces]
         return True
@@ -671,6 +795,7 @@ class KVStore:
         """ps-lite's pull: one :class:`~paramserver.cluster.messages.KeyBatch` per server
         for every key's piece there; each reply, one buffer, is copied into the keys' outs
         (new arrays where None)."""
+        self._prefetch([key for key, _ in pairs])
         keys = [self._key(key) for key, _ in pairs]
         for (key, out), k in zip(pairs, keys, strict=True):
             if out is not None:
@@ -710,43 +835,83 @@ class KVStore:
         any shape, read flat): into ``out`` of the table's shape (the rows named written at
         their ids, every other row 0, as MXNet's), or of ``len(row_ids)`` rows (in the order
         of ``row_ids``), or returned as a new array of rows. Keys, outs and row ids pair as
-        MXNet's (:mod:`paramserver.kv.rowsparse`). Only the rows asked for travel."""
-        from .rowsparse import pull_plan
+        MXNet's (:mod:`paramserver.kv.rowsparse`). Only the rows asked for travel: one
+        message per server for every key of the call (each server's rows of every key in
+        one buffer)."""
+        from .rowsparse import place_rows, pull_plan, row_ids_of, unique_ids
 
         plan = pull_plan(key, out, row_ids)
-        got = [self._rows_one(k, o, r) for k, o, r in plan]
+        self._prefetch([k for k, _, _ in plan])
+        wanted = []
+        for key_, out_, ids_ in plan:  # every problem of the call before anything is sent
+            k = self._key(key_)
+            where = f"row_sparse_pull of key {key_!r}"
+            if not k.row_sparse:
+                raise ParamError(f"{where}: the key is not row-sparse (init it with "
+                                 "row_sparse=True); pull it whole with pull()")
+            ids = row_ids_of(ids_, k.num_rows, where)
+            if out_ is not None:
+                whole = isinstance(out_, np.ndarray) and out_.shape == k.shape
+                _check_out(out_, k.shape if whole else (ids.size, *k.shape[1:]),
+                           where + ("" if whole else " (out: the table's shape, or one row "
+                                                     "per row id)"))
+            wanted.append((k, ids, *unique_ids(ids)))
+        self._finish_keys([k for k, *_ in wanted])
+        batches: dict[int, _Batch] = {}
+        spans: list[list[tuple[int, int, int]]] = []  # per pull: (server, entry, rows)
+        for k, _, unique, _ in wanted:
+            mine = []
+            if len(k.pieces) == 1:
+                s, lo, _ = k.pieces[0]
+                b = batches.setdefault(s, _Batch())
+                mine.append((s, len(b.names), unique.size))
+                b.add(k.name, None, unique - lo if lo else unique, k.dim)
+            else:
+                cuts = np.searchsorted(unique, [lo for _, lo, _ in k.pieces[1:]]).tolist()
+                for (s, lo, _), a, b_ in zip(k.pieces, [0, *cuts], [*cuts, unique.size],
+                                             strict=True):
+                    if b_ > a:
+                        b = batches.setdefault(s, _Batch())
+                        mine.append((s, len(b.names), b_ - a))
+                        b.add(k.name, None, unique[a:b_] - lo, k.dim)
+            spans.append(mine)
+        what = (f"rows of key {plan[0][0]!r}" if len(plan) == 1
+                else f"rows of {len(plan)} pulls")
+        servers = list(batches)
+        get = self._get()
+        replies = self._wait([self._send(s, batches[s].message(get, None, True), what)
+                              for s in servers])
+        # each server's reply: every entry's rows, one after the other
+        starts: dict[tuple[int, int], int] = {}
+        for s, reply in zip(servers, replies, strict=True):
+            assert isinstance(reply, Values)
+            b = batches[s]
+            pos = 0
+            for e, ids_ in enumerate(b.ids):
+                starts[(s, e)] = pos
+                pos += ids_.size * b.dims[e]
+            if pos != reply.values.size:
+                raise ClusterError(f"server {s} answered a pull of {len(b.names)} tables' rows "
+                                   f"with {reply.values.size} values, not {pos}")
+            b.reply = reply.values.reshape(-1)
+        got = []
+        for (k, ids, unique, at), (_, out_, _), mine in zip(wanted, plan, spans, strict=True):
+            dim = k.dim
+            if len(mine) == 1:
+                s, e, n = mine[0]
+                a = starts[(s, e)]
+                rows = batches[s].reply[a:a + n * dim].reshape(n, dim)  # type: ignore[index]
+            else:
+                rows = np.empty((unique.size, dim), k.dtype)
+                row = 0
+                for s, e, n in mine:
+                    a = starts[(s, e)]
+                    rows[row:row + n] = batches[s].reply[a:a + n * dim].reshape(n, dim)  # type: ignore[index]
+                    row += n
+            got.append(place_rows(out_, k.shape, ids, unique, at, rows, k.dtype))
         if out is not None:
             return out
         return got if _is_list(key) else got[0]
-
-    def _rows_one(self, key: Any, out: np.ndarray | None, row_ids: Any) -> np.ndarray:
-        from .rowsparse import place_rows, row_ids_of
-
-        k = self._key(key)
-        where = f"row_sparse_pull of key {key!r}"
-        if not k.row_sparse:
-            raise ParamError(f"{where}: the key is not row-sparse (init it with "
-                             "row_sparse=True); pull it whole with pull()")
-        ids = row_ids_of(row_ids, k.num_rows, where)
-        if out is not None:
-            whole = isinstance(out, np.ndarray) and out.shape == k.shape
-            _check_out(out, k.shape if whole else (ids.size, *k.shape[1:]),
-                       where + ("" if whole else " (out: the table's shape, or one row per "
-                                                 "row id)"))
-        self._finish(k)
-        unique, at = np.unique(ids, return_inverse=True)
-        pendings, spans = [], []
-        for s, lo, hi in k.pieces:
-            a, b = (int(x) for x in np.searchsorted(unique, [lo, hi]))
-            if b > a:
-                pendings.append(self._send(s, Keyed(k.name, self._get(unique[a:b] - lo)),
-                                           f"rows of key {key!r}"))
-                spans.append((a, b))
-        rows = np.empty((unique.size, k.dim), k.dtype)
-        for (a, b), reply in zip(spans, self._wait(pendings), strict=True):
-            assert isinstance(reply, Values)
-            rows[a:b] = reply.values.reshape(b - a, k.dim)
-        return place_rows(out, k.shape, ids, unique, at.reshape(-1), rows, k.dtype)
 
     def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> Any:
         """:meth:`push`, then :meth:`pull` into ``out`` (by default into ``value``)."""
@@ -1001,6 +1166,23 @@ def _updater_text(updater: Any) -> str:
     raise ParamError(f"set_updater takes a declaration (an updater {{ }} block's text, a dict "
                      f"or an UpdaterConf; SPEC §5), not a {type(updater).__name__} object: "
                      "updaters never travel pickled")
+
+
+def _key_inits(inits: list[KeyInit]) -> KeyInits:
+    """Several keys' inits for one server as one message (their values' bytes in one
+    buffer, each from a multiple of 8 bytes)."""
+    entries, spans, end = [], [], 0
+    for m in inits:
+        entries.append([m.key, list(m.shape), m.dtype, m.row_sparse, m.int_key, m.home,
+                        None if m.piece is None else list(m.piece), m.fill, m.seed])
+        start = end + (-end % 8)
+        end = start + (0 if m.values is None else m.values.nbytes)
+        spans.append((start, end))
+    data = np.empty(end, np.uint8)
+    for m, (a, b) in zip(inits, spans, strict=True):
+        if m.values is not None:
+            data[a:b] = np.ascontiguousarray(m.values).reshape(-1).view(np.uint8)
+    return KeyInits(json.dumps(entries), np.array(spans, np.int64).reshape(-1, 2), data)
 
 
 def _fill_whole(generator: Any, name: str, shape: tuple[int, ...], dtype: np.dtype[Any],
