@@ -132,7 +132,7 @@ def write_checkpoint(path: str | os.PathLike[str],
         for shape, arr in blobs:
             data = (_key(2) + _varint(arr.nbytes)) if arr.size else b""
             f.write(_key(5) + _varint(len(shape) + len(data) + arr.nbytes) + shape + data)
-            f.write(memoryview(arr.reshape(-1)).cast("B"))
+            f.write(arr.reshape(-1).view(np.uint8).data)
 
     return write_atomically(path, write)
 
