@@ -2,8 +2,10 @@
 
 SINGA's three implementations of each (``kConvolution`` with mshadow, ``kCConvolution``
 with Caffe's im2col, ``kCudnnConv`` with cuDNN; likewise pooling and LRN) compute the same
-function; here each family is one class on ``torch.nn.functional``, its gradient autograd's.
-The cuDNN-named types run on the GPU when the job's ``gpu`` asks for one and torch sees
+function; here each family is one class on ``torch.nn.functional``. Convolution and max
+pooling call torch's backward kernels directly (:meth:`ConvolutionLayer.backward`,
+:meth:`PoolingLayer.forward` say which, and why); average pooling and LRN take autograd's
+gradient. The cuDNN-named types run on the GPU when the job's ``gpu`` asks for one and torch sees
 one (cuDNN is then torch's), else on the CPU.
 """
 
