@@ -368,15 +368,17 @@ def test_csv_and_record_output(tmp_path: Path) -> None:
 
 # -- convolution, pooling, LRN --------------------------------------------------------------
 
+# One channel takes torch's im2col kernel for its backward pass, more take oneDNN's.
+@pytest.mark.parametrize("channels", [2, 1])
 @pytest.mark.parametrize("type_", ["kConvolution", "kCConvolution", "kCudnnConv"])
-def test_convolution_layout_values_and_gradients(type_: str) -> None:
-    x = randn(2, 2, 5, 4)
+def test_convolution_layout_values_and_gradients(type_: str, channels: int) -> None:
+    x = randn(2, channels, 5, 4)
     conv = make(type_, [Source(x)], convolution_conf={"num_filters": 3, "kernel": 3,
                                                       "pad": 1, "stride": 2})
-    assert conv.param_shapes() == [(3, 2 * 3 * 3), (3,)]  # SINGA's (filters, c·k·k)
+    assert conv.param_shapes() == [(3, channels * 3 * 3), (3,)]  # SINGA's (filters, c·k·k)
     assert conv.out_shape == (3, 3, 2)  # (5 + 2 - 3) // 2 + 1, (4 + 2 - 3) // 2 + 1
     run(conv)
-    w = conv.params[0].data.reshape(3, 2, 3, 3)
+    w = conv.params[0].data.reshape(3, channels, 3, 3)
     b = conv.params[1].data
     padded = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
     want = np.zeros((2, 3, 3, 2))
@@ -417,6 +419,34 @@ def test_pooling_values_and_gradients(type_: str, pool: str) -> None:
     want = reduce(windows, axis=(4, 5)).transpose(2, 3, 0, 1)
     np.testing.assert_allclose(arr(layer.data), want, rtol=1e-12)
     check_gradients(layer)
+
+
+@pytest.mark.parametrize("channels", [1, 4])
+@pytest.mark.parametrize(("kernel", "stride", "pad"), [(2, 2, 0), (3, 2, 1)])
+def test_max_pooling_ties_and_nans_as_torchs_autograd(channels: int, kernel: int, stride: int,
+                                                      pad: int) -> None:
+    """Max pooling's own backward pass (the indices of its forward pass, taken in the
+    channels-last layout) gives what autograd of torch's max_pool2d gives, bit for bit:
+    ties (ReLU's zeros) and NaNs go to the same input."""
+    x = np.random.default_rng(5).integers(0, 3, (3, channels, 9, 8)).astype(np.float32)
+    x[0, 0, :3, :3] = np.nan
+    x[1, -1, 2, 4] = np.nan
+    layer = make("kCPooling", [Source(x)], dtype=np.float32,
+                 pooling_conf={"pool": "MAX", "kernel": kernel, "stride": stride, "pad": pad})
+    layer.requires_grad = True
+    run(layer, training=True)
+    g = torch.from_numpy(np.random.default_rng(6).standard_normal(
+        (3, *layer.out_shape)).astype(np.float32))
+    layer.srcs[0].grad = None
+    layer.grad = g
+    with torch.no_grad():
+        layer.backward()
+    leaf = torch.from_numpy(x.copy()).requires_grad_(True)
+    want = torch.nn.functional.max_pool2d(leaf, kernel, stride, pad)
+    want.backward(g)
+    assert torch.equal(layer.data.isnan(), want.isnan())
+    assert torch.equal(layer.data.nan_to_num(), want.detach().nan_to_num())
+    assert torch.equal(layer.srcs[0].grad, leaf.grad)
 
 
 def test_pooling_padding_counts_zeros_in_averages() -> None:

@@ -202,6 +202,26 @@ def test_checkpoint_file_round_trip(tmp_path: Path) -> None:
     np.testing.assert_array_equal(saved[0].values, w.astype(np.float32))
 
 
+
+def test_checkpoint_file_is_protobufs_serialization(tmp_path: Path) -> None:
+    """The file is byte for byte what protobuf (SINGA's C++ serializer too) writes for the
+    message: large (multi-byte lengths), scalar, empty, float64 and non-contiguous values."""
+    rng = np.random.default_rng(3)
+    params = [("0#w1", rng.standard_normal((70, 30)).astype(np.float32), 300),
+              ("0#s", np.float32(2.5), 0), ("0#e", np.zeros((0, 4), np.float32), 1),
+              ("0#d", rng.standard_normal(5), 2 ** 20),
+              ("0#t", rng.standard_normal((6, 4)).astype(np.float32).T, 7)]
+    path = sc.write_checkpoint(tmp_path / "step1-worker0", params)
+    msg = BlobProtos()
+    for name, values, version in params:
+        arr = np.asarray(values, np.float32)
+        blob = msg.blob.add()
+        blob.shape.extend(arr.shape)
+        blob.data.extend(arr.reshape(-1).tolist())
+        msg.name.append(name)
+        msg.version.append(version)
+    assert path.read_bytes() == msg.SerializeToString()
+
 def blob_protos(**fields: object) -> bytes:
     msg = BlobProtos()
     blob = msg.blob.add()

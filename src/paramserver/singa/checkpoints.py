@@ -30,6 +30,7 @@ import re
 from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -38,7 +39,7 @@ from ..config import ParamError
 from ..params import ParamSet
 from ..paths import require_regular
 from .files import write_atomically
-from .records import BlobProtos, parse
+from .records import BlobProto, BlobProtos, parse
 from .releases import V010
 
 #: SINGA's folder of checkpoints inside the workspace.
@@ -109,17 +110,45 @@ def write_checkpoint(path: str | os.PathLike[str],
     """Write ``(name, values, version)`` of each Param as SINGA's ``BlobProtos``, atomically
     (a temporary file in the same folder, flushed, then renamed over ``path``).
 
-    Values are stored as float32, SINGA's type.
+    Values are stored as float32, SINGA's type. The bytes are those protobuf's serializer
+    (SINGA's C++ one) writes, but each Param's values go from its array to the file as they
+    are: protobuf's Python runtime would first hold them as Python floats, some 40 bytes each
+    (a 5-million-value weight: 200 MB for a 20 MB file).
     """
-    msg = BlobProtos()
+    head = BlobProtos()
+    blobs: list[tuple[bytes, np.ndarray]] = []
     for name, values, version in params:
-        arr = np.asarray(values)
-        blob = msg.blob.add()
-        blob.shape.extend(int(d) for d in arr.shape)
-        blob.data.extend(np.asarray(arr, np.float32).reshape(-1).tolist())
-        msg.version.append(int(version))
-        msg.name.append(str(name))
-    return write_atomically(path, msg.SerializeToString())
+        shape = [int(d) for d in np.shape(values)]
+        arr = np.ascontiguousarray(values, "<f4")  # a view when the values are float32
+        head.version.append(int(version))
+        head.name.append(str(name))
+        blobs.append((BlobProto(shape=shape).SerializeToString(), arr))
+
+    def write(f: BinaryIO) -> None:
+        # A message's fields in the order of their numbers (version 3, name 4, blob 5), as
+        # protobuf writes them; each blob a length-delimited BlobProto: its shape (1), then
+        # its data (2, packed: one length-delimited run of little-endian float32).
+        f.write(head.SerializeToString())
+        for shape, arr in blobs:
+            data = (_key(2) + _varint(arr.nbytes)) if arr.size else b""
+            f.write(_key(5) + _varint(len(shape) + len(data) + arr.nbytes) + shape + data)
+            f.write(arr.reshape(-1).view(np.uint8).data)
+
+    return write_atomically(path, write)
+
+
+def _key(field: int) -> bytes:
+    """The key of a length-delimited field (wire type 2)."""
+    return _varint(field << 3 | 2)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
 
 
 def read_checkpoint(path: str | os.PathLike[str]) -> list[SavedParam]:

@@ -9,16 +9,25 @@ renamed over the final name — a crash at any moment leaves the previous file w
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from ..atomic import write_atomically as _write_atomically
 
 
-def write_atomically(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Write ``data`` to ``path`` atomically, creating its folder; returns the path."""
+def write_atomically(path: str | os.PathLike[str],
+                     data: bytes | Callable[[BinaryIO], object]) -> Path:
+    """Write ``data`` to ``path`` atomically, creating its folder; returns the path.
+    ``data`` may be a function that writes the bytes into the open file (a large file
+    written piece by piece, never whole in memory)."""
 
     def write(tmp: Path) -> None:
-        tmp.write_bytes(data)
+        if isinstance(data, bytes):
+            tmp.write_bytes(data)
+        else:
+            with open(tmp, "wb") as f:
+                data(f)
 
     return _write_atomically(Path(path), write)
 

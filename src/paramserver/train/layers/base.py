@@ -30,7 +30,8 @@ replays it). A few small, frequent layers (fully connected, activations, softmax
 their backward pass with torch operations instead: for the small tensors of the main job the
 autograd graph costs more than the arithmetic (measured: 235 µs against 123 µs per step of
 the digits MLP), and the tests check each such backward against autograd and central
-differences.
+differences. Convolution and max pooling call torch's backward kernels directly
+(:mod:`.conv`).
 """
 
 from __future__ import annotations

@@ -2,14 +2,18 @@
 
 SINGA's three implementations of each (``kConvolution`` with mshadow, ``kCConvolution``
 with Caffe's im2col, ``kCudnnConv`` with cuDNN; likewise pooling and LRN) compute the same
-function; here each family is one class on ``torch.nn.functional``, its gradient autograd's.
-The cuDNN-named types run on the GPU when the job's ``gpu`` asks for one and torch sees
-one (cuDNN is then torch's), else on the CPU.
+function; here each family is one class on ``torch.nn.functional``. Convolution and max
+pooling call torch's backward kernels directly (:meth:`ConvolutionLayer.backward`,
+:meth:`PoolingLayer.forward` say which, and why); average pooling and LRN take autograd's
+gradient. The cuDNN-named types run on the GPU when the job's ``gpu`` asks for one and
+torch sees one (cuDNN is then torch's), else on the CPU.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import numpy as np
 
 from ...config.job import ParamConf
 from ...singa.confs import ConvolutionConf, LRNConf, PoolingConf
@@ -92,6 +96,43 @@ class ConvolutionLayer(Layer):
         bias = self.weights[1] if self.own.bias_term else None
         return torch.nn.functional.conv2d(x, w, bias, self.stride, self.pad)
 
+    def forward(self, phase: str, rng: np.random.Generator | None) -> None:
+        self.data = self.compute(self.srcs[0].data)
+
+    def backward(self) -> None:
+        """The gradients of the input, the weight and the bias in one call of torch's
+        convolution backward (what autograd would call), added into the weights' ``.grad``
+        without an autograd graph.
+
+        Images of one channel on the CPU (LeNet's conv1, on MNIST) take torch's im2col +
+        GEMM kernel (``_slow_conv2d_backward``: SINGA's and Caffe's algorithm) instead of
+        oneDNN's, whose weight gradient is slow for a single input channel (64 × 1 × 28 ×
+        28, 20 filters 5 × 5, one thread: 3.5–4 against 7.5–9 ms). From three channels on
+        oneDNN's is the faster (CIFAR-10's conv1: 10 against 17.5 ms; LeNet's conv2, 20
+        channels: 6.7 against 8.2 ms), and is kept.
+        """
+        torch = require_torch()
+        src = self.srcs[0].data
+        x = src.reshape(src.shape[0], self.channels, *src.shape[-2:])
+        w = self.weights[0]
+        w4 = w.view(-1, self.channels, *self.kernel)
+        bias = self.own.bias_term
+        mask = [self.wants_grad(0), True, bool(bias)]
+        g = self.grad
+        slow = getattr(torch.ops.aten, "_slow_conv2d_backward", None)
+        if self.channels == 1 and x.device.type == "cpu" and slow is not None:
+            gx, gw, gb = slow(g, x, w4, list(self.kernel), list(self.stride), list(self.pad),
+                              mask)
+        else:
+            gx, gw, gb = torch.ops.aten.convolution_backward(
+                g, x, w4, [w4.shape[0]] if bias else None, list(self.stride),
+                list(self.pad), [1, 1], False, [0, 0], 1, mask)
+        w.grad.add_(gw.reshape(w.grad.shape))
+        if bias:
+            self.weights[1].grad.add_(gb)
+        if gx is not None:
+            self.give_grad(0, gx)
+
 
 @register_layer("kCConvolution")
 class CConvolutionLayer(ConvolutionLayer):
@@ -112,6 +153,8 @@ class PoolingLayer(Layer):
     windows (counted in the divisor, as SINGA's) and nothing to max windows."""
 
     Config = PoolingConf
+    #: The indices of the maxima of the last training forward pass (max pooling).
+    _where: Any = None
 
     def setup(self) -> None:
         super().setup()
@@ -134,6 +177,44 @@ class PoolingLayer(Layer):
         if self.own.pool == "MAX":
             return f.max_pool2d(x, self.kernel, self.stride, self.pad)
         return f.avg_pool2d(x, self.kernel, self.stride, self.pad, count_include_pad=True)
+
+    def forward(self, phase: str, rng: np.random.Generator | None) -> None:
+        """Max pooling keeps the indices of the maxima for its backward pass (torch's
+        kernels, no autograd graph); average pooling is autograd's.
+
+        On the CPU the images are pooled channels-last: torch's kernel then runs along the
+        channels, and the copy there and back costs less than the kernel saves (LeNet's
+        pool1, 64 × 20 × 24 × 24, one thread: 3.2–3.7 ms with the copies against 4.9–5.3).
+        Values and indices are those of the planar layout (the indices count within each
+        channel's image).
+        """
+        if self.own.pool != "MAX":
+            super().forward(phase, rng)
+            return
+        torch = require_torch()
+        x = self.srcs[0].data
+        x = x.reshape(x.shape[0], self.channels, *x.shape[-2:])
+        if x.device.type == "cpu" and self.channels > 1:
+            x = x.contiguous(memory_format=torch.channels_last)
+        out, where = torch.nn.functional.max_pool2d_with_indices(x, self.kernel, self.stride,
+                                                                 self.pad)
+        self.data = out.contiguous()
+        self._where = where.contiguous() if self.training else None
+
+    def backward(self) -> None:
+        if self.own.pool != "MAX":
+            super().backward()
+            return
+        if self._where is None or not self.wants_grad(0):
+            return
+        torch = require_torch()
+        src = self.srcs[0].data
+        x = src.reshape(src.shape[0], self.channels, *src.shape[-2:])
+        g = torch.ops.aten.max_pool2d_with_indices_backward(
+            self.grad, x, list(self.kernel), list(self.stride), list(self.pad), [1, 1],
+            False, self._where)
+        self._where = None
+        self.give_grad(0, g)
 
 
 @register_layer("kCPooling")
