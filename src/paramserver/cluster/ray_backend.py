@@ -208,11 +208,12 @@ class RayBackend:
         placement_file: a JSON file that says where every actor is (node id and name),
             rewritten whenever that changes (the command line gives
             ``<workspace>/placement.json``).
-        build_ahead: a :class:`~paramserver.cluster.gradfn.RemoteGradFn` that every worker
-            actor starts building (on a thread of its own) as it starts, so that
-            the first run given it does not wait for the build (importing a framework,
-            making a net: seconds); that run waits for what is left of it, and reports a
-            build that failed.
+        build_ahead: the :class:`~paramserver.cluster.gradfn.RemoteGradFn` of the runs to
+            come: every worker actor starts building it (on a thread of its own) as it
+            starts, and the graph of compiled steps is made with the actors, so that the
+            first run waits for neither (importing a framework, making a net, compiling:
+            seconds); that run waits for what is left of the build, and reports a build
+            that failed.
 
     Attributes:
         dead: the workers whose actors died, by rank.
@@ -358,6 +359,8 @@ class RayBackend:
                                                   for a, r in pings.items()})
         self._connect()
         self._locate()
+        if self._build is not None:  # the first run's graph too, before it
+            self._compiled_steps()
 
     def _started(self, workers: Sequence[RemoteWorker],
                  servers: Callable[[float], Any] | None = None) -> None:
