@@ -21,6 +21,7 @@ import pytest
 from paramserver import ParamError
 from paramserver.checkpoint import checkpoint_name, load_checkpoint
 from paramserver.cluster import Cluster, plan_servers
+from paramserver.cluster.errors import ClusterError
 from paramserver.cluster.gradfn import RemoteGradFn, build_grad_fn
 from paramserver.cluster.messages import Get, Put, State, Update, Values
 from paramserver.cluster.ray_wire import (
@@ -269,3 +270,15 @@ def test_a_local_ray_of_its_own_listens_on_the_loopback_interface_only() -> None
     assert {"gcs_server", "raylet"} <= names and len(sockets) >= 5, sockets
     loopback = {"0100007F", "0000000000000000FFFF00000100007F"}  # 127.0.0.1, v4 in v6
     assert [s for s in sockets if s[1] not in loopback] == [], sockets
+
+
+def test_a_gradient_function_built_ahead_that_fails_fails_the_run_saying_why(
+        ray_session: Any) -> None:
+    """``build_ahead`` (what ``paramserver train`` gives): the workers build it as they start;
+    a build that fails there fails the first run with the build's own error."""
+    with pytest.raises(ParamError, match="build_ahead must be a RemoteGradFn"):
+        Cluster(conf(backend="ray"), make_params(), SGD, build_ahead=print)
+    missing = RemoteGradFn("paramserver_no_such_module:grad_fn")
+    with Cluster(conf(backend="ray"), make_params(), SGD, build_ahead=missing) as c:
+        with pytest.raises(ClusterError, match="paramserver_no_such_module"):
+            c.run(missing, 2)

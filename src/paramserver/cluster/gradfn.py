@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -59,13 +60,40 @@ def build_grad_fn(data: tuple[str, str]) -> Callable[..., Any]:
 
 class GradFnCache:
     """A worker's gradient function for a run: the callable given, or the one a
-    :class:`RemoteGradFn`'s data builds (once per arguments)."""
+    :class:`RemoteGradFn`'s data builds (once per arguments), possibly built ahead, on a
+    thread of its own (:meth:`build_ahead`)."""
 
     def __init__(self) -> None:
         self._key: tuple[str, str] | None = None
         self._fn: Callable[..., Any] | None = None
+        self._ahead: threading.Thread | None = None
+
+    def build_ahead(self, fn: Any) -> None:
+        """Start building ``fn`` (a RemoteGradFn's data) on a thread, and return: the next
+        :meth:`get` waits for it. A build that fails is forgotten here: that :meth:`get`
+        builds it again and raises."""
+        self._wait()
+
+        def build() -> None:
+            try:
+                self._get(fn)
+            except Exception:  # raised again by the get that needs it
+                pass
+
+        self._ahead = threading.Thread(target=build, daemon=True,
+                                       name="paramserver-build-grad-fn")
+        self._ahead.start()
+
+    def _wait(self) -> None:
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead.join()
 
     def get(self, fn: Any) -> Callable[..., Any]:
+        self._wait()
+        return self._get(fn)
+
+    def _get(self, fn: Any) -> Callable[..., Any]:
         if isinstance(fn, RemoteGradFn):
             fn = fn.to_data()
         if isinstance(fn, tuple) and len(fn) == 2 and all(isinstance(x, str) for x in fn):

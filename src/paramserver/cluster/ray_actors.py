@@ -241,13 +241,18 @@ class WorkerActor:
 
     Args:
         spec: ``group``, ``index``, ``cluster`` (JSON), ``params`` (the ParamSet's structure),
-            ``layouts``, ``names`` (of its servers), ``modules``, ``sys_path``.
+            ``layouts``, ``names`` (of its servers), ``modules``, ``sys_path``, ``build``
+            (a RemoteGradFn's data to build from the start on, on a thread of its own, or
+            None: see ``RayBackend``'s ``build_ahead``).
         servers: the server actors of its server group, by address.
     """
 
     def __init__(self, spec: Mapping[str, Any], servers: Mapping[Address, Any]):
         _passive_threads()
         import_modules(spec["modules"], spec["sys_path"])
+        self._fns = GradFnCache()
+        if spec.get("build") is not None:  # the run's gradient function, while this starts
+            self._fns.build_ahead(tuple(spec["build"]))
         conf = ClusterConf.parse(json.loads(spec["cluster"]))
         params = params_from_data(spec["params"])
         layouts = [layout_from_data(d) for d in spec["layouts"]]
@@ -255,7 +260,6 @@ class WorkerActor:
         relay = Relay(RayTransport(servers, dict(spec["names"])))
         self.worker = Worker(int(spec["group"]), int(spec["index"]), params, layouts, relay,
                              conf)
-        self._fns = GradFnCache()
         self._stages = WorkerStages(self.worker, relay, self._fns, len(servers))
         _warm_up()
 

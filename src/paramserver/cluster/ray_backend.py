@@ -208,6 +208,12 @@ class RayBackend:
         placement_file: a JSON file that says where every actor is (node id and name),
             rewritten whenever that changes (the command line gives
             ``<workspace>/placement.json``).
+        build_ahead: the :class:`~paramserver.cluster.gradfn.RemoteGradFn` of the runs to
+            come: every worker actor starts building it (on a thread of its own) as it
+            starts, and the graph of compiled steps is made with the actors, so that the
+            first run waits for neither (importing a framework, making a net, compiling:
+            seconds); that run waits for what is left of the build, and reports a build
+            that failed.
 
     Attributes:
         dead: the workers whose actors died, by rank.
@@ -223,7 +229,8 @@ class RayBackend:
                  worker_options: Options = None, modules: Sequence[str] = (),
                  actor_restarts: int = 3, keys: bool = False, compiled: bool = True,
                  log_file: str | os.PathLike[str] | None = None,
-                 placement_file: str | os.PathLike[str] | None = None):
+                 placement_file: str | os.PathLike[str] | None = None,
+                 build_ahead: RemoteGradFn | None = None):
         if placement == "conf":
             placement = conf.placement
         if placement not in (None, "spread", "pack"):
@@ -255,6 +262,10 @@ class RayBackend:
         self._owns_ray = False
         self._closed = False
         self._placement_file = Path(placement_file) if placement_file is not None else None
+        if build_ahead is not None and not isinstance(build_ahead, RemoteGradFn):
+            raise ParamError(f"build_ahead must be a RemoteGradFn, not "
+                             f"{type(build_ahead).__name__}")
+        self._build = build_ahead.to_data() if build_ahead is not None else None
         self._output: RayOutput | None = None
         joined = False
         try:
@@ -332,7 +343,7 @@ class RayBackend:
                        for L in self.layouts if (s, L.index) in self.servers}
             names = {(s, L.index): self._names[(s, L.index)] for L in self.layouts}
             spec = {**common, "group": g, "index": i, "params": spec_params,
-                    "layouts": layouts, "names": names}
+                    "layouts": layouts, "names": names, "build": self._build}
             actor = worker_cls.options(**options(
                 {"max_restarts": 0, "max_task_retries": 0, "max_concurrency": 1},
                 c.worker_resource, worker_options, rank)).remote(spec, handles)
@@ -348,6 +359,8 @@ class RayBackend:
                                                   for a, r in pings.items()})
         self._connect()
         self._locate()
+        if self._build is not None:  # the first run's graph too, before it
+            self._compiled_steps()
 
     def _started(self, workers: Sequence[RemoteWorker],
                  servers: Callable[[float], Any] | None = None) -> None:

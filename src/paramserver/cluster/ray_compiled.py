@@ -455,6 +455,7 @@ class CompiledSteps:
         try:  # the actors' loops start with the first execution: a step that does nothing
             for ref in self._graph.execute(-1):
                 ref.get(timeout=max(60.0, conf.timeout))
+            self._parked = self._graph.execute(PARK)  # until the first part
         except BaseException:
             self.teardown()
             raise

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import math
 import struct
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -213,7 +214,7 @@ def unpack(data: bytes) -> Any:
     for i, dtype, shape in arrays:
         dt = np.dtype(dtype)
         at += -at % 8
-        count = int(np.prod(shape, dtype=np.int64))
+        count = math.prod(shape)
         fields[i] = np.frombuffer(data, dt, count, at).reshape(shape)
         at += count * dt.itemsize
     return _widen(cls(*fields))

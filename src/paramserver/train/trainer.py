@@ -183,19 +183,23 @@ class Trainer:
             #: The types of the layers that report metrics, by phase (SINGA's log lines).
             self._reporting = {"kTrain": [x.type for x in net.reporting_layers("kTrain")]}
             folder = self.workspace / "checkpoints" / "servers"
-            self.cluster = Cluster(job, self.params,
-                                   **{"checkpoint_dir": folder, **dict(cluster_options or {})})
+            # The workers of a group that share this process exchange the parts of layers
+            # partitioned on the features through this run's exchanges (partition.py).
+            self._step_fn = RemoteGradFn(f"{__name__}:net_grad_fn", {
+                "job": job.to_json(), "base_dir": os.path.abspath(base_dir or os.getcwd()),
+                "run": uuid.uuid4().hex})
+            options: dict[str, Any] = {"checkpoint_dir": folder}
+            if c.backend == "ray" and job.train_steps > job.step:
+                # Ray's workers build their nets (import torch: seconds) while the rest of
+                # the cluster starts, not in the first steps.
+                options["build_ahead"] = self._step_fn
+            self.cluster = Cluster(job, self.params, **{**options, **dict(cluster_options or {})})
         except MemoryError:  # the Params fit, but not with a gradient per worker (or state)
             plan = plan_params(Net(job.neuralnet, seed=job.seed, base_dir=base_dir,
                                    phases=("kTrain",)).param_specs())
             raise ParamError(plan.too_big(np.float32, physical_memory()) + (
                 f"; every worker ({c.nworker_groups * c.nworkers_per_group}) holds its own "
                 "gradients, and the updater its state")) from None
-        # The workers of a group that share this process exchange the parts of layers
-        # partitioned on the features through this run's exchanges (partition.py).
-        self._step_fn = RemoteGradFn(f"{__name__}:net_grad_fn", {
-            "job": job.to_json(), "base_dir": os.path.abspath(base_dir or os.getcwd()),
-            "run": uuid.uuid4().hex})
         self.eval_net: Net | None = None
         if self.eval_phases:
             self.eval_net = Net(job.neuralnet, seed=job.seed, base_dir=base_dir,
