@@ -653,7 +653,8 @@ class KeyServer:
             if (not isinstance(entries, list) or spans.shape != (len(entries), 2)
                     or data.dtype != np.uint8 or data.ndim != 1 or np.any(spans < 0)
                     or np.any(spans[:, 1] < spans[:, 0]) or np.any(spans > data.size)):
-                raise ValueError("its parts do not fit its buffer")
+                raise ClusterError("a damaged init of several keys (its parts do not fit "
+                                   "its buffer)")
             inits = []
             for (a, b), (key, shape, dtype, sparse, int_key, home, piece, fill, seed) in \
                     zip(spans.tolist(), entries, strict=True):
