@@ -160,11 +160,14 @@ class Updater:
         """Whether the rules take torch.optim's form (``form: torch``)."""
         return bool(self.conf.form == "torch")
 
+    #: see :attr:`uses_momentum` (a method whose answer never depends on its settings)
+    reads_momentum: ClassVar[bool] = True
+
     @property
     def uses_momentum(self) -> bool:
         """Whether the rule reads ``momentum`` (a user's rule may: True unless a method says
         otherwise); the torch optimizer's param groups show the key only then."""
-        return True
+        return self.reads_momentum
 
     def check_dtype(self, dtype: Any) -> None:
         """Refuse values of ``dtype`` where ``delta`` is 0 (1e-300 in float32): every
@@ -573,12 +576,15 @@ class _Fused(Updater):
             stochastic=self.conf.stochastic_rounding, skip=skip, clip_at=self.clip_at, **kw)
         return nonfinite
 
+    #: see :attr:`has_row_kernel` (a method whose answer never depends on its settings)
+    row_kernel: ClassVar[bool] = True
+
     @property
     def has_row_kernel(self) -> bool:
         """Whether :mod:`paramserver.numerics.rows` has this method's kernel; without, a
         row-sparse update gathers the rows, updates them with the dense kernel and puts them
         back (:meth:`Updater._run_rows`: the same lazy semantics, two passes more)."""
-        return True
+        return self.row_kernel
 
     def _run_rows(self, w: np.ndarray, g: np.ndarray, ids: np.ndarray, dim: int,
                   state: UpdaterState, lr: float, wd: float, gscale: float,
@@ -709,9 +715,7 @@ class AdaGrad(_Fused):
     state_roles = ("history",)
     torch_names: ClassVar[dict[str, str]] = {"history": "sum"}
 
-    @property
-    def uses_momentum(self) -> bool:
-        return False
+    reads_momentum = False
 
     def extra(self) -> dict[str, Any]:
         return {"delta": self.conf.delta, "torch_form": self.torch_form,
@@ -843,9 +847,7 @@ class AdaDelta(_Fused):
     state_roles = ("history", "update")
     torch_names: ClassVar[dict[str, str]] = {"history": "square_avg", "update": "acc_delta"}
 
-    @property
-    def uses_momentum(self) -> bool:
-        return False
+    reads_momentum = False
 
     def extra(self) -> dict[str, Any]:
         return {"rho": self.own.rho, "delta": self.conf.delta, "decoupled": self.mxnet_form}
@@ -908,9 +910,7 @@ class Adam(_Fused):
     def has_row_kernel(self) -> bool:
         return not self.amsgrad
 
-    @property
-    def uses_momentum(self) -> bool:
-        return False
+    reads_momentum = False
 
     def state_arrays(self, state: UpdaterState) -> list[Any]:
         return super().state_arrays(state)[:2]  # vmax goes by name (extra_for)
@@ -982,13 +982,8 @@ class _AdamLike(_Fused):
     counted = True
     torch_names: ClassVar[dict[str, str]] = _ADAM_NAMES
 
-    @property
-    def uses_momentum(self) -> bool:
-        return False
-
-    @property
-    def has_row_kernel(self) -> bool:
-        return False
+    reads_momentum = False
+    row_kernel = False
 
 
 @register_updater("kNAdam", aliases=("nadam",))
@@ -1068,9 +1063,7 @@ class AdamMax(_Fused):
     counted = True
     torch_names: ClassVar[dict[str, str]] = {"m": "exp_avg", "u": "exp_inf"}
 
-    @property
-    def uses_momentum(self) -> bool:
-        return False
+    reads_momentum = False
 
     def extra(self) -> dict[str, Any]:
         return {"beta1": self.own.beta1, "beta2": self.own.beta2, "delta": self.conf.delta,
@@ -1103,13 +1096,8 @@ class Ftrl(_Fused):
         if conf.learning_rate.base_lr <= 0:
             raise ParamError("kFtrl divides by the learning rate: base_lr must be > 0")
 
-    @property
-    def uses_momentum(self) -> bool:
-        return False
-
-    @property
-    def has_row_kernel(self) -> bool:
-        return False
+    reads_momentum = False
+    row_kernel = False
 
     def extra(self) -> dict[str, Any]:
         return {"lamda1": self.own.lamda1, "beta": self.own.beta}
@@ -1166,9 +1154,7 @@ class Signum(_Fused):
     def state_arrays(self, state: UpdaterState) -> list[Any]:
         return super().state_arrays(state) or [np.zeros(0, state.dtype)]
 
-    @property
-    def has_row_kernel(self) -> bool:
-        return False
+    row_kernel = False
 
     def extra(self) -> dict[str, Any]:
         return {"momentum": self.conf.momentum, "wd_lh": self.own.wd_lh}
@@ -1209,13 +1195,8 @@ class LAMB(_Fused):
     def roles(self) -> tuple[Role, ...]:  # float state, as the values
         return Updater.roles.fget(self)  # type: ignore[attr-defined,no-any-return]
 
-    @property
-    def uses_momentum(self) -> bool:
-        return False
-
-    @property
-    def has_row_kernel(self) -> bool:
-        return False
+    reads_momentum = False
+    row_kernel = False
 
     def _run_rows(self, w: np.ndarray, g: np.ndarray, ids: np.ndarray, dim: int,
                   state: UpdaterState, lr: float, wd: float, gscale: float,
