@@ -484,7 +484,11 @@ def test_cuda_offload_equals_a_synchronous_offload_by_hand(dtype: Any) -> None:
         F.cross_entropy(by_hand(x).float(), y).backward()
         with torch.no_grad():
             for p, q in zip(master, by_hand.parameters(), strict=True):
-                p.grad.copy_(q.grad.float().cpu())  # a view of the host optimizer's buffer
+                g = q.grad.float().cpu()
+                if p.grad is None:  # before the first step: ``.grad`` is None until written
+                    p.grad = g
+                else:
+                    p.grad.copy_(g)  # a view of the host optimizer's buffer
             ref.step()
             for p, q in zip(master, by_hand.parameters(), strict=True):
                 q.copy_(p.to(q.dtype))
