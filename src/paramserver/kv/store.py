@@ -80,6 +80,7 @@ from ..params import ParamSet
 from ..paths import shown
 from ..updaters import Updater, create_updater
 from .modes import MODES, mode_of
+from .plans import Plan, gather, make_plan, outs_fit, scatter, values_fit
 from .values import Fill, RowResidual, RowSparse, value_dtype
 
 FORMAT = "paramserver-kv/1"
@@ -192,6 +193,8 @@ class _Batch:
 
 
 _NO_IDS = np.zeros(0, np.int64)
+#: Lists of keys whose plans a store keeps (more: it forgets them all and plans again).
+MAX_PLANS = 64
 
 
 class KVStore:
@@ -221,6 +224,7 @@ class KVStore:
         self._compression = Compression.parse(
             {"type": spec.compression[0], **({"threshold": spec.compression[1]}
                                               if spec.compression[0] == "2bit" else {})})
+        self._plans: dict[tuple[Any, ...], Plan | None] = {}  # by list of keys as given
         self._barriers = 0
         self._updater: str | None = None
         self._closed = False
@@ -327,6 +331,7 @@ class KVStore:
                                                  self._spec.bound))
         k.residuals = [None] * len(k.pieces)
         self._keys[k.name] = k
+        self._plans.clear()
         if self._int_keys is None:
             self._int_keys = k.int_key
         return k
@@ -544,6 +549,11 @@ class KVStore:
         if not self._worker:
             raise ParamError("push: the store's maker does not push when the store has "
                              f"{self.num_workers} workers; its workers do, in run()")
+        if (_is_list(key) and _is_list(value) and len(key) == len(value)
+                and not self._compression.codec):
+            plan = self._plan(key)
+            if plan is not None and values_fit(plan, value) and self._push_planned(plan, value):
+                return
         pairs = self._pairs(key, value, "push")
         if not self._push_batch(pairs):
             for k, v in pairs:
@@ -611,6 +621,59 @@ class KVStore:
         for k in keys:
             k.pending = [pendings[s] for s, _, _ in k.pieces]
         return True
+
+    def _plan(self, keys: Sequence[Any]) -> Plan | None:
+        """The plan of a list of keys (:mod:`.plans`), made on its first call; None: the
+        list is not one of distinct dense float keys (or not hashable)."""
+        try:
+            given = tuple(keys)
+            if given in self._plans:
+                return self._plans[given]
+        except TypeError:
+            return None
+        self._prefetch(given)
+        plan = make_plan([self._key(k) for k in given])
+        if len(self._plans) >= MAX_PLANS:
+            self._plans.clear()
+        self._plans[given] = plan
+        return plan
+
+    def _push_planned(self, plan: Plan, values: Sequence[np.ndarray]) -> bool:
+        """:meth:`_push_batch` of a planned list: one buffer per server (a copy: the
+        caller may change its arrays once push returns). False, with nothing sent, when a
+        non-finite gradient is for the workers to check (the key's own path names it)."""
+        update = Update(self._group, self._index, -1, None)
+        messages = [(p.server, KeyBatch(p.names, update, p.offsets, gather(plan, values, p)))
+                    for p in plan.parts]
+        if workers_check(self._conf) and not all(all_finite(m.data) for _, m in messages
+                                                 if m.data is not None):
+            return False
+        self._finish_keys(plan.keys)
+        what = f"reply to a push of {len(plan.keys)} keys"
+        pendings = [self._send(s, m, what) for s, m in messages]
+        if len(pendings) == 1:
+            for k in plan.keys:
+                k.pending = pendings
+        else:
+            for k, where in zip(plan.keys, plan.where, strict=True):
+                k.pending = [pendings[j] for j in where]
+        return True
+
+    def _pull_planned(self, plan: Plan, outs: list[np.ndarray]) -> None:
+        """:meth:`_pull_batch` of a planned list, into ``outs`` (checked)."""
+        self._finish_keys(plan.keys)
+        get = self._get()
+        what = f"values of {len(plan.keys)} keys"
+        replies = self._wait([self._send(p.server, KeyBatch(p.names, get), what)
+                              for p in plan.parts])
+        for p, reply in zip(plan.parts, replies, strict=True):
+            assert isinstance(reply, Values)
+            values = reply.values.reshape(-1)
+            if values.size != int(p.offsets[-1]):
+                raise ClusterError(f"server {p.server} answered a pull of {len(p.pieces)} "
+                                   f"key pieces with {values.size} values, not "
+                                   f"{int(p.offsets[-1])}")
+            scatter(plan, values, p, outs)
 
     def _push_one(self, key: Any, value: Any) -> None:
         k = self._key(key)
@@ -755,9 +818,10 @@ class KVStore:
         """Wait for the last pushes of keys (a batch's reply is waited for once)."""
         pending: dict[int, Pending] = {}
         for k in keys:
-            for p in k.pending:
-                pending.setdefault(id(p), p)
-            k.pending = []
+            if k.pending:
+                for p in k.pending:
+                    pending[id(p)] = p
+                k.pending = []
         self._wait(list(pending.values()))
 
     def wait(self) -> None:
@@ -783,6 +847,13 @@ class KVStore:
         for one key, or a list per key); without ``out``, returned as new arrays. A pull of
         a table pulls every row. ``priority`` and ``ignore_sparse`` are accepted and not
         used."""
+        if _is_list(key) and (out is None or (_is_list(out) and len(out) == len(key))):
+            plan = self._plan(key)
+            if plan is not None and (out is None or outs_fit(plan, out)):
+                targets = (list(out) if out is not None else
+                           [np.empty(shape, plan.dtype) for shape in plan.shapes])
+                self._pull_planned(plan, targets)
+                return targets if out is None else out
         if out is None:
             keys = list(key) if _is_list(key) else [key]
             got = self._pull_batch([(k, None) for k in keys])
