@@ -12,8 +12,10 @@ the pieces of one list of keys so that a step of all of them is one updater call
   them, so everything that reads or writes a key's own (a key's own push or get, save and
   load, ``state_dict``) sees and changes the same memory;
 - their **clocks** (steps completed per worker group; the step gives the learning rate)
-  are the group's while it holds them, one dict for all: the pieces were joined with equal
-  clocks and every step of the group moves all of them.
+  are the group's while it holds them, one array per worker group. A key left out of a
+  push is a step behind the others; a step of the group is one updater call when every
+  key's step gives the same learning rate (always, for a constant rate or no updater),
+  else the group lets its pieces go and the step runs key by key.
 
 A group is made only of pieces that take a summed step (:meth:`~.server.Server.join`: a
 plain dense piece of a key-value store, nothing open or waiting, the store's updater). It
@@ -28,7 +30,6 @@ would have applied alone: the same updater over the same segments, with the same
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 import numpy as np
 
@@ -62,7 +63,7 @@ class KeyGroup:
         self.state: UpdaterState | None = None
         self.updater: Updater | None = None
         self.replaces = False
-        self.clocks: dict[int, int] = {}
+        self.clocks: dict[int, np.ndarray] = {}  # per worker group, each key's
         self.steps = 0  # steps applied while it held its pieces
         self.alive = False
         self._views: list[tuple[np.ndarray, np.ndarray, UpdaterState]] = []
@@ -77,17 +78,17 @@ class KeyGroup:
         whose buffers are taken again when every piece still views them (no copy)."""
         group = cls(keys, servers, bounds)
         with group._lock:
-            clocks: dict[int, int] | None = None
             joined: list[Server] = []
+            clocks: list[dict[int, int]] = []
             for s in servers:
-                if not s.join(group, clocks, updater):
+                if not s.join(group, updater):
                     for t in joined:
                         t.held_by = None
                     return None
                 joined.append(s)
-                if clocks is None:
-                    clocks = s.clocks
-            group.clocks = clocks or {}
+                clocks.append(s.clocks)
+            group.clocks = {g: np.array([c[g] for c in clocks], np.int64)
+                            for g in clocks[0]}
             group.updater, group.replaces = updater, replaces
             if before is not None and before.servers == servers and all(
                     s.values is v and s.versions is r and s.state is st
@@ -126,17 +127,33 @@ class KeyGroup:
             if not self.alive or group not in self.clocks:
                 return False
             assert self.state is not None and self.updater is not None
-            step = self.clocks[group]
+            clocks = self.clocks[group]
             if self.replaces:
                 np.add(self.state.counts, 1, out=self.state.counts)
                 np.copyto(self.values, total)
             else:
                 with kernel_guard():
-                    self.updater.apply(step, self.values, total, self.state)
+                    for step, skip in self._runs(clocks):
+                        self.updater.apply(step, self.values, total, self.state, skip=skip)
             self.versions += 1
-            self.clocks[group] = step + 1
+            clocks += 1
             self.steps += 1
             return True
+
+    def _runs(self, clocks: np.ndarray) -> list[tuple[int, np.ndarray | None]]:
+        """The updater calls of a step: ``(step, skip)`` — one call when every key's step
+        gives the same learning rate; else one per rate, each skipping the keys of the
+        others (a key's update is then exactly its own step's)."""
+        first = int(clocks[0])
+        if int(clocks.min()) == int(clocks.max()):
+            return [(first, None)]
+        assert self.updater is not None
+        by_rate: dict[float, list[int]] = {}
+        for t in np.unique(clocks).tolist():
+            by_rate.setdefault(float(self.updater.lr(t)), []).append(t)
+        if len(by_rate) == 1:
+            return [(first, None)]
+        return [(steps[0], ~np.isin(clocks, steps)) for steps in by_rate.values()]
 
     def release(self) -> None:
         """Give every piece its clocks back; from now on each holds its own."""
@@ -144,8 +161,9 @@ class KeyGroup:
             if not self.alive:
                 return
             self.alive = False
-            for s in self.servers:
-                s.leave_group(self.clocks, self.steps)
+            clocks = {g: c.tolist() for g, c in self.clocks.items()}
+            for i, s in enumerate(self.servers):
+                s.leave_group({g: c[i] for g, c in clocks.items()}, self.steps)
 
     def holds_views(self) -> bool:
         """Whether every piece still views this group's buffers (a group of the same

@@ -584,8 +584,10 @@ class KeyServer:
         self._batches[g] = held
         return held
 
-    #: A list of keys whose groups were released this many times in a row before their
-    #: second step is not held as a group again (key by key is then cheaper).
+    #: A list of keys whose groups were made again with a copy (another list took their
+    #: pieces) this many times in a row, each released before its second step, is not
+    #: held as a group again (key by key is then cheaper). Made again over the buffers
+    #: it left (a key's own request released it) costs no copy: always.
     SHORT_LIVED = 3
 
     def _group_of(self, keys: str, servers: list[Server], bounds: list[int]
@@ -600,8 +602,8 @@ class KeyServer:
             if seen < 1:
                 self._seen[keys] = seen + 1
                 return None
-        else:
-            short = self._short.get(keys, 0) + 1 if before.steps < 2 else 0
+        elif not before.holds_views():  # made again with a copy: not when that keeps
+            short = self._short.get(keys, 0) + 1 if before.steps < 2 else 0  # failing
             self._short[keys] = short
             if short >= self.SHORT_LIVED:
                 return None

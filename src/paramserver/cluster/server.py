@@ -208,12 +208,12 @@ class Server:
         self._last_sync: np.ndarray | None = None
         self._since_sync = 0
         #: A key server's group of keys that holds this piece's clocks while it updates
-        #: them in one call (:class:`~.keys.KeyGroup`); None: the server holds its own.
+        #: them in one call (:class:`~.keygroup.KeyGroup`); None: the server holds its own.
         self.held_by: Any = None
 
     def _own(self) -> None:
         """Acquire the lock, with no group of keys holding this piece: a group that holds
-        it gives its clocks back first (:meth:`~.keys.KeyGroup.release`), outside this
+        it gives its clocks back first (:meth:`~.keygroup.KeyGroup.release`), outside this
         lock (the group takes its own lock, then writes to its pieces)."""
         while True:
             self._lock.acquire()
@@ -716,20 +716,19 @@ class Server:
                 and not self._clips and not self._bfloat16 and self._send is None
                 and not self.average and group in self._live)
 
-    def join(self, group: Any, clocks: dict[int, int] | None, updater: Updater) -> bool:
-        """Be held by a group of keys (:class:`~.keys.KeyGroup`), which then updates this
-        piece with the others in one call and keeps the clocks of all: only when no step
-        is open and nothing waits, with the clocks ``clocks`` (None: any) and ``updater``,
-        as a plain dense piece of a key-value store (as :meth:`takes_summed`, for every
-        worker group). False: not held."""
+    def join(self, group: Any, updater: Updater) -> bool:
+        """Be held by a group of keys (:class:`~.keygroup.KeyGroup`), which then updates
+        this piece with the others in one call and keeps the clocks of all: only when no
+        step is open and nothing waits, with ``updater``, as a plain dense piece of a
+        key-value store (as :meth:`takes_summed`, for every worker group). False: not
+        held."""
         self._own()
         try:
             L = self.layout
             if (self.values is None or self._aborted is not None or self._gets
                     or self._rounds or L.num_segments != 1 or L.tables or self._clips
                     or self._bfloat16 or self._send is not None or self.average
-                    or self.updater is not updater or int(self.num_shares[0]) != 1
-                    or (clocks is not None and self._clock != clocks)):
+                    or self.updater is not updater or int(self.num_shares[0]) != 1):
                 return False
             self.held_by = group
             return True

@@ -13,15 +13,26 @@ go the general way, which knows what to do with each).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..cluster.messages import KEY_SEPARATOR
 
-if TYPE_CHECKING:
-    from .store import _Key
+
+class _Key(Protocol):
+    """What a plan reads of a store's key (:class:`~.store._Key`)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    row_sparse: bool
+    pieces: list[tuple[int, int, int]]
+
+    @property
+    def size(self) -> int: ...
 
 
 @dataclass
@@ -42,7 +53,7 @@ class ServerPart:
 class Plan:
     """A planned list of keys (see the module docstring)."""
 
-    keys: list[_Key]
+    keys: list[Any]  # the store's keys (:class:`~.store._Key`)
     shapes: list[tuple[int, ...]]
     dtype: np.dtype[Any]
     flat: bool  # every key is 1-D: its value is its flat value
@@ -51,7 +62,7 @@ class Plan:
     where: list[list[int]]
 
 
-def make_plan(keys: list[_Key]) -> Plan | None:
+def make_plan(keys: Sequence[_Key]) -> Plan | None:
     """The plan of a list of keys; None when it is not one of distinct dense float keys of
     one dtype."""
     if not keys or len({k.name for k in keys}) != len(keys):
@@ -74,11 +85,11 @@ def make_plan(keys: list[_Key]) -> Plan | None:
             lo == 0 and hi == keys[i].size for i, lo, hi in own) else None
         parts.append(ServerPart(s, KEY_SEPARATOR.join(names[s]), offsets, own, whole))
     where = [[order[s] for s, _, _ in k.pieces] for k in keys]
-    return Plan(keys, [k.shape for k in keys], dtype, all(len(k.shape) == 1 for k in keys),
+    return Plan(list(keys), [k.shape for k in keys], dtype, all(len(k.shape) == 1 for k in keys),
                 parts, where)
 
 
-def gather(plan: Plan, values: list[np.ndarray], part: ServerPart) -> np.ndarray:
+def gather(plan: Plan, values: Sequence[np.ndarray], part: ServerPart) -> np.ndarray:
     """One server's buffer of a push: its pieces of ``values`` (arrays of the keys' shapes,
     checked), one after the other, in the plan's dtype (always a copy)."""
     flat = values if plan.flat else [v.reshape(-1) for v in values]

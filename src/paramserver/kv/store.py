@@ -556,6 +556,10 @@ class KVStore:
                 return
         pairs = self._pairs(key, value, "push")
         if not self._push_batch(pairs):
+            for k, v in pairs:  # every dense array checked before any key is pushed
+                kk = self._key(k)
+                if not kk.row_sparse and isinstance(v, np.ndarray):
+                    _dense_value(kk, v, f"push of key {k!r}")
             for k, v in pairs:
                 self._push_one(k, v)
 
@@ -764,15 +768,7 @@ class KVStore:
                 dense[ids] = rows
                 arr = dense.reshape(-1)
             else:
-                arr = np.asarray(v)
-                if arr.shape != k.shape:
-                    raise ParamError(f"{where}: a value of shape {arr.shape}, the key's is "
-                                     f"{k.shape}")
-                floats = k.dtype.kind == "f"
-                if (arr.dtype.kind == "f") != floats or arr.dtype.kind not in "fiu":
-                    want = "floats" if floats else f"integers (it holds {k.dtype})"
-                    raise ParamError(f"{where}: the key's pushes are {want}, not {arr.dtype}")
-                arr = arr.reshape(-1)
+                arr = _dense_value(k, v, where).reshape(-1)
             total = arr.astype(k.dtype) if total is None else total + arr
         assert total is not None
         return total  # a copy: the caller may change its arrays once push returns
@@ -1210,6 +1206,18 @@ def _saved_keys(meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray], path:
 def info_text(info: KeyInfo) -> str:
     kind = "row-sparse " if info.row_sparse else ""
     return f"{kind}{info.dtype} {tuple(info.shape)}"
+
+
+def _dense_value(k: _Key, value: Any, where: str) -> np.ndarray:
+    """A value pushed to a dense key, as an array, checked: its shape and its kind."""
+    arr = np.asarray(value)
+    if arr.shape != k.shape:
+        raise ParamError(f"{where}: a value of shape {arr.shape}, the key's is {k.shape}")
+    floats = k.dtype.kind == "f"
+    if (arr.dtype.kind == "f") != floats or arr.dtype.kind not in "fiu":
+        want = "floats" if floats else f"integers (it holds {k.dtype})"
+        raise ParamError(f"{where}: the key's pushes are {want}, not {arr.dtype}")
+    return arr
 
 
 def _check_out(out: Any, shape: tuple[int, ...], where: str) -> None:
