@@ -230,3 +230,28 @@ def test_a_planned_list_checks_each_value_and_out_and_a_bad_one_changes_nothing(
         got = store.pull(KEYS)
         for k, values in zip(KEYS, got, strict=True):
             np.testing.assert_array_equal(values, grad(k, 0))
+
+
+def test_a_tables_rows_in_one_process_are_read_where_pushed_and_gathered_into_out() -> None:
+    # one worker in this process: the push reads the caller's rows (applied before push
+    # returns: changing them after changes nothing) and a pull of sorted distinct ids
+    # into an out of one row per id is gathered there by the server
+    table = (1000, 8)
+    ids = np.array([3, 17, 400, 999], np.int64)
+    with kv.create("local") as store, kv.create("local", num_servers=2, bound=100) as two:
+        for s in (store, two):
+            s.init(5, kv.Fill(table, {"type": "kConstant", "value": 0.5}), row_sparse=True)
+            s.set_updater(SGD)
+        for step in range(3):
+            rows = np.random.default_rng(step).standard_normal((4, 8)).astype(np.float32)
+            for s in (store, two):
+                given = rows.copy()
+                s.push(5, kv.RowSparse(ids, given))
+                given[:] = np.nan  # after push returned: not the store's
+        out = np.empty((4, 8), np.float32)
+        store.row_sparse_pull(5, out=out, row_ids=ids)
+        want = two.row_sparse_pull(5, row_ids=ids)
+        np.testing.assert_array_equal(out, want)
+        np.testing.assert_array_equal(store.pull(5), two.pull(5))
+        with pytest.raises(ParamError, match="row id 1000 is outside"):
+            store.row_sparse_pull(5, out=out, row_ids=np.array([3, 17, 400, 1000]))

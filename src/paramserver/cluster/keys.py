@@ -482,6 +482,25 @@ class KeyServer:
         return Values(pieces[0] if len(pieces) == 1 else _own(np.concatenate(pieces)),  # type: ignore[arg-type]
                       versions)
 
+    def rows_into(self, key: str, ids: np.ndarray, out: np.ndarray) -> bool:
+        """In one process: rows ``ids`` of the table piece of ``key`` gathered straight
+        into ``out`` (``len(ids) × dim``, the table's dtype), as a get of them would answer
+        at once. False, with nothing written, when that get would not be answered at once
+        or an id is outside the piece (the get then goes as a message, which says why)."""
+        with self._lock:
+            s = self._keys.get(key)
+            if (self._aborted is not None or s is None or not s.serving or s.values is None
+                    or not s.layout.tables or s.layout.num_segments != 1
+                    or s.values.dtype != out.dtype):
+                return False
+            dim = int(s.layout.dims[0])
+            table = s.values.reshape(-1, dim)
+            if (out.shape != (ids.size, dim) or (ids.size and (
+                    int(ids[0]) < 0 or int(ids[-1]) >= len(table)))):
+                return False  # (ids are sorted: the first and the last bound them)
+            np.take(table, ids, axis=0, mode="clip", out=out)
+            return True
+
     def _batch_rows(self, msg: KeyBatch, servers: list[Server], versions: np.ndarray
                     ) -> Values | None:
         """A batch's gets of rows (and whole pieces) gathered into one buffer, each table's

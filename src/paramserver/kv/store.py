@@ -73,7 +73,7 @@ from ..cluster.messages import (
     Values,
 )
 from ..cluster.passes import all_finite, nonfinite_text, workers_check
-from ..cluster.transport import Pending, Transport
+from ..cluster.transport import LocalTransport, Pending, Transport
 from ..config import ParamError
 from ..config.job import ClusterConf, UpdaterConf
 from ..params import ParamSet
@@ -228,6 +228,11 @@ class KVStore:
         self._barriers = 0
         self._updater: str | None = None
         self._closed = False
+        #: The servers are in this process and run each request in the sender's thread, and
+        #: this store is the only worker: a push is applied before send returns, and a
+        #: table's rows may be read straight into an out (:meth:`KeyServer.rows_into`).
+        self._in_process = (isinstance(transport, LocalTransport)
+                            and spec.num_workers == 1)
         self._lock = threading.Lock()
 
     # -- what it is -------------------------------------------------------------------------
@@ -612,7 +617,9 @@ class KVStore:
                                                     ids[a:b] - lo)
         # a copy (the caller may change its arrays once push returns), made here unless the
         # transport copies as it sends (between processes) and the buffer is one array
-        sends_copy = getattr(self._transport, "copies", False)
+        # (in process, with one worker, the push is applied before send returns and nothing
+        # keeps its buffer: the caller's arrays are read there, not copied first)
+        sends_copy = getattr(self._transport, "copies", False) or self._in_process
         messages = {s: b.message(Update(self._group, self._index, -1, None), dtype, sends_copy)
                     for s, b in batches.items()}
         if workers_check(self._conf) and not all(all_finite(m.data) for m in messages.values()
@@ -924,6 +931,18 @@ class KVStore:
                                                      "per row id)"))
             wanted.append((k, ids, *unique_ids(ids)))
         self._finish_keys([k for k, *_ in wanted])
+        if len(wanted) == 1 and self._in_process and self._lag() is None:
+            k, ids, unique, at = wanted[0]
+            out_ = plan[0][1]
+            # rows in the order asked, none twice, into an out of one row per id: gathered
+            # there by the server, in one pass
+            if (at is None and len(k.pieces) == 1 and isinstance(out_, np.ndarray)
+                    and out_.shape != k.shape and out_.dtype == k.dtype):
+                s, lo, _ = k.pieces[0]
+                server = self._transport.servers[(0, s)]  # type: ignore[attr-defined]
+                if server.rows_into(k.name, unique - lo if lo else unique,
+                                    out_.reshape(unique.size, k.dim)):
+                    return out
         batches: dict[int, _Batch] = {}
         spans: list[list[tuple[int, int, int]]] = []  # per pull: (server, entry, rows)
         for k, _, unique, _ in wanted:
