@@ -24,7 +24,9 @@ and its checks of non-finite gradients. It adds what keys need:
   waits for it (the other workers' pushes and pulls may come before rank 0's init);
 - :class:`~.messages.KeyBatch`: a get or an update of many keys' pieces in one message (one
   per server per call of a client): each piece is served as a ``Keyed`` request would be,
-  and one reply (:class:`BatchReply`) answers once every piece's has;
+  and one reply (:class:`BatchReply`) answers once every piece's has; the dense pieces of a
+  list of keys pushed again are held as one :class:`~.keygroup.KeyGroup` (one buffer, one
+  updater call a step, one copy a pull) until anything else reaches one of them;
 - :class:`~.messages.SetUpdater`: every key's update method (none: a push replaces the
   values by the sum of the step's gradients);
 - :class:`~.messages.Barrier`: every live worker meets.
@@ -608,6 +610,9 @@ class KeyServer:
     #: held as a group again (key by key is then cheaper). Made again over the buffers
     #: it left (a key's own request released it) costs no copy: always.
     SHORT_LIVED = 3
+    #: Lists of keys a server remembers having seen once, or releasing early (more: it
+    #: forgets them, and counts again).
+    LISTS_KEPT = 256
 
     def _group_of(self, keys: str, servers: list[Server], bounds: list[int]
                   ) -> KeyGroup | None:
@@ -619,10 +624,14 @@ class KeyServer:
         if before is None:
             seen = self._seen.get(keys, 0)
             if seen < 1:
+                if len(self._seen) >= self.LISTS_KEPT:  # lists pushed once: forget them
+                    self._seen.clear()
                 self._seen[keys] = seen + 1
                 return None
         elif not before.holds_views():  # made again with a copy: not when that keeps
             short = self._short.get(keys, 0) + 1 if before.steps < 2 else 0  # failing
+            if len(self._short) >= self.LISTS_KEPT:
+                self._short.clear()
             self._short[keys] = short
             if short >= self.SHORT_LIVED:
                 return None
