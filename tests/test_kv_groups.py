@@ -169,7 +169,8 @@ def test_an_updater_function_sees_every_key_of_a_list_every_step() -> None:
             np.testing.assert_array_equal(got, want)
 
 
-def test_workers_in_step_with_a_key_missing_from_one_workers_list() -> None:
+def test_workers_in_step_with_a_key_missing_from_one_workers_list(backend: str = "local"
+                                                                  ) -> None:
     def train(s: kv.KVStore) -> list[np.ndarray]:
         if s.rank == 0:
             s.init(KEYS, [np.zeros(n, np.float32) for n in SIZES])
@@ -184,7 +185,7 @@ def test_workers_in_step_with_a_key_missing_from_one_workers_list() -> None:
             s.pull(KEYS)
         return s.pull(KEYS)
 
-    with kv.create("dist_sync", num_workers=2, num_servers=2, bound=100,
+    with kv.create("dist_sync", num_workers=2, num_servers=2, bound=100, backend=backend,
                    updater={"type": "kSGD", "learning_rate": {"base_lr": 1.0}}) as store:
         results = store.run(train)
     for got in results:
@@ -193,6 +194,10 @@ def test_workers_in_step_with_a_key_missing_from_one_workers_list() -> None:
             for step in range(5):
                 want = want - (grad(k, step, 0) + grad(k, step, 1))
             np.testing.assert_array_equal(values, want)
+
+
+def test_workers_in_step_pushing_lists_on_ray_end_as_key_by_key(ray_session: Any) -> None:
+    test_workers_in_step_with_a_key_missing_from_one_workers_list("ray")
 
 
 def test_asynchronous_workers_pushing_lists_have_every_push_applied_once() -> None:
