@@ -24,7 +24,9 @@ and its checks of non-finite gradients. It adds what keys need:
   waits for it (the other workers' pushes and pulls may come before rank 0's init);
 - :class:`~.messages.KeyBatch`: a get or an update of many keys' pieces in one message (one
   per server per call of a client): each piece is served as a ``Keyed`` request would be,
-  and one reply (:class:`BatchReply`) answers once every piece's has;
+  and one reply (:class:`BatchReply`) answers once every piece's has; the dense pieces of a
+  list of keys pushed again are held as one :class:`~.keygroup.KeyGroup` (one buffer, one
+  updater call a step, one copy a pull) until anything else reaches one of them;
 - :class:`~.messages.SetUpdater`: every key's update method (none: a push replaces the
   values by the sum of the step's gradients);
 - :class:`~.messages.Barrier`: every live worker meets.
@@ -51,6 +53,7 @@ from ..paths import shown
 from ..state import UpdaterState
 from ..updaters import Updater, create_updater
 from .errors import ClusterError
+from .keygroup import KeyGroup
 from .layout import ServerLayout
 from .messages import (
     KEY_SEPARATOR,
@@ -321,6 +324,9 @@ class KeyServer:
         self._gone: dict[tuple[int, int], int] = {}
         self._barriers: dict[int, tuple[set[tuple[int, int]], list[ReplyFn]]] = {}
         self._batches: dict[int, _HeldBatch] = {}  # per worker group, its pushes held
+        self._groups: dict[str, KeyGroup] = {}  # by list of keys, the groups made
+        self._seen: dict[str, int] = {}  # by list of keys, batches of it applied key by key
+        self._short: dict[str, int] = {}  # by list of keys, its groups released early
         self._aborted: str | None = None
         self._lock = threading.Lock()
 
@@ -456,6 +462,14 @@ class KeyServer:
         if not isinstance(get, Get) or get.ids is not None or get.lag is not None \
                 or get.clock is not None or get.version > 0:
             return None
+        group = self._groups.get(msg.keys)
+        if group is not None and group.alive and msg.tables is None:
+            # one list of keys held as one: its buffer (a copy unless this store has one
+            # worker, whose next push cannot come before it has read its pull)
+            values = group.values
+            if self.conf.nworker_groups * self.conf.nworkers_per_group > 1:
+                values = _own(values.copy())
+            return Values(values, group.versions.copy())
         names = msg.names
         servers = [self._keys.get(n) for n in names]
         for s in servers:
@@ -469,6 +483,25 @@ class KeyServer:
         # processes copies them as it sends the reply); several: one copy, in one buffer
         return Values(pieces[0] if len(pieces) == 1 else _own(np.concatenate(pieces)),  # type: ignore[arg-type]
                       versions)
+
+    def rows_into(self, key: str, ids: np.ndarray, out: np.ndarray) -> bool:
+        """In one process: rows ``ids`` of the table piece of ``key`` gathered straight
+        into ``out`` (``len(ids) × dim``, the table's dtype), as a get of them would answer
+        at once. False, with nothing written, when that get would not be answered at once
+        or an id is outside the piece (the get then goes as a message, which says why)."""
+        with self._lock:
+            s = self._keys.get(key)
+            if (self._aborted is not None or s is None or not s.serving or s.values is None
+                    or not s.layout.tables or s.layout.num_segments != 1
+                    or s.values.dtype != out.dtype):
+                return False
+            dim = int(s.layout.dims[0])
+            table = s.values.reshape(-1, dim)
+            if (out.shape != (ids.size, dim) or (ids.size and (
+                    int(ids[0]) < 0 or int(ids[-1]) >= len(table)))):
+                return False  # (ids are sorted: the first and the last bound them)
+            np.take(table, ids, axis=0, mode="clip", out=out)
+            return True
 
     def _batch_rows(self, msg: KeyBatch, servers: list[Server], versions: np.ndarray
                     ) -> Values | None:
@@ -531,24 +564,87 @@ class KeyServer:
             self._spill(forward)
             held = None
         if held is None:
-            names = msg.names
-            servers = [self._keys.get(n) for n in names]
             off = msg.offsets
-            if (msg.data is None or off is None or len(off) != len(names) + 1
-                    or int(off[-1]) != msg.data.size or r.grads is not None or r.codec
+            if (msg.data is None or off is None or r.grads is not None or r.codec
                     or r.ids is not None):
                 return None
-            bounds = np.asarray(off, np.int64).tolist()
-            dtype = msg.data.dtype
-            for s, a, b in zip(servers, bounds, bounds[1:], strict=False):
-                if (s is None or not s.takes_summed(g) or s.values is None
-                        or s.values.size != b - a or s.values.dtype != dtype):
+            group = self._groups.get(msg.keys)
+            if (group is not None and group.alive and g in group.clocks
+                    and msg.data.dtype == group.values.dtype
+                    and np.array_equal(off, group.offsets)):
+                held = self._batches[g] = _HeldBatch(msg.keys, group.servers, group.bounds,
+                                                     group)
+            else:
+                held = self._hold(msg, g)
+                if held is None:
                     return None
-            held = self._batches[g] = _HeldBatch(msg.keys, servers, bounds)  # type: ignore[arg-type]
         held.pushes[w] = (msg, reply)
         if held.pushes.keys() >= live:
             return self._apply_batch(g, forward)
         return []
+
+    def _hold(self, msg: KeyBatch, g: int) -> _HeldBatch | None:
+        """The first push of a batch of keys in a round of group ``g``, held when every
+        key's piece takes a summed step (else None: key by key); from the second batch of
+        one list of keys on, its pieces held as one :class:`~.keygroup.KeyGroup`."""
+        assert msg.data is not None and msg.offsets is not None
+        names = msg.names
+        off = msg.offsets
+        if len(off) != len(names) + 1 or int(off[-1]) != msg.data.size:
+            return None
+        servers = [self._keys.get(n) for n in names]
+        bounds = np.asarray(off, np.int64).tolist()
+        dtype = msg.data.dtype
+        for s, a, b in zip(servers, bounds, bounds[1:], strict=False):
+            if (s is None or not s.takes_summed(g) or s.values is None
+                    or s.values.size != b - a or s.values.dtype != dtype):
+                return None
+        keys = msg.keys
+        group = self._group_of(keys, servers, bounds)  # type: ignore[arg-type]
+        held = _HeldBatch(keys, servers, bounds, group)  # type: ignore[arg-type]
+        self._batches[g] = held
+        return held
+
+    #: A list of keys whose groups were made again with a copy (another list took their
+    #: pieces) this many times in a row, each released before its second step, is not
+    #: held as a group again (key by key is then cheaper). Made again over the buffers
+    #: it left (a key's own request released it) costs no copy: always.
+    SHORT_LIVED = 3
+    #: Lists of keys a server remembers having seen once, or releasing early (more: it
+    #: forgets them, and counts again).
+    LISTS_KEPT = 256
+
+    def _group_of(self, keys: str, servers: list[Server], bounds: list[int]
+                  ) -> KeyGroup | None:
+        """The pieces of a list of keys held as one group, made on the second batch of
+        that list (a list pushed once is not worth the copy); None: key by key."""
+        if len(servers) < 2 or self._function is not None:
+            return None
+        before = self._groups.get(keys)
+        if before is None:
+            seen = self._seen.get(keys, 0)
+            if seen < 1:
+                if len(self._seen) >= self.LISTS_KEPT:  # lists pushed once: forget them
+                    self._seen.clear()
+                self._seen[keys] = seen + 1
+                return None
+        elif not before.holds_views():  # made again with a copy: not when that keeps
+            short = self._short.get(keys, 0) + 1 if before.steps < 2 else 0  # failing
+            if len(self._short) >= self.LISTS_KEPT:
+                self._short.clear()
+            self._short[keys] = short
+            if short >= self.SHORT_LIVED:
+                return None
+        group = KeyGroup.make(keys, servers, bounds, self._updater,
+                              type(self._updater) is Replace, before)
+        if group is not None:
+            self._groups[keys] = group
+            self._seen.pop(keys, None)
+            # groups whose pieces another group took since are no use: drop them
+            for k in [k for k, old in self._groups.items() if not old.alive
+                      and not old.holds_views()]:
+                del self._groups[k]
+        return group
 
     def _apply_batch(self, group: int, forward: list[tuple[Server, Request, ReplyFn]]
                      ) -> list[tuple[ReplyFn, Reply]]:
@@ -573,6 +669,14 @@ class KeyServer:
         out: list[tuple[ReplyFn, Reply]] = []
         bounds = held.bounds
         replies = [fn for _, fn in held.pushes.values()]
+        if held.group is not None:
+            if held.group.apply(group, total):
+                ack = Ack()
+                return [(fn, ack) for fn in replies]
+            # released since the round began (a key's own request came): key by key
+            self._batches[group] = held
+            self._spill(forward)
+            return []
         try:
             for i, server in enumerate(held.servers):
                 out += server.apply_summed(group, total[bounds[i]:bounds[i + 1]])
@@ -800,6 +904,7 @@ class _HeldBatch:
     keys: str
     servers: list[Server]
     bounds: list[int]
+    group: KeyGroup | None = None  # the keys' pieces held as one
     pushes: dict[int, tuple[KeyBatch, ReplyFn]] = field(default_factory=dict)
 
 

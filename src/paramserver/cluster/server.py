@@ -207,6 +207,21 @@ class Server:
         self._send: Send | None = None
         self._last_sync: np.ndarray | None = None
         self._since_sync = 0
+        #: A key server's group of keys that holds this piece's clocks while it updates
+        #: them in one call (:class:`~.keygroup.KeyGroup`); None: the server holds its own.
+        self.held_by: Any = None
+
+    def _own(self) -> None:
+        """Acquire the lock, with no group of keys holding this piece: a group that holds
+        it gives its clocks back first (:meth:`~.keygroup.KeyGroup.release`), outside this
+        lock (the group takes its own lock, then writes to its pieces)."""
+        while True:
+            self._lock.acquire()
+            group = self.held_by
+            if group is None:
+                return
+            self._lock.release()
+            group.release()
 
     def _everyone(self) -> dict[int, set[int]]:
         return {g: set(range(self.conf.nworkers_per_group)) for g in self.worker_groups}
@@ -230,7 +245,8 @@ class Server:
     def handle(self, request: Request, reply: ReplyFn) -> None:
         """Handle one request; ``reply`` is called once, now or when the work is done."""
         out: list[tuple[ReplyFn, Reply]]
-        with self._lock:
+        self._own()
+        try:
             if self._aborted is not None and not isinstance(request, _CONTROL):
                 out = [(reply, ErrorReply(self._aborted))]
             else:
@@ -238,6 +254,8 @@ class Server:
                     out = self._dispatch(request, reply)
                 except Exception as e:  # the sender hears of it
                     out = [(reply, failure_reply(self.name, request, e))]
+        finally:
+            self._lock.release()
         for fn, answer in out:  # outside the lock: a reply may run the caller's code
             fn(answer)
 
@@ -698,11 +716,43 @@ class Server:
                 and not self._clips and not self._bfloat16 and self._send is None
                 and not self.average and group in self._live)
 
+    def join(self, group: Any, updater: Updater) -> bool:
+        """Be held by a group of keys (:class:`~.keygroup.KeyGroup`), which then updates
+        this piece with the others in one call and keeps the clocks of all: only when no
+        step is open and nothing waits, with ``updater``, as a plain dense piece of a
+        key-value store (as :meth:`takes_summed`, for every worker group). False: not
+        held."""
+        self._own()
+        try:
+            L = self.layout
+            if (self.values is None or self._aborted is not None or self._gets
+                    or self._rounds or L.num_segments != 1 or L.tables or self._clips
+                    or self._bfloat16 or self._send is not None or self.average
+                    or self.updater is not updater or int(self.num_shares[0]) != 1):
+                return False
+            self.held_by = group
+            return True
+        finally:
+            self._lock.release()
+
+    @property
+    def clocks(self) -> dict[int, int]:
+        """Per worker group, the steps it completed here (a copy)."""
+        return dict(self._clock)
+
+    def leave_group(self, clocks: dict[int, int], steps: int) -> None:
+        """Take back the clocks a group of keys kept (it applied ``steps`` steps); called
+        by the group, which holds this piece (nothing else runs here meanwhile)."""
+        self._clock = dict(clocks)
+        self._since_sync += steps
+        self.held_by = None
+
     def apply_summed(self, group: int, total: np.ndarray) -> list[tuple[ReplyFn, Reply]]:
         """Apply a step of ``group`` whose pushes a key server summed (in worker order, and
         found finite) across a batch of keys: what :meth:`_apply` does with that sum, the
         update counted as one step of the group. Returns the replies of gets it readied."""
-        with self._lock:
+        self._own()
+        try:
             assert self.values is not None
             L = self.layout
             step = self._clock[group]
@@ -717,21 +767,29 @@ class Server:
             self._since_sync += 1
             self._clock[group] = step + 1
             return self._ready_gets()
+        finally:
+            self._lock.release()
 
     def set_updater(self, updater: Updater) -> None:
         """Update with ``updater`` from now on, its state starting from zero."""
-        with self._lock:
+        self._own()
+        try:
             self.updater = updater
             self.state = updater.init_state(self.layout.offsets, self.layout.dtype)
+        finally:
+            self._lock.release()
 
     def revive(self) -> list[tuple[ReplyFn, Reply]]:
         """Every worker is live again and requests are served (a new run of a key-value
         store); the waiting requests of the last run hear why they were dropped (the
         replies to send), the clocks stay."""
-        with self._lock:
+        self._own()
+        try:
             out = self._drop_waiters("a new run began")
             self._aborted = None
             self._live = self._everyone()
+        finally:
+            self._lock.release()
         return out
 
     # -- stopping and diagnosis -------------------------------------------------------------
@@ -748,9 +806,12 @@ class Server:
     def abort(self, reason: str, lost: bool = False) -> None:
         """Answer every waiting and later request with ``reason``, until the next put
         (``lost``: as a server that was lost)."""
-        with self._lock:
+        self._own()
+        try:
             self._aborted = reason
             out = self._drop_waiters(reason, lost)
+        finally:
+            self._lock.release()
         for fn, answer in out:
             fn(answer)
 
@@ -805,8 +866,11 @@ class Server:
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Values, slice versions and updater state (``state/<param>/<role>``), as copies."""
-        with self._lock:
+        self._own()
+        try:
             return self._state_arrays()
+        finally:
+            self._lock.release()
 
     def check_state(self, state: dict[str, np.ndarray], prefix: str = "") -> list[str]:
         """The problems :meth:`load_state_dict` would refuse ``state`` for (keys shown with
@@ -847,11 +911,14 @@ class Server:
 
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
         """Restore :meth:`state_dict`'s output (checked whole before anything changes)."""
-        with self._lock:
+        self._own()
+        try:
             problems = self.check_state(state)
             if problems:
                 raise ParamError(problems)
             self._load(state)
+        finally:
+            self._lock.release()
 
     def _checkpoint_path(self, step: int) -> Path:
         if self.folder is None:

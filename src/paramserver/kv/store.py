@@ -73,13 +73,14 @@ from ..cluster.messages import (
     Values,
 )
 from ..cluster.passes import all_finite, nonfinite_text, workers_check
-from ..cluster.transport import Pending, Transport
+from ..cluster.transport import LocalTransport, Pending, Transport
 from ..config import ParamError
 from ..config.job import ClusterConf, UpdaterConf
 from ..params import ParamSet
 from ..paths import shown
 from ..updaters import Updater, create_updater
 from .modes import MODES, mode_of
+from .plans import Plan, gather, make_plan, outs_fit, scatter, values_fit
 from .values import Fill, RowResidual, RowSparse, value_dtype
 
 FORMAT = "paramserver-kv/1"
@@ -192,6 +193,8 @@ class _Batch:
 
 
 _NO_IDS = np.zeros(0, np.int64)
+#: Lists of keys whose plans a store keeps (more: it forgets them all and plans again).
+MAX_PLANS = 64
 
 
 class KVStore:
@@ -221,9 +224,15 @@ class KVStore:
         self._compression = Compression.parse(
             {"type": spec.compression[0], **({"threshold": spec.compression[1]}
                                               if spec.compression[0] == "2bit" else {})})
+        self._plans: dict[tuple[Any, ...], Plan | None] = {}  # by list of keys as given
         self._barriers = 0
         self._updater: str | None = None
         self._closed = False
+        #: The servers are in this process and run each request in the sender's thread, and
+        #: this store is the only worker: a push is applied before send returns, and a
+        #: table's rows may be read straight into an out (:meth:`KeyServer.rows_into`).
+        self._in_process = (isinstance(transport, LocalTransport)
+                            and spec.num_workers == 1)
         self._lock = threading.Lock()
 
     # -- what it is -------------------------------------------------------------------------
@@ -327,6 +336,7 @@ class KVStore:
                                                  self._spec.bound))
         k.residuals = [None] * len(k.pieces)
         self._keys[k.name] = k
+        self._plans.clear()
         if self._int_keys is None:
             self._int_keys = k.int_key
         return k
@@ -544,8 +554,17 @@ class KVStore:
         if not self._worker:
             raise ParamError("push: the store's maker does not push when the store has "
                              f"{self.num_workers} workers; its workers do, in run()")
+        if (_is_list(key) and _is_list(value) and len(key) == len(value)
+                and not self._compression.codec):
+            plan = self._plan(key)
+            if plan is not None and values_fit(plan, value) and self._push_planned(plan, value):
+                return
         pairs = self._pairs(key, value, "push")
         if not self._push_batch(pairs):
+            for k, v in pairs:  # every dense array checked before any key is pushed
+                kk = self._key(k)
+                if not kk.row_sparse and isinstance(v, np.ndarray):
+                    _dense_value(kk, v, f"push of key {k!r}")
             for k, v in pairs:
                 self._push_one(k, v)
 
@@ -598,7 +617,9 @@ class KVStore:
                                                     ids[a:b] - lo)
         # a copy (the caller may change its arrays once push returns), made here unless the
         # transport copies as it sends (between processes) and the buffer is one array
-        sends_copy = getattr(self._transport, "copies", False)
+        # (in process, with one worker, the push is applied before send returns and nothing
+        # keeps its buffer: the caller's arrays are read there, not copied first)
+        sends_copy = getattr(self._transport, "copies", False) or self._in_process
         messages = {s: b.message(Update(self._group, self._index, -1, None), dtype, sends_copy)
                     for s, b in batches.items()}
         if workers_check(self._conf) and not all(all_finite(m.data) for m in messages.values()
@@ -611,6 +632,59 @@ class KVStore:
         for k in keys:
             k.pending = [pendings[s] for s, _, _ in k.pieces]
         return True
+
+    def _plan(self, keys: Sequence[Any]) -> Plan | None:
+        """The plan of a list of keys (:mod:`.plans`), made on its first call; None: the
+        list is not one of distinct dense float keys (or not hashable)."""
+        try:
+            given = tuple(keys)
+            if given in self._plans:
+                return self._plans[given]
+        except TypeError:
+            return None
+        self._prefetch(given)
+        plan = make_plan([self._key(k) for k in given])
+        if len(self._plans) >= MAX_PLANS:
+            self._plans.clear()
+        self._plans[given] = plan
+        return plan
+
+    def _push_planned(self, plan: Plan, values: Sequence[np.ndarray]) -> bool:
+        """:meth:`_push_batch` of a planned list: one buffer per server (a copy: the
+        caller may change its arrays once push returns). False, with nothing sent, when a
+        non-finite gradient is for the workers to check (the key's own path names it)."""
+        update = Update(self._group, self._index, -1, None)
+        messages = [(p.server, KeyBatch(p.names, update, p.offsets, gather(plan, values, p)))
+                    for p in plan.parts]
+        if workers_check(self._conf) and not all(all_finite(m.data) for _, m in messages
+                                                 if m.data is not None):
+            return False
+        self._finish_keys(plan.keys)
+        what = f"reply to a push of {len(plan.keys)} keys"
+        pendings = [self._send(s, m, what) for s, m in messages]
+        if len(pendings) == 1:
+            for k in plan.keys:
+                k.pending = pendings
+        else:
+            for k, where in zip(plan.keys, plan.where, strict=True):
+                k.pending = [pendings[j] for j in where]
+        return True
+
+    def _pull_planned(self, plan: Plan, outs: list[np.ndarray]) -> None:
+        """:meth:`_pull_batch` of a planned list, into ``outs`` (checked)."""
+        self._finish_keys(plan.keys)
+        get = self._get()
+        what = f"values of {len(plan.keys)} keys"
+        replies = self._wait([self._send(p.server, KeyBatch(p.names, get), what)
+                              for p in plan.parts])
+        for p, reply in zip(plan.parts, replies, strict=True):
+            assert isinstance(reply, Values)
+            values = reply.values.reshape(-1)
+            if values.size != int(p.offsets[-1]):
+                raise ClusterError(f"server {p.server} answered a pull of {len(p.pieces)} "
+                                   f"key pieces with {values.size} values, not "
+                                   f"{int(p.offsets[-1])}")
+            scatter(plan, values, p, outs)
 
     def _push_one(self, key: Any, value: Any) -> None:
         k = self._key(key)
@@ -701,15 +775,7 @@ class KVStore:
                 dense[ids] = rows
                 arr = dense.reshape(-1)
             else:
-                arr = np.asarray(v)
-                if arr.shape != k.shape:
-                    raise ParamError(f"{where}: a value of shape {arr.shape}, the key's is "
-                                     f"{k.shape}")
-                floats = k.dtype.kind == "f"
-                if (arr.dtype.kind == "f") != floats or arr.dtype.kind not in "fiu":
-                    want = "floats" if floats else f"integers (it holds {k.dtype})"
-                    raise ParamError(f"{where}: the key's pushes are {want}, not {arr.dtype}")
-                arr = arr.reshape(-1)
+                arr = _dense_value(k, v, where).reshape(-1)
             total = arr.astype(k.dtype) if total is None else total + arr
         assert total is not None
         return total  # a copy: the caller may change its arrays once push returns
@@ -755,9 +821,10 @@ class KVStore:
         """Wait for the last pushes of keys (a batch's reply is waited for once)."""
         pending: dict[int, Pending] = {}
         for k in keys:
-            for p in k.pending:
-                pending.setdefault(id(p), p)
-            k.pending = []
+            if k.pending:
+                for p in k.pending:
+                    pending[id(p)] = p
+                k.pending = []
         self._wait(list(pending.values()))
 
     def wait(self) -> None:
@@ -783,6 +850,13 @@ class KVStore:
         for one key, or a list per key); without ``out``, returned as new arrays. A pull of
         a table pulls every row. ``priority`` and ``ignore_sparse`` are accepted and not
         used."""
+        if _is_list(key) and (out is None or (_is_list(out) and len(out) == len(key))):
+            plan = self._plan(key)
+            if plan is not None and (out is None or outs_fit(plan, out)):
+                targets = (list(out) if out is not None else
+                           [np.empty(shape, plan.dtype) for shape in plan.shapes])
+                self._pull_planned(plan, targets)
+                return targets if out is None else out
         if out is None:
             keys = list(key) if _is_list(key) else [key]
             got = self._pull_batch([(k, None) for k in keys])
@@ -857,6 +931,18 @@ class KVStore:
                                                      "per row id)"))
             wanted.append((k, ids, *unique_ids(ids)))
         self._finish_keys([k for k, *_ in wanted])
+        if len(wanted) == 1 and self._in_process and self._lag() is None:
+            k, ids, unique, at = wanted[0]
+            out_ = plan[0][1]
+            # rows in the order asked, none twice, into an out of one row per id: gathered
+            # there by the server, in one pass
+            if (at is None and len(k.pieces) == 1 and isinstance(out_, np.ndarray)
+                    and out_.shape != k.shape and out_.dtype == k.dtype):
+                s, lo, _ = k.pieces[0]
+                server = self._transport.servers[(0, s)]  # type: ignore[attr-defined]
+                if server.rows_into(k.name, unique - lo if lo else unique,
+                                    out_.reshape(unique.size, k.dim)):
+                    return out
         batches: dict[int, _Batch] = {}
         spans: list[list[tuple[int, int, int]]] = []  # per pull: (server, entry, rows)
         for k, _, unique, _ in wanted:
@@ -1139,6 +1225,18 @@ def _saved_keys(meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray], path:
 def info_text(info: KeyInfo) -> str:
     kind = "row-sparse " if info.row_sparse else ""
     return f"{kind}{info.dtype} {tuple(info.shape)}"
+
+
+def _dense_value(k: _Key, value: Any, where: str) -> np.ndarray:
+    """A value pushed to a dense key, as an array, checked: its shape and its kind."""
+    arr = np.asarray(value)
+    if arr.shape != k.shape:
+        raise ParamError(f"{where}: a value of shape {arr.shape}, the key's is {k.shape}")
+    floats = k.dtype.kind == "f"
+    if (arr.dtype.kind == "f") != floats or arr.dtype.kind not in "fiu":
+        want = "floats" if floats else f"integers (it holds {k.dtype})"
+        raise ParamError(f"{where}: the key's pushes are {want}, not {arr.dtype}")
+    return arr
 
 
 def _check_out(out: Any, shape: tuple[int, ...], where: str) -> None:
