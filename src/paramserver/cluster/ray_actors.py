@@ -49,7 +49,8 @@ from ..updaters import create_updater
 from .driver import DONE, work
 from .gradfn import GradFnCache
 from .keys import KeyServer
-from .messages import Address, ErrorReply, Reply, Request
+from .messages import Address, Reply, Request
+from .node_link import Listener
 from .passes import _SMALL as SMALL
 from .passes import all_finite, sum_into
 from .ray_compiled import Relay, ServerStages, WorkerStages, prepare_channels
@@ -61,12 +62,10 @@ from .ray_wire import (
     import_modules,
     layout_from_data,
     pack,
-    packed,
     params_from_data,
     unpack,
 )
 from .server import Server
-from .shared_memory import Attached, RegionError
 from .worker import Worker
 
 
@@ -86,7 +85,7 @@ class _Slot:
 
     def __init__(self) -> None:
         self.event = threading.Event()
-        self.data: bytes | tuple[Any, ...] | int = ("ErrorReply", "no reply", False)
+        self.data: bytes | tuple[Any, ...] = ("ErrorReply", "no reply", False)
 
 
 class ServerActor:
@@ -120,7 +119,7 @@ class ServerActor:
         self.incarnation = uuid.uuid4().hex
         self._lock = threading.RLock()
         self._memo: dict[int, Any] = {}
-        self._attached = Attached()  # the shared memory of senders on this node
+        self._listener: Listener | None = None  # links from senders on this node
         self._stages = (ServerStages(self.server, self._call, conf.nworkers_per_group)
                         if isinstance(self.server, Server) else None)
         _warm_up(self.server if isinstance(self.server, Server) else None)
@@ -160,7 +159,7 @@ class ServerActor:
             finally:
                 self._memo = {}
 
-    def call(self, *data: Any) -> bytes | tuple[Any, ...] | int:
+    def call(self, *data: Any) -> bytes | tuple[Any, ...]:
         """One request, as :func:`~paramserver.cluster.ray_wire.pack` (one ``bytes``) or
         :func:`~paramserver.cluster.ray_wire.encode` made it; its reply, packed when it is
         small, else encoded."""
@@ -168,48 +167,27 @@ class ServerActor:
             decode(data))
         return self._serve(request)
 
-    def attach(self, node: str, name: str, pid: int, fd: int, size: int) -> str:
-        """Open the shared memory of a sender on node ``node`` (``RayTransport``): "" when
-        done, else why not (another node; no access)."""
+    def attach(self, node: str) -> tuple[str, str]:
+        """The socket for links from a sender on node ``node`` (``RayTransport``), opened at
+        the first: ``("", its name)``, or ``(why not, "")`` (another node)."""
         if node != where():
-            return "on another node"
-        try:
-            self._attached.view(name, pid, fd, size)
-        except RegionError as e:
-            return str(e)
-        return ""
+            return "on another node", ""
+        with self._lock:
+            if self._listener is None:
+                self._listener = Listener(
+                    f"paramserver-{self.incarnation}",
+                    lambda request, reply: self._call(
+                        lambda: self.server.handle(request, reply)),
+                    getattr(self.server, "name", "the server"))
+        return "", self._listener.name
 
-    def call_shared(self, name: str, pid: int, fd: int, size: int, offset: int, length: int,
-                    room: int) -> bytes | tuple[Any, ...] | int:
-        """One request written at ``offset`` of a sender's shared memory (``length``
-        bytes, :func:`~paramserver.cluster.ray_wire.pack`'s format), copied out at once;
-        its reply written there when it fits in ``room`` bytes (then its length is
-        returned), else as :meth:`call`'s."""
-        try:
-            region = self._attached.view(name, pid, fd, size)
-            request = unpack(region[offset:offset + length], copy=True)
-        except (RegionError, ValueError) as e:
-            who = getattr(self.server, "name", "the server")
-            return pack(ErrorReply(f"{who} could not read a message from the sender's shared "
-                                   f"memory: {e}"), limit=None) or b""
-        return self._serve(request, region[offset:offset + room])
-
-    def _serve(self, request: Request, into: memoryview | None = None
-               ) -> bytes | tuple[Any, ...] | int:
-        """Handle one request; its reply into ``into`` (its length returned) when given
-        and it fits, else packed when it is small, else encoded."""
+    def _serve(self, request: Request) -> bytes | tuple[Any, ...]:
+        """Handle one request; its reply packed when it is small, else encoded."""
         slot = _Slot()
 
         def reply(answer: Reply) -> None:
             # Encoded at once, in the handler's call: before any other request changes
             # the values.
-            if into is not None:
-                p = packed(answer, limit=None)
-                if p is not None and p.size <= len(into):
-                    p.write(into)
-                    slot.data = p.size
-                    slot.event.set()
-                    return
             data = pack(answer)
             slot.data = data if data is not None else encode(answer, self._share)
             slot.event.set()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import mmap
 import os
 import threading
+import time
 from dataclasses import dataclass
 
 #: Messages start at multiples of this (their arrays at multiples of 8 within them).
@@ -130,18 +131,26 @@ class _Map:
 class Attached:
     """The regions a receiver has opened, by their sender's (pid, fd); thread-safe."""
 
+    #: How often (seconds, at most) the regions of ended senders are looked for.
+    CHECK_EVERY = 5.0
+
     def __init__(self) -> None:
         self._maps: dict[tuple[int, int], _Map] = {}
         self._lock = threading.Lock()
+        self._checked = time.monotonic()
 
     def view(self, name: str, pid: int, fd: int, size: int) -> memoryview:
         """The region ``name`` (``size`` bytes or more), opened at its first message or
-        when it has grown; raises :class:`RegionError` when it cannot be."""
+        when it has grown; raises :class:`RegionError` when it cannot be. Now and then,
+        and at a sender's first message, the regions of senders that have ended (a worker
+        that crashed) are unmapped: their memory is then freed."""
         with self._lock:
             m = self._maps.get((pid, fd))
+            now = time.monotonic()
+            if m is None or now - self._checked > self.CHECK_EVERY:
+                self._checked = now
+                self._forget_ended()
             if m is None or m.name != name or m.size < size:
-                if m is None:
-                    self._forget_ended()
                 m = self._maps[(pid, fd)] = _Map(name, self._open(name, pid, fd, size), size)
             return memoryview(m.map)
 
