@@ -133,6 +133,7 @@ class RayTransport:
         self._expected: dict[tuple[Address, str], int] = {}  # reply bytes, by request kind
         self._node: str | None = None  # the Ray node of this process
         self._lock = threading.Lock()
+        self._making = threading.Lock()  # held while a link is made
         #: requests sent over links (for tests and benchmarks)
         self.linked = 0
 
@@ -162,29 +163,32 @@ class RayTransport:
     def _link(self, to: Address, h: Any, name: str) -> Link | None:
         """The link to server ``to``: made at the first message (None when the server is on
         another node, or cannot be asked); made again after its process ended (a restart)."""
-        if to in self._links:
-            link = self._links[to]
-            if link is None or not link.closed:
+        link = self._links.get(to)
+        if to in self._links and (link is None or not link.closed):
+            return link
+        with self._making:  # one link per server, whichever thread asks first
+            link = self._links.get(to)
+            if to in self._links and (link is None or not link.closed):
                 return link
-        with self._lock:
-            if self._region is None:
-                try:
-                    self._region = Region()
-                except OSError:
-                    self._linking = False
-                    return None
-            region = self._region
-        try:
-            if self._node is None:
-                self._node = str(ray.get_runtime_context().get_node_id())
-            reason, address = ray.get(h.attach.remote(self._node), timeout=60.0)
-            made: Link | None = (Link(address, region, name, to,
-                                      lambda: ask_waiting_for(h, name))
-                                 if not reason else None)
-        except Exception:  # dead, or not answering: the Ray path reports it
-            made = None
-        self._links[to] = made
-        return made
+            with self._lock:
+                if self._region is None:
+                    try:
+                        self._region = Region()
+                    except OSError:
+                        self._linking = False
+                        return None
+                region = self._region
+            try:
+                if self._node is None:
+                    self._node = str(ray.get_runtime_context().get_node_id())
+                reason, address = ray.get(h.attach.remote(self._node), timeout=60.0)
+                made: Link | None = (Link(address, region, name, to,
+                                          lambda: ask_waiting_for(h, name))
+                                     if not reason else None)
+            except Exception:  # dead, or not answering: the Ray path reports it
+                made = None
+            self._links[to] = made
+            return made
 
     def _expect(self, key: tuple[Address, str], nbytes: int) -> None:
         """The next requests of a kind leave room in shared memory for a reply of
