@@ -2,9 +2,9 @@
 
 A Ray actor call moves its arguments and its reply through Ray's object store and its
 RPCs: for a message of 1 MB that costs the caller about 6 ms of CPU where the copy itself
-costs 0.04 ms. Between processes of one node, :mod:`~paramserver.cluster.ray_transport`
-therefore writes a message's bytes here and sends only where they lie (a few ints) through
-the call; the reply is written back into the same place.
+costs 0.04 ms. Between processes of one node, a :class:`~paramserver.cluster.node_link.Link`
+therefore writes a large message's bytes here and sends only where they lie (a few
+numbers); the reply is written back into the same place.
 
 :class:`Region` is the sender's: an anonymous memory file (``memfd_create``: it has no name
 in ``/dev/shm`` or anywhere else, so nothing is left behind whatever ends the processes —
