@@ -36,7 +36,7 @@ from typing import Any
 from .errors import ClusterError, ServerLost
 from .messages import Address, ErrorReply, Reply, Request
 from .ray_wire import packed, unpack
-from .shared_memory import Attached, Region
+from .shared_memory import Attached, Region, RegionError
 from .transport import Pending
 
 #: Messages (or the replies expected) of at least this many bytes travel through shared
@@ -271,10 +271,18 @@ class Listener:
                     self._handle(request, reply)
                 except Exception as e:  # as a failed Ray call: the sender raises it
                     reply(ErrorReply(f"{self._who}: {type(e).__name__}: {e}"))
-        except (EOFError, OSError, ValueError):
+        except (EOFError, OSError, ValueError, RegionError):
             pass
         finally:
             conn.close()
+
+    def check(self, name: str, pid: int, fd: int, size: int) -> str:
+        """Whether a sender's region opens here: "" when it does, else why not."""
+        try:
+            self._attached.view(name, pid, fd, size)
+        except RegionError as e:
+            return str(e)
+        return ""
 
     def close(self) -> None:
         self._sock.close()

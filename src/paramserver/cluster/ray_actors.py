@@ -167,9 +167,10 @@ class ServerActor:
             decode(data))
         return self._serve(request)
 
-    def attach(self, node: str) -> tuple[str, str]:
-        """The socket for links from a sender on node ``node`` (``RayTransport``), opened at
-        the first: ``("", its name)``, or ``(why not, "")`` (another node)."""
+    def attach(self, node: str, name: str, pid: int, fd: int, size: int) -> tuple[str, str]:
+        """The socket for links from a sender on node ``node`` whose shared memory is
+        ``name`` (``RayTransport``), opened at the first: ``("", its name)``, or
+        ``(why not, "")`` (another node; the sender's memory does not open here)."""
         if node != where():
             return "on another node", ""
         with self._lock:
@@ -179,7 +180,8 @@ class ServerActor:
                     lambda request, reply: self._call(
                         lambda: self.server.handle(request, reply)),
                     getattr(self.server, "name", "the server"))
-        return "", self._listener.name
+        reason = self._listener.check(name, pid, fd, size)
+        return (reason, "") if reason else ("", self._listener.name)
 
     def _serve(self, request: Request) -> bytes | tuple[Any, ...]:
         """Handle one request; its reply packed when it is small, else encoded."""

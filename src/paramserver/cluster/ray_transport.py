@@ -181,7 +181,8 @@ class RayTransport:
             try:
                 if self._node is None:
                     self._node = str(ray.get_runtime_context().get_node_id())
-                reason, address = ray.get(h.attach.remote(self._node), timeout=60.0)
+                reason, address = ray.get(h.attach.remote(
+                    self._node, region.name, region.pid, region.fd, region.size), timeout=60.0)
                 made: Link | None = (Link(address, region, name, to,
                                           lambda: ask_waiting_for(h, name))
                                      if not reason else None)

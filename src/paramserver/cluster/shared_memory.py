@@ -25,6 +25,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from .errors import ClusterError
+
 #: Messages start at multiples of this (their arrays at multiples of 8 within them).
 ALIGN = 64
 #: The first size of a region; it grows (doubling) as messages need.
@@ -117,8 +119,8 @@ class Region:
             self.close()
 
 
-class RegionError(OSError):
-    """A region could not be opened (another node, a sender gone, no permission)."""
+class RegionError(ClusterError):
+    """A region could not be opened (a sender gone, no permission)."""
 
 
 @dataclass
