@@ -33,7 +33,8 @@ PROTOCOL = {"AttributeError", "ImportError", "NotImplementedError", "StopIterati
 #: (module, function): a built-in error that never leaves the package (its caller catches).
 INTERNAL = {("config/components.py", "_dynamic_field"),
             ("config/parameter.py", "_dynamic_field"),
-            ("checkpoint.py", "_read_safetensors")}
+            ("checkpoint.py", "_read_safetensors"),
+            ("cluster/node_link.py", "_read")}
 BUILTIN_ERRORS = {name for name, value in vars(builtins).items()
                   if isinstance(value, type) and issubclass(value, BaseException)}
 

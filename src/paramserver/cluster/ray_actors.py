@@ -49,7 +49,8 @@ from ..updaters import create_updater
 from .driver import DONE, work
 from .gradfn import GradFnCache
 from .keys import KeyServer
-from .messages import Address, Reply
+from .messages import Address, Reply, Request
+from .node_link import Listener
 from .passes import _SMALL as SMALL
 from .passes import all_finite, sum_into
 from .ray_compiled import Relay, ServerStages, WorkerStages, prepare_channels
@@ -118,6 +119,7 @@ class ServerActor:
         self.incarnation = uuid.uuid4().hex
         self._lock = threading.RLock()
         self._memo: dict[int, Any] = {}
+        self._listener: Listener | None = None  # links from senders on this node
         self._stages = (ServerStages(self.server, self._call, conf.nworkers_per_group)
                         if isinstance(self.server, Server) else None)
         _warm_up(self.server if isinstance(self.server, Server) else None)
@@ -163,13 +165,33 @@ class ServerActor:
         small, else encoded."""
         request = unpack(data[0]) if len(data) == 1 and isinstance(data[0], bytes) else (
             decode(data))
+        return self._serve(request)
+
+    def attach(self, node: str, name: str, pid: int, fd: int, size: int) -> tuple[str, str]:
+        """The socket for links from a sender on node ``node`` whose shared memory is
+        ``name`` (``RayTransport``), opened at the first: ``("", its name)``, or
+        ``(why not, "")`` (another node; the sender's memory does not open here)."""
+        if node != where():
+            return "on another node", ""
+        with self._lock:
+            if self._listener is None:
+                self._listener = Listener(
+                    f"paramserver-{self.incarnation}",
+                    lambda request, reply: self._call(
+                        lambda: self.server.handle(request, reply)),
+                    getattr(self.server, "name", "the server"))
+        reason = self._listener.check(name, pid, fd, size)
+        return (reason, "") if reason else ("", self._listener.name)
+
+    def _serve(self, request: Request) -> bytes | tuple[Any, ...]:
+        """Handle one request; its reply packed when it is small, else encoded."""
         slot = _Slot()
 
         def reply(answer: Reply) -> None:
             # Encoded at once, in the handler's call: before any other request changes
             # the values.
-            packed = pack(answer)
-            slot.data = packed if packed is not None else encode(answer, self._share)
+            data = pack(answer)
+            slot.data = data if data is not None else encode(answer, self._share)
             slot.event.set()
 
         self._call(lambda: self.server.handle(request, reply))

@@ -728,6 +728,9 @@ class RayBackend:
                 except Exception:  # gone already
                     pass
             self._drop_steps()  # after the kills: a worker stuck in its step cannot hold it
+            transport = getattr(self, "transport", None)
+            if transport is not None:
+                transport.close()  # its shared memory
             if self._owns_ray:
                 stop_ray()
         output = getattr(self, "_output", None)

@@ -163,23 +163,60 @@ def encode(message: Request | Reply, share: Callable[[np.ndarray], Any] | None =
 _HEAD = struct.Struct("<I")
 
 
-def pack(message: Request | Reply, limit: int | None = LARGE) -> bytes | None:
-    """A message as one ``bytes`` object: the length of a JSON header (its kind, its plain
-    fields, each array's dtype and shape), the header, then each array's memory at an offset
-    aligned to 8 bytes. ``None`` when it does not fit: a dict field, an array of objects, or
-    arrays of ``limit`` bytes or more (by default :data:`LARGE`: those go through the object
-    store; ``None``: no limit, for a compiled graph's channels)."""
+class Packed:
+    """A message laid out for :func:`pack`'s format, before it is written: its JSON header
+    and its arrays (contiguous), and the bytes it takes (``size``)."""
+
+    __slots__ = ("arrays", "head", "size")
+
+    def __init__(self, head: bytes, arrays: list[np.ndarray]):
+        self.head = head
+        self.arrays = arrays
+        at = _HEAD.size + len(head)
+        for a in arrays:
+            at += -at % 8 + a.nbytes
+        self.size = at
+
+    def parts(self) -> list[Any]:
+        """The message's bytes, in order: ``b"".join`` of them is :func:`pack`'s."""
+        parts: list[Any] = [_HEAD.pack(len(self.head)), self.head]
+        at = _HEAD.size + len(self.head)
+        for a in self.arrays:
+            pad = -at % 8
+            parts += [b"\0" * pad, a.data.cast("B")]
+            at += pad + a.nbytes
+        return parts
+
+    def write(self, buffer: memoryview) -> None:
+        """Write the message at the start of ``buffer`` (at least ``size`` bytes): one copy
+        of each array."""
+        n = len(self.head)
+        _HEAD.pack_into(buffer, 0, n)
+        at = _HEAD.size + n
+        buffer[_HEAD.size:at] = self.head
+        for a in self.arrays:
+            at += -at % 8
+            buffer[at:at + a.nbytes] = a.data.cast("B")
+            at += a.nbytes
+
+
+def _flatten(message: Any, arrays: list[tuple[list[int], np.ndarray]], path: list[int]
+             ) -> list[Any] | None:
+    """``[kind, fields]`` of a message, its arrays taken out into ``arrays`` (with the path
+    of their field); None when a field is neither plain nor an array."""
     message = _narrow(message)
+    nested = NESTED.get(type(message).__name__, ())
     fields: list[Any] = []
-    arrays: list[tuple[int, np.ndarray]] = []
-    nbytes = 0
     for i, f in enumerate(dataclasses.fields(message)):  # type: ignore[arg-type]
         v = getattr(message, f.name)
-        if isinstance(v, np.ndarray):
+        if f.name in nested:
+            v = _flatten(v, arrays, [*path, i])
+            if v is None:
+                return None
+        elif isinstance(v, np.ndarray):
             if v.dtype.hasobject:
                 return None
-            arrays.append((i, np.ascontiguousarray(v)))
-            nbytes += v.nbytes
+            arrays.append(([*path, i], np.ascontiguousarray(v)))
             v = None
         elif isinstance(v, (bool, np.bool_)):
             v = bool(v)
@@ -190,34 +227,68 @@ def pack(message: Request | Reply, limit: int | None = LARGE) -> bytes | None:
         elif v is not None and not isinstance(v, str):
             return None
         fields.append(v)
-    if limit is not None and nbytes >= limit:
+    return [type(message).__name__, fields]
+
+
+def packed(message: Request | Reply, limit: int | None = LARGE) -> Packed | None:
+    """A message laid out for :func:`pack` (the same cases: None when it does not fit)."""
+    arrays: list[tuple[list[int], np.ndarray]] = []
+    flat = _flatten(message, arrays, [])
+    if flat is None:
         return None
-    head = json.dumps([type(message).__name__, fields,
-                       [[i, a.dtype.str, list(a.shape)] for i, a in arrays]]).encode()
-    parts: list[Any] = [_HEAD.pack(len(head)), head]
-    at = _HEAD.size + len(head)
-    for _, a in arrays:
-        pad = -at % 8
-        parts += [b"\0" * pad, a.data.cast("B")]
-        at += pad + a.nbytes
-    return b"".join(parts)
+    if limit is not None and sum(a.nbytes for _, a in arrays) >= limit:
+        return None
+    head = json.dumps([flat[0], flat[1], [[p[0] if len(p) == 1 else p, a.dtype.str,
+                                            list(a.shape)] for p, a in arrays]]).encode()
+    return Packed(head, [a for _, a in arrays])
 
 
-def unpack(data: bytes) -> Any:
-    """The message of :func:`pack`'s bytes; its arrays are read-only views of them."""
-    (n,) = _HEAD.unpack_from(data)
-    kind, fields, arrays = json.loads(data[_HEAD.size:_HEAD.size + n])
+def pack(message: Request | Reply, limit: int | None = LARGE) -> bytes | None:
+    """A message as one ``bytes`` object: the length of a JSON header (its kind, its plain
+    fields -- a message it holds (a :class:`~.messages.KeyBatch`'s request) as its own
+    ``[kind, fields]`` --, each array's field, dtype and shape), the header, then each
+    array's memory at an offset aligned to 8 bytes. ``None`` when it does not fit: a dict
+    field, an array of objects, or arrays of ``limit`` bytes or more (by default
+    :data:`LARGE`: those go through the object store; ``None``: no limit, for a compiled
+    graph's channels)."""
+    p = packed(message, limit)
+    return None if p is None else b"".join(p.parts())
+
+
+def _build(flat: Sequence[Any]) -> Any:
+    kind, fields = flat
     cls = KINDS.get(str(kind))
     if cls is None:
         raise ParamError(f"unknown message {kind!r}")
+    nested = NESTED.get(cls.__name__, ())
+    for i, f in enumerate(dataclasses.fields(cls)):
+        if f.name in nested:
+            fields[i] = _build(fields[i])
+    return _widen(cls(*fields))
+
+
+def unpack(data: bytes | memoryview, copy: bool = False) -> Any:
+    """The message of :func:`pack`'s bytes; its arrays are read-only views of them (with
+    ``copy``, arrays of their own: for a buffer that is written again)."""
+    (n,) = _HEAD.unpack_from(data)
+    kind, fields, arrays = json.loads(bytes(data[_HEAD.size:_HEAD.size + n]))
     at = _HEAD.size + n
-    for i, dtype, shape in arrays:
+    for where, dtype, shape in arrays:
         dt = np.dtype(dtype)
         at += -at % 8
         count = math.prod(shape)
-        fields[i] = np.frombuffer(data, dt, count, at).reshape(shape)
+        a = np.frombuffer(data, dt, count, at).reshape(shape)
+        if copy:
+            a = a.copy()
+        if isinstance(where, int):
+            fields[where] = a
+        else:
+            inner = fields
+            for i in where[:-1]:
+                inner = inner[i][1]
+            inner[where[-1]] = a
         at += count * dt.itemsize
-    return _widen(cls(*fields))
+    return _build([kind, fields])
 
 
 def decode(data: Sequence[Any], resolve: Callable[[Any], Any] | None = None) -> Any:
@@ -232,6 +303,6 @@ def decode(data: Sequence[Any], resolve: Callable[[Any], Any] | None = None) -> 
     return _widen(cls(*fields))
 
 
-__all__ = ["LARGE", "decode", "encode", "import_modules", "layout_from_data", "layout_to_data",
-           "main_components", "pack", "params_from_data", "params_to_data", "unpack",
-           "user_modules"]
+__all__ = ["LARGE", "Packed", "decode", "encode", "import_modules", "layout_from_data",
+           "layout_to_data", "main_components", "pack", "packed", "params_from_data",
+           "params_to_data", "unpack", "user_modules"]
