@@ -198,3 +198,64 @@ def test_a_crashed_worker_or_a_lost_server_leaves_nothing_behind(ray_session: An
             store.run(_kill_a_server)
     assert left_behind(regions) == {}
     assert ours_in_dev_shm() == []
+
+
+# -- who may connect -----------------------------------------------------------------------------
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a client as another user")
+def test_a_server_socket_takes_no_link_from_another_user() -> None:
+    """A socket name of the abstract namespace has no permissions: any local user could
+    connect to a server's. The listener takes a link only from a process of its own user:
+    another user's connection -- a well-formed hello naming its own shared memory, then a
+    message -- is closed before anything it sent is handled, while this user's is served."""
+    import threading
+
+    from paramserver.cluster.messages import Barrier
+    from paramserver.cluster.node_link import Link, Listener
+
+    handled: list[Any] = []
+    answered = threading.Event()
+
+    def handle(request: Any, reply: Any) -> None:
+        handled.append(request)
+        reply(Values(np.zeros(1, np.float32), np.zeros(1, np.int64), True, False))
+        answered.set()
+
+    name = f"paramserver-test-{os.getpid()}-peer"
+    Listener(name, handle, "server 0")
+    # the other user speaks the link's protocol itself (it need not use our Link, whose own
+    # check of the server's user would refuse first)
+    code = (
+        "import json, os, socket, sys\n"
+        "from paramserver.cluster.messages import Barrier\n"
+        "from paramserver.cluster.node_link import FRAME, HELLO, INLINE\n"
+        "from paramserver.cluster.ray_wire import packed\n"
+        "from paramserver.cluster.shared_memory import Region\n"
+        "os.setgid(65534); os.setuid(65534)  # (imported first: root's files)\n"
+        "region = Region(first_size=4096)\n"
+        "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+        "s.connect('\\0' + sys.argv[1])\n"
+        "hello = json.dumps([region.name, region.pid, region.fd]).encode()\n"
+        "p = packed(Barrier(0, 0, 1), limit=None)\n"
+        "try:\n"
+        "    s.sendall(FRAME.pack(0, HELLO, len(hello), 0, 0, region.size) + hello\n"
+        "              + FRAME.pack(1, INLINE, p.size, 0, 0, 0) + b''.join(p.parts()))\n"
+        "    print('refused' if s.recv(64) == b'' else 'answered')\n"
+        "except OSError:\n"
+        "    print('refused')\n")
+    other = subprocess.run([sys.executable, "-c", code, name], capture_output=True,
+                           text=True, timeout=120, cwd="/",
+                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert other.stdout.startswith("refused"), other.stdout + other.stderr
+    assert handled == []
+    # this user's link is served
+    region = Region(first_size=4096)
+    try:
+        link = Link(name, region, "server 0", ("server", 0), lambda: "")
+        pending = link.send(Barrier(0, 0, 1), "a barrier", 0)
+        assert pending is not None
+        assert isinstance(pending.wait(60.0), Values)
+        assert answered.is_set() and len(handled) == 1
+        link.close()
+    finally:
+        region.close()

@@ -27,6 +27,7 @@ This module does not import Ray.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import struct
 import threading
@@ -45,6 +46,16 @@ SHARED_MIN = 8 << 10
 #: A frame: request number, how the bytes travel, then four numbers (see the docstring).
 FRAME = struct.Struct("<QB7xQQQQ")
 INLINE, PLACED, HELLO = 0, 1, 2
+
+
+def _same_user(sock: socket.socket) -> bool:
+    """Whether the process at the other end of ``sock`` runs as this process's user. A name
+    in the abstract namespace has no file and so no permissions: any local user can connect
+    to it, or bind it first; a link is only between processes of one user (as the sender's
+    shared memory, opened through /proc, is)."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _, uid, _ = struct.unpack("3i", creds)
+    return bool(uid == os.getuid())
 
 
 def _read(sock: socket.socket, n: int) -> bytearray:
@@ -112,6 +123,8 @@ class Link:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._sock.connect("\0" + address)
+            if not _same_user(self._sock):  # another user's socket under the server's name
+                raise PermissionError(f"the socket of {server} belongs to another user")
             hello = json.dumps([region.name, region.pid, region.fd]).encode()
             self._sock.sendall(FRAME.pack(0, HELLO, len(hello), 0, 0, region.size) + hello)
         except OSError:
@@ -225,6 +238,9 @@ class Listener:
                 conn, _ = self._sock.accept()
             except OSError:
                 return
+            if not _same_user(conn):  # another local user: no link to this server
+                conn.close()
+                continue
             threading.Thread(target=self._serve, args=(conn,), daemon=True,
                              name="paramserver-link").start()
 
