@@ -123,13 +123,16 @@ class Link:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._sock.connect("\0" + address)
-            if not _same_user(self._sock):  # another user's socket under the server's name
-                raise PermissionError(f"the socket of {server} belongs to another user")
-            hello = json.dumps([region.name, region.pid, region.fd]).encode()
-            self._sock.sendall(FRAME.pack(0, HELLO, len(hello), 0, 0, region.size) + hello)
+            mine = _same_user(self._sock)
+            if mine:
+                hello = json.dumps([region.name, region.pid, region.fd]).encode()
+                self._sock.sendall(FRAME.pack(0, HELLO, len(hello), 0, 0, region.size) + hello)
         except OSError:
             self._sock.close()
             raise
+        if not mine:  # another user's socket under the server's name: no link
+            self._sock.close()
+            raise ClusterError(f"the socket of {server} belongs to another user")
         threading.Thread(target=self._replies, daemon=True,
                          name=f"paramserver-link-{to[0]}-{to[1]}").start()
 
