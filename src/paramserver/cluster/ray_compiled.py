@@ -66,7 +66,7 @@ from ray.exceptions import (
 from ..config.job import ClusterConf
 from ..params import ParamSet
 from ..updaters import Updater
-from .driver import DONE, ENDED, ERROR, LEFT, Outcome, done, failure, gradients
+from .driver import DONE, ENDED, ERROR, LEFT, Outcome, Pauses, done, failure, gradients
 from .errors import ClusterError
 from .gradfn import GradFnCache
 from .messages import Address, Reply, Request, Update
@@ -493,13 +493,15 @@ class CompiledSteps:
     # -- a part of a run ----------------------------------------------------------------------
 
     def run(self, ranks: Sequence[int], fn: Any, first: int, last: int, deliver: Deliver,
-            fallback: Callable[[Sequence[int], Any, int, int, Deliver], None]) -> None:
+            fallback: Callable[[Sequence[int], Any, int, int, Deliver], None],
+            halt: Pauses | None = None) -> None:
         """Steps ``[first, last)`` of workers ``ranks`` (in a thread of its own): every
         outcome to ``deliver``, then one ``ended`` per rank (a rank handed to ``fallback``,
-        the ordinary path, ends there)."""
+        the ordinary path, ends there). At a step of ``halt.steps`` the graph drains, and
+        the part ends there if ``halt`` says so: else the steps go on without a pause."""
         ended = set(ranks)
         try:
-            self._run(ranks, fn, first, last, deliver, fallback, ended)
+            last = self._run(ranks, fn, first, last, deliver, fallback, ended, halt)
             if not self.broken:
                 self._parked = self._graph.execute(PARK)
         except Exception as e:  # a failure of this thread stops the run, said as it is
@@ -523,7 +525,8 @@ class CompiledSteps:
 
     def _run(self, ranks: Sequence[int], fn: Any, first: int, last: int, deliver: Deliver,
              fallback: Callable[[Sequence[int], Any, int, int, Deliver], None],
-             ended: set[int]) -> None:
+             ended: set[int], halt: Pauses | None) -> int:
+        """See :meth:`run`; the step where the part ended (``last``, or where ``halt`` said)."""
         live = set(ranks)
         at = dict.fromkeys(live, first)  # the next step of each rank
         # No limit here: a worker building its gradient function takes what it takes, and
@@ -537,12 +540,12 @@ class CompiledSteps:
             self._graph_teardown()
             self._parked = None
             self._broke(e, live, at, fn, last, deliver, fallback, ended, False)
-            return
+            return last
         errors = [Outcome.from_data(d) for d in begun if d is not None]
         for outcome in errors:
             deliver(outcome)
         if errors:
-            return
+            return last
         watch = threading.Event()
         self._stopping = False
         watchdog = threading.Thread(target=self._watch, args=(watch, live, deliver),
@@ -554,8 +557,17 @@ class CompiledSteps:
         try:
             while inflight or (step < last and not self._stopping):
                 while not self._stopping and step < last and len(inflight) < self.inflight:
+                    if halt is not None and step in halt.steps:
+                        # A pause: asked once the steps before it are done (and reported)
+                        if inflight:
+                            break
+                        if halt(step):
+                            last = step
+                            break
                     inflight.append((step, self._graph.execute(step)))
                     step += 1
+                if not inflight:
+                    break  # ended at a pause
                 s, refs = inflight.popleft()
                 self._waiting = (s, time.monotonic())
                 if inflight:  # the workers have steps to go on with: no hurry
@@ -581,6 +593,7 @@ class CompiledSteps:
             self._broke(e, live, at, fn, last, deliver, fallback, ended, self._stopping)
         finally:
             watch.set()
+        return last
 
     def _watch(self, stop: threading.Event, live: set[int], deliver: Deliver) -> None:
         """Report the first worker whose wait for its replies exceeds the timeout, as its own
