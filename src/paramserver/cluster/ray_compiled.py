@@ -14,6 +14,7 @@ The graph of one step (``step`` is its input)::
     server s:  gate(step)         (waits there between parts: see below)
                take(update of w)  for each worker of its group, in worker order (held)
                answer(...)        the held updates to the Server at once; its replies
+                                  (a group of one worker: answer_one(update), both at once)
     worker w:  adopt(replies)     the new values; the step's outcome (the graph's output)
 
 The step's messages and code are those of the other path: :func:`~.driver.gradients`, the
@@ -34,8 +35,11 @@ and the next part compiles a new graph), and under ``continue`` the other worker
 the part on the ordinary path of actor calls (:mod:`~paramserver.cluster.ray_backend`).
 
 Ray's channels wait for a message by spinning (``sched_yield``), quickest where every
-actor has a core and costly where they share cores. So the driver reads a step's outcomes
-only when they are about due (:class:`_Pace`), and at the end of a part it sends the
+actor has a core and costly where they share cores. So the driver reads the steps'
+outcomes in batches, when they are about due (:class:`_Pace`); it does not stop the steps
+at the places where a run may stop early (a Ctrl-C's checkpoint): the graph drains there
+(the driver has reported every step before) and goes on unless a stop was asked for
+(:class:`~.driver.Pauses`). At the end of a part it sends the
 graph a step that *parks* every actor's loop (blocked on an event, not spinning) until
 the next part wakes them: an idle cluster takes no CPU while the driver tests or saves.
 
@@ -344,6 +348,11 @@ class ServerStages:
             self.answered = next(iter(held.values())).step
         return tuple(replies.get(i) for i in range(self.nworkers))
 
+    def answer_one(self, _: None, data: bytes | None) -> tuple[bytes | None, ...]:
+        """:meth:`take` and :meth:`answer` in one stage, for a group of one worker."""
+        self.take(None, data)
+        return self.answer()
+
     def begin(self) -> None:
         """Before a part: forget updates held by a graph that broke midway."""
         self.held = {}
@@ -373,26 +382,37 @@ logging.getLogger("ray.dag.compiled_dag_node").addFilter(_QuietCancel())
 
 
 class _Pace:
-    """When the driver reads the next step's outcomes. Ray's channels wait by spinning: the
-    driver would spin for most of every step, taking a core from the actors. With the next
-    steps already given to the workers it need not read at once: it sleeps until most of a
-    step's time (as the last steps took) has gone since the last outcomes came."""
+    """When the driver reads the outcomes of the steps in flight. Ray's channels wait by
+    spinning: the driver would spin for most of every step, taking a core from the actors,
+    and waking for every step costs the actors a core as often. With the next steps already
+    given to the workers it need not read at once: it reads them in batches of ``batch``
+    steps, sleeping until most of a batch's time (as the last batches took; at most half a
+    second) has gone since the last batch was read, then reading its outcomes one after
+    another. The workers meanwhile have the other half of the steps in flight to go on
+    with."""
 
-    def __init__(self) -> None:
-        self.last: float | None = None
+    def __init__(self, batch: int) -> None:
+        self.batch = max(1, batch)
+        self.mark: float | None = None  # when the last batch was read
         self.step = 0.0  # seconds a step takes, smoothed
+        self.count = 0  # outcomes read of this batch
 
     def wait(self) -> None:
-        if self.last is not None:
-            left = self.last + 0.8 * self.step - time.monotonic()
+        """Before the oldest outcome in flight is read (later steps are in flight too)."""
+        if self.count == 0 and self.mark is not None:
+            left = self.mark + 0.9 * self.batch * self.step - time.monotonic()
             if left > 0:
-                time.sleep(min(left, 0.05))
+                time.sleep(min(left, 0.5))
 
     def arrived(self) -> None:
+        self.count += 1
+        if self.count < self.batch:
+            return
         now = time.monotonic()
-        if self.last is not None:
-            self.step += 0.2 * (now - self.last - self.step)
-        self.last = now
+        if self.mark is not None:
+            per = (now - self.mark) / self.batch
+            self.step += 0.2 * (per - self.step) if self.step else per
+        self.mark, self.count = now, 0
 
 
 class CompiledSteps:
@@ -478,8 +498,11 @@ class CompiledSteps:
                 group = [w for w in self.workers if w.group % nsg == a[0]]
                 h = self.servers[a]
                 gate = h.gate.bind(step)
-                answers[a] = h.answer.bind(*[h.take.bind(gate, pushes[(w.rank, a)])
-                                             for w in group])
+                if len(group) == 1:  # nothing to hold while the others' updates come
+                    answers[a] = h.answer_one.bind(gate, pushes[(group[0].rank, a)])
+                else:
+                    answers[a] = h.answer.bind(*[h.take.bind(gate, pushes[(w.rank, a)])
+                                                 for w in group])
             outputs = [w.actor.adopt.bind(*[answers[a] for a in order
                                             if a[0] == w.group % nsg])
                        for w in self.workers]
@@ -553,7 +576,7 @@ class CompiledSteps:
         watchdog.start()
         inflight: deque[tuple[int, Any]] = deque()
         step = first
-        pace = _Pace()
+        pace = _Pace(self.inflight // 2)
         try:
             while inflight or (step < last and not self._stopping):
                 while not self._stopping and step < last and len(inflight) < self.inflight:
