@@ -287,13 +287,14 @@ class Pauses:
         self._changed = threading.Condition()
         self._reported = -1  # on_step was called for every step before this one
         self._over = True  # no part is running (nothing to wait for)
+        self._dropped = False  # the driver gave the part up (it raised): stop anyway
 
     def __call__(self, step: int) -> bool:
         if step not in self.steps:
             return False
         with self._changed:
             self._changed.wait_for(lambda: self._reported >= step or self._over)
-        if self.stop():
+        if self._dropped or self.stop():
             self.halted = step
             return True
         return False
@@ -304,10 +305,12 @@ class Pauses:
             self._reported = step
             self._changed.notify_all()
 
-    def part(self, running: bool) -> None:
-        """A part of the run begins (True), or ends (False: no more reports in it)."""
+    def part(self, running: bool, dropped: bool = False) -> None:
+        """A part of the run begins (True), or ends (False: no more reports in it; with
+        ``dropped``, the driver gave it up: the workers stop at the next pause)."""
         with self._changed:
             self._over = not running
+            self._dropped = dropped
             if running:
                 self.halted = None
             self._changed.notify_all()
@@ -714,11 +717,11 @@ class Driver:
                         halt.reported(reported[0])
         except BaseException as e:  # on_step raised, or KeyboardInterrupt
             if halt is not None:
-                halt.part(False)
+                halt.part(False, dropped=True)
             self._stop(f"the run was stopped in the caller: {type(e).__name__}: {e}")
             raise
         if halt is not None:
-            halt.part(False)
+            halt.part(False, dropped=failure is not None)
         if failure is not None:
             self._stop(f"the run was stopped: {failure.message}")
             raise failure

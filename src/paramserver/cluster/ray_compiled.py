@@ -386,10 +386,15 @@ class _Pace:
     spinning: the driver would spin for most of every step, taking a core from the actors,
     and waking for every step costs the actors a core as often. With the next steps already
     given to the workers it need not read at once: it reads them in batches of ``batch``
-    steps, sleeping until most of a batch's time (as the last batches took; at most half a
-    second) has gone since the last batch was read, then reading its outcomes one after
-    another. The workers meanwhile have the other half of the steps in flight to go on
-    with."""
+    steps, sleeping until most of a batch's time (as the last batches took; at most 0.2 s)
+    has gone since the last batch was read, then reading its outcomes one after another.
+    The batch is a quarter of the steps in flight: the workers have the rest to go on with
+    even when the driver wakes late (a busy machine).
+
+    A batch's time is measured only when its last outcome had to be waited for; one that
+    was there before the driver looked says that it slept too long (the workers may have
+    run out of steps meanwhile, and the time measured would be its own sleep): the time
+    a step takes is then taken as half of what it was."""
 
     def __init__(self, batch: int) -> None:
         self.batch = max(1, batch)
@@ -400,18 +405,22 @@ class _Pace:
     def wait(self) -> None:
         """Before the oldest outcome in flight is read (later steps are in flight too)."""
         if self.count == 0 and self.mark is not None:
-            left = self.mark + 0.9 * self.batch * self.step - time.monotonic()
+            left = self.mark + 0.8 * self.batch * self.step - time.monotonic()
             if left > 0:
-                time.sleep(min(left, 0.5))
+                time.sleep(min(left, 0.2))
 
-    def arrived(self) -> None:
+    def arrived(self, waited: float) -> None:
+        """An outcome was read, after ``waited`` seconds in Ray's wait for it."""
         self.count += 1
         if self.count < self.batch:
             return
         now = time.monotonic()
         if self.mark is not None:
-            per = (now - self.mark) / self.batch
-            self.step += 0.2 * (per - self.step) if self.step else per
+            if waited < 0.1 * self.step:  # there before the driver looked: it slept too long
+                self.step *= 0.5
+            else:
+                per = (now - self.mark) / self.batch
+                self.step += 0.2 * (per - self.step) if self.step else per
         self.mark, self.count = now, 0
 
 
@@ -576,7 +585,7 @@ class CompiledSteps:
         watchdog.start()
         inflight: deque[tuple[int, Any]] = deque()
         step = first
-        pace = _Pace(self.inflight // 2)
+        pace = _Pace(self.inflight // 4)
         try:
             while inflight or (step < last and not self._stopping):
                 while not self._stopping and step < last and len(inflight) < self.inflight:
@@ -595,8 +604,9 @@ class CompiledSteps:
                 self._waiting = (s, time.monotonic())
                 if inflight:  # the workers have steps to go on with: no hurry
                     pace.wait()
+                t = time.monotonic()
                 results = [ref.get(timeout=-1) for ref in refs]  # one per worker
-                pace.arrived()
+                pace.arrived(time.monotonic() - t)
                 self._waiting = None
                 for data in results:
                     if data is None:
