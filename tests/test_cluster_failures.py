@@ -202,6 +202,44 @@ def test_an_exception_in_on_step_stops_the_workers_and_is_raised(backend: str) -
         c.close()
 
 
+# -- a stop asked for (Ctrl-C) -----------------------------------------------------------------
+
+@pytest.mark.parametrize("asked_at", [13, 0, None])
+def test_a_stop_asked_for_ends_the_run_at_the_next_pause_and_it_goes_on_exactly(
+        backend: str, asked_at: int | None) -> None:
+    """``pauses`` and ``stop`` (what the trainer's Ctrl-C uses): asked during step 13's
+    ``on_step``, the run ends at the next pause, 20, every step before it done by every
+    worker; the next run goes on from there to the values and metrics of a run never
+    stopped. Asked before the first step: it ends at the first pause. Never asked: no end
+    before the last step."""
+    kw = dict(nworkers_per_group=2, nservers_per_group=2)
+    expected, _ = make("local", **kw)
+    expected_metrics = expected.run(fill, 30)
+    c, ps = make(backend, **kw)
+    asked = threading.Event()
+    if asked_at == 0:
+        asked.set()
+    reported: list[int] = []
+
+    def on_step(step: int, metrics: Any) -> None:
+        reported.append(step)
+        if step == asked_at:
+            asked.set()
+
+    try:
+        metrics = c.run(fill, 30, on_step=on_step, pauses={10, 20}, stop=asked.is_set)
+        stopped = {13: 20, 0: 10, None: 30}[asked_at]
+        assert c.step == stopped and reported == list(range(stopped))
+        assert len(metrics) == stopped
+        metrics += c.run(fill, 30 - stopped, on_step=on_step)
+    finally:
+        c.close()
+    assert reported == list(range(30))
+    assert metrics == expected_metrics
+    assert np.array_equal(ps.values, expected.params.values)
+    assert [p.version for p in ps.owners] == [30, 30]
+
+
 # -- a worker dies -----------------------------------------------------------------------------
 
 def test_a_dead_worker_stops_the_run(backend: str) -> None:

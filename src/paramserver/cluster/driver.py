@@ -24,10 +24,11 @@ import itertools
 import queue
 import shutil
 import tempfile
+import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -224,10 +225,20 @@ class Backend(Protocol):
         """The gradient function as the workers are given it (shipped once per run)."""
         ...
 
+    @property
+    def halts(self) -> bool:
+        """Whether :meth:`start` honours ``halt``: the workers can end a part at a step the
+        driver names as they reach it (else the driver cuts a run into parts at every place
+        where it may stop)."""
+        ...
+
     def start(self, ranks: Sequence[int], fn: Any, first: int, last: int,
-              deliver: Callable[[Outcome], None]) -> None:
+              deliver: Callable[[Outcome], None], halt: Pauses | None = None) -> None:
         """Start workers ``ranks`` on steps ``[first, last)``: each runs :func:`work` and
-        its outcomes reach ``deliver`` (from any thread), then one ``ended``."""
+        its outcomes reach ``deliver`` (from any thread), then one ``ended``. With
+        ``halt`` (only where :attr:`halts`): a step of ``halt.steps`` is begun only once
+        every step before it is done and ``halt(step)`` said False; the part ends at the
+        first for which it says True."""
         ...
 
     def wait(self, timeout: float) -> None:
@@ -255,6 +266,54 @@ class Backend(Protocol):
 
     def close(self) -> None:
         ...
+
+
+class Pauses:
+    """The places where a run may stop before its end, and what asks it to: called with a
+    step, whether the run ends there (the step is one of ``steps`` and ``stop()`` says
+    so). A run stops only between steps that every worker finished, where the servers
+    hold the values of exactly those steps: a checkpoint written there resumes exactly.
+
+    Where the workers go on through a pause (a backend that :attr:`~Backend.halts`), the
+    call at a pause waits until the driver has called ``on_step`` for every step before
+    it (:meth:`reported`): a stop asked for in ``on_step`` (or during it: a Ctrl-C) is seen
+    at the next pause, as where the run is cut into parts at each.
+    """
+
+    def __init__(self, steps: Collection[int], stop: Callable[[], bool]):
+        self.steps = frozenset(int(s) for s in steps)
+        self.stop = stop
+        self.halted: int | None = None  # where the part running ended early
+        self._changed = threading.Condition()
+        self._reported = -1  # on_step was called for every step before this one
+        self._over = True  # no part is running (nothing to wait for)
+        self._dropped = False  # the driver gave the part up (it raised): stop anyway
+
+    def __call__(self, step: int) -> bool:
+        if step not in self.steps:
+            return False
+        with self._changed:
+            self._changed.wait_for(lambda: self._reported >= step or self._over)
+        if self._dropped or self.stop():
+            self.halted = step
+            return True
+        return False
+
+    def reported(self, step: int) -> None:
+        """The driver has called ``on_step`` for every step before ``step``."""
+        with self._changed:
+            self._reported = step
+            self._changed.notify_all()
+
+    def part(self, running: bool, dropped: bool = False) -> None:
+        """A part of the run begins (True), or ends (False: no more reports in it; with
+        ``dropped``, the driver gave it up: the workers stop at the next pause)."""
+        with self._changed:
+            self._over = not running
+            self._dropped = dropped
+            if running:
+                self.halted = None
+            self._changed.notify_all()
 
 
 class _Stop(ClusterError):
@@ -459,13 +518,18 @@ class Driver:
 
     # -- running ----------------------------------------------------------------------------
 
-    def _parts(self, start: int, stop: int) -> list[tuple[int, int]]:
+    def _parts(self, start: int, stop: int, pauses: Collection[int] = ()
+               ) -> list[tuple[int, int]]:
+        """The parts of a run: cut at the servers' checkpoints (when they keep them) and at
+        ``pauses``."""
         f = self.checkpoint_freq if self.saves else 0
-        cuts = [start, *(s for s in range(start + 1, stop) if f and s % f == 0), stop]
-        return list(itertools.pairwise(cuts))
+        inner = {s for s in range(start + 1, stop) if f and s % f == 0}
+        inner.update(s for s in pauses if start < s < stop)
+        return list(itertools.pairwise([start, *sorted(inner), stop]))
 
     def run(self, grad_fn: Any, steps: int, start_step: int | None = None,
-            on_step: OnStep | None = None) -> list[list[Mapping[str, Any] | None]]:
+            on_step: OnStep | None = None, pauses: Collection[int] = (),
+            stop: Callable[[], bool] | None = None) -> list[list[Mapping[str, Any] | None]]:
         """See :meth:`paramserver.cluster.Cluster.run`."""
         if self._closed:
             raise ClusterError("the cluster was closed")
@@ -485,45 +549,59 @@ class Driver:
                                f"{step}; with cluster.on_worker_failure 'stop' this cluster "
                                "does not run without it (make a new one)")
         start = self.step if start_step is None else int(start_step)
-        stop = start + int(steps)
+        end = start + int(steps)
         n = len(self.backend.workers)
-        results: list[list[Mapping[str, Any] | None]] = [[None] * n for _ in range(start, stop)]
+        results: list[list[Mapping[str, Any] | None]] = [[None] * n for _ in range(start, end)]
         fn = self.backend.prepare(grad_fn) if steps else None
         left: dict[int, int] = {}  # workers whose gradient function failed (continue)
         reported = [start]
+        asked = Pauses(pauses, stop) if stop is not None and pauses else None
+        # Where the workers can end a part as they go, a run is one part between the servers'
+        # checkpoints; elsewhere it is cut at every pause, and asked there.
+        halt = asked if asked is not None and self.backend.halts else None
+        cuts = asked.steps if asked is not None and halt is None else frozenset()
         try:
-            for first, last in self._parts(start, stop):
-                self._run_part(fn, first, last, start, results, left, reported, on_step)
-            self._finish(stop)
+            for first, last in self._parts(start, end, cuts):
+                reached = self._run_part(fn, first, last, start, results, left, reported,
+                                         on_step, halt)
+                if reached < last or (reached < end and asked is not None
+                                      and asked(reached)):
+                    end = reached  # stopped at a pause, as asked
+                    break
+            self._finish(end)
         except _Stop as f:
             self._look_after_failure()
             err = f.error()
             raise err from err.__cause__  # the cause, not this context
-        self.step = stop
-        return results
+        self.step = end
+        return results[:end - start]
 
     def _run_part(self, fn: Any, first: int, last: int, run_start: int,
                   results: list[list[Mapping[str, Any] | None]], left: dict[int, int],
-                  reported: list[int], on_step: OnStep | None) -> None:
+                  reported: list[int], on_step: OnStep | None, halt: Pauses | None = None
+                  ) -> int:
         """Steps ``[first, last)``; after the loss of a server, back to the servers'
-        checkpoint of ``first`` and again (at most ``max_restarts`` times)."""
+        checkpoint of ``first`` and again (at most ``max_restarts`` times). The step the
+        part reached: ``last``, or where ``halt`` ended it."""
         recovering = False
         for attempt in range(self.max_restarts + 1):
             try:
                 self._begin(first, {**self.dead, **left}, recovering)
+                reached = last
                 if last > first:
                     self._pristine = False
-                    self._drive(fn, first, last, run_start, results, left, reported, on_step)
+                    reached = self._drive(fn, first, last, run_start, results, left,
+                                          reported, on_step, halt)
                     # A server lost after the workers' last request of the part took the
                     # part's work with it all the same.
                     lost = self.backend.revive()
                     if lost:
                         names = ", ".join(self._names[a] for a in lost)
-                        raise _Stop(f"{names} was lost in steps {first} to {last - 1}",
+                        raise _Stop(f"{names} was lost in steps {first} to {reached - 1}",
                                     server_lost=True)
                 if self.saves:  # also serves a server lost before the next part begins
-                    self._save(last)
-                return
+                    self._save(reached)
+                return reached
             except (_Stop, ClusterError) as e:
                 f = e if isinstance(e, _Stop) else _Stop(str(e), e, isinstance(e, ServerLost))
                 lost = self.backend.revive() if self.saves else []
@@ -555,11 +633,14 @@ class Driver:
                 for rank in [r for r, s in left.items() if s >= first]:
                     del left[rank]
                 recovering = True
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _drive(self, fn: Any, first: int, last: int, run_start: int,
                results: list[list[Mapping[str, Any] | None]], left: dict[int, int],
-               reported: list[int], on_step: OnStep | None) -> None:
-        """Start the live workers, gather their outcomes, call ``on_step`` in order."""
+               reported: list[int], on_step: OnStep | None, halt: Pauses | None = None
+               ) -> int:
+        """Start the live workers, gather their outcomes, call ``on_step`` in order; the
+        step the part reached (``last``, or where ``halt`` ended it)."""
         c = self.conf
         workers = self.backend.workers
         n = len(workers)
@@ -569,7 +650,12 @@ class Driver:
         if not live:
             raise _Stop("no worker is left: every worker failed or died")
         outcomes: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
-        self.backend.start(live, fn, first, last, outcomes.put)
+        if halt is None:
+            self.backend.start(live, fn, first, last, outcomes.put)
+        else:
+            halt.reported(reported[0])
+            halt.part(True)
+            self.backend.start(live, fn, first, last, outcomes.put, halt)
         running = set(live)
         at = dict.fromkeys(live, first)  # the step each worker is on
         counts = [0] * (last - first)
@@ -627,12 +713,21 @@ class Driver:
                     if on_step is not None:
                         on_step(reported[0], results[reported[0] - run_start])
                     reported[0] += 1
+                    if halt is not None:
+                        halt.reported(reported[0])
         except BaseException as e:  # on_step raised, or KeyboardInterrupt
+            if halt is not None:
+                halt.part(False, dropped=True)
             self._stop(f"the run was stopped in the caller: {type(e).__name__}: {e}")
             raise
+        if halt is not None:
+            halt.part(False, dropped=failure is not None)
         if failure is not None:
             self._stop(f"the run was stopped: {failure.message}")
             raise failure
+        # Every live worker ended: at `last`, or where `halt` ended the part (every step
+        # before it finished by every worker not gone).
+        return last if halt is None or halt.halted is None else halt.halted
 
     def _replace_dead(self) -> bool:
         """Under ``on_worker_failure: stop``, with the servers' checkpoints to go back to:
@@ -711,6 +806,6 @@ def server_folder(root: Path | None, address: Address) -> Path | None:
     return None if root is None else root / f"server-{address[0]}-{address[1]}"
 
 
-__all__ = ["DEAD", "DONE", "ENDED", "ERROR", "FAILED", "LEFT", "Backend", "Driver", "Outcome",
-           "WorkerInfo", "checkpoint_folder", "done", "failure", "gradients", "notes_of",
-           "server_folder", "work"]
+__all__ = ["DEAD", "DONE", "ENDED", "ERROR", "FAILED", "LEFT", "Backend", "Driver",
+           "Outcome", "Pauses", "WorkerInfo", "checkpoint_folder", "done", "failure",
+           "gradients", "notes_of", "server_folder", "work"]

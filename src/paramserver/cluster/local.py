@@ -22,7 +22,7 @@ import numpy as np
 from ..config.job import ClusterConf
 from ..params import ParamSet
 from ..updaters import Updater
-from .driver import DEAD, ENDED, Outcome, server_folder, work
+from .driver import DEAD, ENDED, Outcome, Pauses, server_folder, work
 from .errors import ClusterError
 from .gradfn import GradFnCache
 from .keys import KeyServer, updater_text
@@ -83,8 +83,12 @@ class LocalBackend:
     def prepare(self, grad_fn: Any) -> Any:
         return grad_fn
 
+    #: the workers run their steps on their own (the driver cuts a run where it may stop)
+    halts = False
+
     def start(self, ranks: Sequence[int], fn: Any, first: int, last: int,
-              deliver: Callable[[Outcome], None]) -> None:
+              deliver: Callable[[Outcome], None], halt: Pauses | None = None) -> None:
+        assert halt is None, "the embedded workers run their part to its end"
         self._threads = [threading.Thread(
             target=self._work, args=(self.workers[r], fn, first, last, deliver), daemon=True,
             name=f"paramserver-worker-{self.workers[r].group}.{self.workers[r].index}")

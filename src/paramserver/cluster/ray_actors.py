@@ -224,6 +224,10 @@ class ServerActor:
         assert self._stages is not None
         return self._stages.answer(*taken)
 
+    def answer_one(self, gate: None, update: bytes | None) -> tuple[bytes | None, ...]:
+        assert self._stages is not None
+        return self._stages.answer_one(gate, update)
+
     def answered(self) -> int:
         assert self._stages is not None
         return self._stages.answered

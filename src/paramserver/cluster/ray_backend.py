@@ -51,7 +51,7 @@ from ..config import ParamError
 from ..config.job import ClusterConf
 from ..params import ParamSet
 from ..updaters import Updater
-from .driver import DEAD, ENDED, ERROR, Outcome, server_folder
+from .driver import DEAD, ENDED, ERROR, Outcome, Pauses, server_folder
 from .errors import ClusterError
 from .gradfn import RemoteGradFn
 from .keys import updater_text
@@ -540,15 +540,22 @@ class RayBackend:
             raise ClusterError(f"the gradient function cannot be sent to the Ray workers (it "
                                f"must pickle): {type(e).__name__}: {e}") from e
 
+    @property
+    def halts(self) -> bool:
+        """The compiled steps end a part where the driver says, as they go (the driver gives
+        the graph one step at a time); the actor calls run a part to its end."""
+        return self._compiled_steps() is not None
+
     def start(self, ranks: Sequence[int], fn: Any, first: int, last: int,
-              deliver: Callable[[Outcome], None]) -> None:
+              deliver: Callable[[Outcome], None], halt: Pauses | None = None) -> None:
         self._readers = []
         steps = self._compiled_steps()
         if steps is None:
+            # (a graph that could not be made: `halts` said so first)
             self._stream(ranks, fn, first, last, deliver)
             return
         t = threading.Thread(target=steps.run, args=(ranks, fn, first, last, deliver,
-                                                     self._stream),
+                                                     self._stream, halt),
                              daemon=True, name="paramserver-ray-compiled-steps")
         self._readers.append(t)
         t.start()

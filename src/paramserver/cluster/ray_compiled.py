@@ -14,6 +14,7 @@ The graph of one step (``step`` is its input)::
     server s:  gate(step)         (waits there between parts: see below)
                take(update of w)  for each worker of its group, in worker order (held)
                answer(...)        the held updates to the Server at once; its replies
+                                  (a group of one worker: answer_one(update), both at once)
     worker w:  adopt(replies)     the new values; the step's outcome (the graph's output)
 
 The step's messages and code are those of the other path: :func:`~.driver.gradients`, the
@@ -34,8 +35,11 @@ and the next part compiles a new graph), and under ``continue`` the other worker
 the part on the ordinary path of actor calls (:mod:`~paramserver.cluster.ray_backend`).
 
 Ray's channels wait for a message by spinning (``sched_yield``), quickest where every
-actor has a core and costly where they share cores. So the driver reads a step's outcomes
-only when they are about due (:class:`_Pace`), and at the end of a part it sends the
+actor has a core and costly where they share cores. So the driver reads the steps'
+outcomes in batches, when they are about due (:class:`_Pace`); it does not stop the steps
+at the places where a run may stop early (a Ctrl-C's checkpoint): the graph drains there
+(the driver has reported every step before) and goes on unless a stop was asked for
+(:class:`~.driver.Pauses`). At the end of a part it sends the
 graph a step that *parks* every actor's loop (blocked on an event, not spinning) until
 the next part wakes them: an idle cluster takes no CPU while the driver tests or saves.
 
@@ -66,7 +70,7 @@ from ray.exceptions import (
 from ..config.job import ClusterConf
 from ..params import ParamSet
 from ..updaters import Updater
-from .driver import DONE, ENDED, ERROR, LEFT, Outcome, done, failure, gradients
+from .driver import DONE, ENDED, ERROR, LEFT, Outcome, Pauses, done, failure, gradients
 from .errors import ClusterError
 from .gradfn import GradFnCache
 from .messages import Address, Reply, Request, Update
@@ -344,6 +348,11 @@ class ServerStages:
             self.answered = next(iter(held.values())).step
         return tuple(replies.get(i) for i in range(self.nworkers))
 
+    def answer_one(self, _: None, data: bytes | None) -> tuple[bytes | None, ...]:
+        """:meth:`take` and :meth:`answer` in one stage, for a group of one worker."""
+        self.take(None, data)
+        return self.answer()
+
     def begin(self) -> None:
         """Before a part: forget updates held by a graph that broke midway."""
         self.held = {}
@@ -373,26 +382,46 @@ logging.getLogger("ray.dag.compiled_dag_node").addFilter(_QuietCancel())
 
 
 class _Pace:
-    """When the driver reads the next step's outcomes. Ray's channels wait by spinning: the
-    driver would spin for most of every step, taking a core from the actors. With the next
-    steps already given to the workers it need not read at once: it sleeps until most of a
-    step's time (as the last steps took) has gone since the last outcomes came."""
+    """When the driver reads the outcomes of the steps in flight. Ray's channels wait by
+    spinning: the driver would spin for most of every step, taking a core from the actors,
+    and waking for every step costs the actors a core as often. With the next steps already
+    given to the workers it need not read at once: it reads them in batches of ``batch``
+    steps, sleeping until most of a batch's time (as the last batches took; at most 0.2 s)
+    has gone since the last batch was read, then reading its outcomes one after another.
+    The batch is a quarter of the steps in flight: the workers have the rest to go on with
+    even when the driver wakes late (a busy machine).
 
-    def __init__(self) -> None:
-        self.last: float | None = None
+    A batch's time is measured only when its last outcome had to be waited for; one that
+    was there before the driver looked says that it slept too long (the workers may have
+    run out of steps meanwhile, and the time measured would be its own sleep): the time
+    a step takes is then taken as half of what it was."""
+
+    def __init__(self, batch: int) -> None:
+        self.batch = max(1, batch)
+        self.mark: float | None = None  # when the last batch was read
         self.step = 0.0  # seconds a step takes, smoothed
+        self.count = 0  # outcomes read of this batch
 
     def wait(self) -> None:
-        if self.last is not None:
-            left = self.last + 0.8 * self.step - time.monotonic()
+        """Before the oldest outcome in flight is read (later steps are in flight too)."""
+        if self.count == 0 and self.mark is not None:
+            left = self.mark + 0.8 * self.batch * self.step - time.monotonic()
             if left > 0:
-                time.sleep(min(left, 0.05))
+                time.sleep(min(left, 0.2))
 
-    def arrived(self) -> None:
+    def arrived(self, waited: float) -> None:
+        """An outcome was read, after ``waited`` seconds in Ray's wait for it."""
+        self.count += 1
+        if self.count < self.batch:
+            return
         now = time.monotonic()
-        if self.last is not None:
-            self.step += 0.2 * (now - self.last - self.step)
-        self.last = now
+        if self.mark is not None:
+            if waited < 0.1 * self.step:  # there before the driver looked: it slept too long
+                self.step *= 0.5
+            else:
+                per = (now - self.mark) / self.batch
+                self.step += 0.2 * (per - self.step) if self.step else per
+        self.mark, self.count = now, 0
 
 
 class CompiledSteps:
@@ -478,8 +507,11 @@ class CompiledSteps:
                 group = [w for w in self.workers if w.group % nsg == a[0]]
                 h = self.servers[a]
                 gate = h.gate.bind(step)
-                answers[a] = h.answer.bind(*[h.take.bind(gate, pushes[(w.rank, a)])
-                                             for w in group])
+                if len(group) == 1:  # nothing to hold while the others' updates come
+                    answers[a] = h.answer_one.bind(gate, pushes[(group[0].rank, a)])
+                else:
+                    answers[a] = h.answer.bind(*[h.take.bind(gate, pushes[(w.rank, a)])
+                                                 for w in group])
             outputs = [w.actor.adopt.bind(*[answers[a] for a in order
                                             if a[0] == w.group % nsg])
                        for w in self.workers]
@@ -493,13 +525,15 @@ class CompiledSteps:
     # -- a part of a run ----------------------------------------------------------------------
 
     def run(self, ranks: Sequence[int], fn: Any, first: int, last: int, deliver: Deliver,
-            fallback: Callable[[Sequence[int], Any, int, int, Deliver], None]) -> None:
+            fallback: Callable[[Sequence[int], Any, int, int, Deliver], None],
+            halt: Pauses | None = None) -> None:
         """Steps ``[first, last)`` of workers ``ranks`` (in a thread of its own): every
         outcome to ``deliver``, then one ``ended`` per rank (a rank handed to ``fallback``,
-        the ordinary path, ends there)."""
+        the ordinary path, ends there). At a step of ``halt.steps`` the graph drains, and
+        the part ends there if ``halt`` says so: else the steps go on without a pause."""
         ended = set(ranks)
         try:
-            self._run(ranks, fn, first, last, deliver, fallback, ended)
+            last = self._run(ranks, fn, first, last, deliver, fallback, ended, halt)
             if not self.broken:
                 self._parked = self._graph.execute(PARK)
         except Exception as e:  # a failure of this thread stops the run, said as it is
@@ -523,7 +557,8 @@ class CompiledSteps:
 
     def _run(self, ranks: Sequence[int], fn: Any, first: int, last: int, deliver: Deliver,
              fallback: Callable[[Sequence[int], Any, int, int, Deliver], None],
-             ended: set[int]) -> None:
+             ended: set[int], halt: Pauses | None) -> int:
+        """See :meth:`run`; the step where the part ended (``last``, or where ``halt`` said)."""
         live = set(ranks)
         at = dict.fromkeys(live, first)  # the next step of each rank
         # No limit here: a worker building its gradient function takes what it takes, and
@@ -537,12 +572,12 @@ class CompiledSteps:
             self._graph_teardown()
             self._parked = None
             self._broke(e, live, at, fn, last, deliver, fallback, ended, False)
-            return
+            return last
         errors = [Outcome.from_data(d) for d in begun if d is not None]
         for outcome in errors:
             deliver(outcome)
         if errors:
-            return
+            return last
         watch = threading.Event()
         self._stopping = False
         watchdog = threading.Thread(target=self._watch, args=(watch, live, deliver),
@@ -550,18 +585,28 @@ class CompiledSteps:
         watchdog.start()
         inflight: deque[tuple[int, Any]] = deque()
         step = first
-        pace = _Pace()
+        pace = _Pace(self.inflight // 4)
         try:
             while inflight or (step < last and not self._stopping):
                 while not self._stopping and step < last and len(inflight) < self.inflight:
+                    if halt is not None and step in halt.steps:
+                        # A pause: asked once the steps before it are done (and reported)
+                        if inflight:
+                            break
+                        if halt(step):
+                            last = step
+                            break
                     inflight.append((step, self._graph.execute(step)))
                     step += 1
+                if not inflight:
+                    break  # ended at a pause
                 s, refs = inflight.popleft()
                 self._waiting = (s, time.monotonic())
                 if inflight:  # the workers have steps to go on with: no hurry
                     pace.wait()
+                t = time.monotonic()
                 results = [ref.get(timeout=-1) for ref in refs]  # one per worker
-                pace.arrived()
+                pace.arrived(time.monotonic() - t)
                 self._waiting = None
                 for data in results:
                     if data is None:
@@ -581,6 +626,7 @@ class CompiledSteps:
             self._broke(e, live, at, fn, last, deliver, fallback, ended, self._stopping)
         finally:
             watch.set()
+        return last
 
     def _watch(self, stop: threading.Event, live: set[int], deliver: Deliver) -> None:
         """Report the first worker whose wait for its replies exceeds the timeout, as its own

@@ -21,7 +21,7 @@ workers and gathers their outcomes.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import numpy as np
@@ -210,7 +210,8 @@ class Cluster:
     # -- running ----------------------------------------------------------------------------
 
     def run(self, grad_fn: GradFn | RemoteGradFn, steps: int, start_step: int | None = None,
-            on_step: OnStep | None = None) -> list[list[Mapping[str, Any] | None]]:
+            on_step: OnStep | None = None, *, pauses: Collection[int] = (),
+            stop: Callable[[], bool] | None = None) -> list[list[Mapping[str, Any] | None]]:
         """Run ``steps`` training steps on every worker, from ``start_step`` (default: where
         the last run stopped).
 
@@ -224,16 +225,25 @@ class Cluster:
             start_step: the first step (the learning rate is a function of the step).
             on_step: ``on_step(step, metrics_by_rank)``, in the caller's thread, in step
                 order. An exception in it stops the run and is raised.
+            pauses: steps where the run may end early: when it reaches one of them and
+                ``stop()`` says True (asked there, from any thread of this process), it
+                ends before that step, every worker having finished the steps before it
+                (the servers hold exactly their values: a checkpoint taken then resumes
+                exactly). :attr:`step` says where it ended. The workers do not wait at a
+                pause that nothing asks to stop at (a compiled Ray graph goes on; the
+                others end a part of the run there and start the next).
+            stop: says whether the run should end at the pause it reached (e.g. a Ctrl-C
+                was pressed); with ``pauses`` only.
 
         Returns:
-            For each step, each worker's metrics by rank (None for a worker gone).
+            For each step run, each worker's metrics by rank (None for a worker gone).
 
         Raises:
             ClusterError: a worker failed (its exception chained) under
                 ``on_worker_failure: stop``, every worker failed, a wait timed out, or a
                 gradient was non-finite under ``nonfinite: error``.
         """
-        return self._driver.run(grad_fn, steps, start_step, on_step)
+        return self._driver.run(grad_fn, steps, start_step, on_step, pauses, stop)
 
     def kill_server(self, address: Address) -> None:
         """Lose server ``address`` as a crash of its process would (Ray: its actor is killed

@@ -461,16 +461,19 @@ class Trainer:
             self._evaluate(start, False, last, progress, board, skip=made)
             self.log.write()
         events = set(self._boundaries(start, board.stops(start)))
-        for stop in sorted(events | self._pauses(start)):
+        pauses = self._pauses(start)
+        for stop in sorted(events):
             board.before_chunk(step, stop, self.params)
             t = time.perf_counter()
             rate.start()
-            self.cluster.run(self._step_fn, stop - step, start_step=step, on_step=on_step)
+            # Ends early at a pause when a stop was asked for (Ctrl-C, stdout closed).
+            self.cluster.run(self._step_fn, stop - step, start_step=step, on_step=on_step,
+                             pauses=pauses, stop=self._interrupted.is_set)
             self.seconds["steps"] += time.perf_counter() - t
-            step = stop
+            step = self.cluster.step
             stopped = self._interrupted.is_set() and step < job.train_steps
             if step not in events and not stopped:
-                continue  # only a place to stop at: no event here, nothing to write
+                continue  # cannot be: a run ends early only when asked to stop
             self._evaluate(step, step == job.train_steps, last, progress, board)
             self.log.write()
             if step in checkpoints or stopped:
@@ -565,9 +568,10 @@ class Trainer:
                 job.checkpoint_after) or s == job.train_steps]
 
     def _pauses(self, start: int) -> set[int]:
-        """Where the run also stops, that an interrupted run (Ctrl-C) may write a checkpoint
-        there: every display step, at least :data:`MIN_CHUNK` and at most
-        :data:`MAX_CHUNK` steps apart (a stop costs every worker a pause)."""
+        """Where an interrupted run (Ctrl-C) may also stop, to write a checkpoint there:
+        every display step, at least :data:`MIN_CHUNK` and at most :data:`MAX_CHUNK` steps
+        apart (where the workers cannot end a run as they go, the cluster stops them at
+        each, which costs every worker a pause; a compiled Ray graph does not stop)."""
         every = min(max(self.disp_freq, MIN_CHUNK), MAX_CHUNK)
         return {s for s in range(every, self.job.train_steps, every) if s > start}
 
