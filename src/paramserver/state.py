@@ -31,7 +31,7 @@ optimizer's checkpoints).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -256,10 +256,12 @@ class UpdaterState:
             arrays[r.name] = np.zeros(self.length(r), r.type_for(self.dtype))
         return UpdaterState((*self.roles, *new), self.offsets, self.dtype, arrays)
 
-    def copy_from(self, other: UpdaterState) -> None:
-        """Take ``other``'s arrays (same roles and layout) into this state's memory."""
+    def copy_from(self, other: UpdaterState,
+                  copy: Callable[[np.ndarray, np.ndarray], None] = np.copyto) -> None:
+        """Take ``other``'s arrays (same roles and layout) into this state's memory, each by
+        ``copy(destination, source)``."""
         for r in self.roles:
-            np.copyto(self.arrays[r.name], other.arrays[r.name])
+            copy(self.arrays[r.name], other.arrays[r.name])
 
     # -- checkpoints ------------------------------------------------------------------------
 
