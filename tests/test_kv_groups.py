@@ -7,6 +7,8 @@ updater, workers in step or not)."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,9 @@ import pytest
 import paramserver.kv as kv
 from paramserver import ParamError
 from paramserver.checkpoint import load_checkpoint
+from paramserver.cluster.keys import KeyServer
+from paramserver.cluster.messages import KEY_SEPARATOR, Ack, KeyBatch, KeyInit, Update
+from paramserver.config.job import ClusterConf
 
 ADAM = {"type": "kAdam", "learning_rate": {"type": "kStep", "base_lr": 0.01,
                                            "step_conf": {"gamma": 0.5, "change_freq": 3}},
@@ -198,6 +203,68 @@ def test_workers_in_step_with_a_key_missing_from_one_workers_list(backend: str =
 
 def test_workers_in_step_pushing_lists_on_ray_end_as_key_by_key(ray_session: Any) -> None:
     test_workers_in_step_with_a_key_missing_from_one_workers_list("ray")
+
+
+def _key_server() -> tuple[KeyServer, Callable[[int, str], list[Any]]]:
+    """A key server of two workers holding keys a, b and c (two zeros each, SGD with rate
+    1), and a push of a list of them by a worker (every value ``worker + 1``), which
+    returns the replies heard so far."""
+    server = KeyServer(0, ClusterConf(nworkers_per_group=2, timeout=10.0),
+                       '{"type": "kSGD", "learning_rate": {"base_lr": 1.0}}')
+    server.connect(lambda *a, **k: None)
+    for k in "abc":
+        server.handle(KeyInit(k, (2,), "float32", False, False, True, (0, 2),
+                              np.zeros(2, np.float32)), lambda reply: None)
+
+    def push(worker: int, keys: str) -> list[Any]:
+        heard: list[Any] = []
+        server.handle(KeyBatch(KEY_SEPARATOR.join(keys), Update(0, worker, -1, None),
+                               np.arange(0, 2 * len(keys) + 1, 2, dtype=np.int64),
+                               np.full(2 * len(keys), worker + 1, np.float32)), heard.append)
+        return heard
+
+    return server, push
+
+
+def _ended_in_step(server: KeyServer, *heard: list[Any]) -> None:
+    assert server.waiting_for() == "server 0 is not waiting"
+    assert all(len(h) == 1 and isinstance(h[0], Ack) for h in heard), heard
+    for k in "abc":  # one step: 0 - (1 + 2)
+        np.testing.assert_array_equal(server.keys[k].values, [-3.0, -3.0])
+
+
+def test_a_push_is_not_held_for_a_batch_while_its_keys_pieces_have_requests_on_the_way(
+        ) -> None:
+    # CI's deadlock: worker 1 pushes [a, b], worker 0 [a, b, c], worker 1 [c]. Worker 0's
+    # list was handed to each key's piece key by key; worker 1's [c] must not then be held
+    # waiting for a batch of worker 0's, while c's piece waits for worker 1.
+    server, push = _key_server()
+    _ended_in_step(server, push(1, "ab"), push(0, "abc"), push(1, "c"))
+
+
+def test_a_piece_with_a_request_on_its_way_from_another_thread_is_not_held_in_a_batch(
+        ) -> None:
+    server, push = _key_server()
+    piece = server.keys["c"]
+    entered, go = threading.Event(), threading.Event()
+    handle = piece.handle
+
+    def slow(request: Any, reply: Any) -> None:  # worker 0's push of c, on its way
+        piece.handle = handle  # type: ignore[method-assign]
+        entered.set()
+        assert go.wait(10)
+        handle(request, reply)
+
+    piece.handle = slow  # type: ignore[method-assign]
+    first = push(1, "ab")
+    heard: list[list[Any]] = []
+    sender = threading.Thread(target=lambda: heard.append(push(0, "abc")))
+    sender.start()
+    assert entered.wait(10)
+    last = push(1, "c")  # c's piece has worker 0's push on its way: key by key
+    go.set()
+    sender.join(10)
+    _ended_in_step(server, first, heard[0], last)
 
 
 def test_asynchronous_workers_pushing_lists_have_every_push_applied_once() -> None:

@@ -328,6 +328,9 @@ class KeyServer:
         self._seen: dict[str, int] = {}  # by list of keys, batches of it applied key by key
         self._short: dict[str, int] = {}  # by list of keys, its groups released early
         self._aborted: str | None = None
+        # requests handed to a piece's server and not yet taken by it (they go outside this
+        # lock): a piece with one on its way is not held in a batch, whatever it says now
+        self._sending: dict[Server, int] = {}
         self._lock = threading.Lock()
 
     @property
@@ -349,10 +352,31 @@ class KeyServer:
                 out = self._dispatch(request, reply, forward)
             except Exception as e:  # the sender hears of it
                 out = [(reply, failure_reply(self.name, request, e))]
+            sending = self._sending
+            for server, _, _ in forward:
+                sending[server] = sending.get(server, 0) + 1
         for fn, answer in out:  # outside the lock: a reply may run the caller's code
             fn(answer)
         for server, inner, fn in forward:  # a key's own server, with its own lock
-            server.handle(inner, fn)
+            try:
+                server.handle(inner, fn)
+            finally:
+                with self._lock:
+                    left = sending[server] - 1
+                    if left:
+                        sending[server] = left
+                    else:
+                        del sending[server]
+
+    def _on_the_way(self, servers: list[Server],
+                    forward: list[tuple[Server, Request, ReplyFn]]) -> bool:
+        """Whether a request is on its way to one of ``servers`` (handed over by another
+        thread, or by this request before now): such a piece's state is not yet what it
+        will be, so its pushes are not held in a batch (they go key by key, after it)."""
+        if not self._sending and not forward:
+            return False
+        busy = self._sending.keys() | {s for s, _, _ in forward}
+        return any(s in busy for s in servers)
 
     def _dispatch(self, request: Request, reply: ReplyFn,
                   forward: list[tuple[Server, Request, ReplyFn]]
@@ -571,11 +595,12 @@ class KeyServer:
             group = self._groups.get(msg.keys)
             if (group is not None and group.alive and g in group.clocks
                     and msg.data.dtype == group.values.dtype
-                    and np.array_equal(off, group.offsets)):
+                    and np.array_equal(off, group.offsets)
+                    and not self._on_the_way(group.servers, forward)):
                 held = self._batches[g] = _HeldBatch(msg.keys, group.servers, group.bounds,
                                                      group)
             else:
-                held = self._hold(msg, g)
+                held = self._hold(msg, g, forward)
                 if held is None:
                     return None
         held.pushes[w] = (msg, reply)
@@ -583,7 +608,8 @@ class KeyServer:
             return self._apply_batch(g, forward)
         return []
 
-    def _hold(self, msg: KeyBatch, g: int) -> _HeldBatch | None:
+    def _hold(self, msg: KeyBatch, g: int, forward: list[tuple[Server, Request, ReplyFn]]
+              ) -> _HeldBatch | None:
         """The first push of a batch of keys in a round of group ``g``, held when every
         key's piece takes a summed step (else None: key by key); from the second batch of
         one list of keys on, its pieces held as one :class:`~.keygroup.KeyGroup`."""
@@ -599,6 +625,8 @@ class KeyServer:
             if (s is None or not s.takes_summed(g) or s.values is None
                     or s.values.size != b - a or s.values.dtype != dtype):
                 return None
+        if self._on_the_way(servers, forward):  # type: ignore[arg-type]
+            return None
         keys = msg.keys
         group = self._group_of(keys, servers, bounds)  # type: ignore[arg-type]
         held = _HeldBatch(keys, servers, bounds, group)  # type: ignore[arg-type]

@@ -709,7 +709,8 @@ class Server:
         """Whether a step of ``group`` may be given already summed (:meth:`apply_summed`):
         a piece of one dense segment, serving, no step of the group open, no get waiting,
         no global-norm clipping, no master copy and no server group to sync with. (Read
-        without the lock: the key server that asks holds every request to this piece.)"""
+        without the lock: the key server that asks holds every request to this piece, and
+        asks only when none is on its way to it.)"""
         L = self.layout
         return (self.values is not None and self._aborted is None and not self._gets
                 and group not in self._rounds and L.num_segments == 1 and not L.tables
