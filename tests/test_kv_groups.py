@@ -20,6 +20,7 @@ from paramserver import ParamError
 from paramserver.checkpoint import load_checkpoint
 from paramserver.cluster.keys import KeyServer
 from paramserver.cluster.messages import KEY_SEPARATOR, Ack, KeyBatch, KeyInit, Update
+from paramserver.cluster.server import Server
 from paramserver.config.job import ClusterConf
 
 ADAM = {"type": "kAdam", "learning_rate": {"type": "kStep", "base_lr": 0.01,
@@ -203,6 +204,55 @@ def test_workers_in_step_with_a_key_missing_from_one_workers_list(backend: str =
 
 def test_workers_in_step_pushing_lists_on_ray_end_as_key_by_key(ray_session: Any) -> None:
     test_workers_in_step_with_a_key_missing_from_one_workers_list("ray")
+
+
+def test_workers_pushing_a_list_with_a_table_end_as_key_by_key(monkeypatch: Any) -> None:
+    # a list of a dense key, a table (cut over both servers) and a dense key cut over both:
+    # each server sums the workers' pushes of the list itself (a table's rows per id, the
+    # two workers' ids overlapping) and applies them in one step per key
+    table = 5  # (a store's keys are all ints or all strs)
+    summed: list[bool] = []
+    apply_summed = Server.apply_summed
+
+    def counting(self: Server, group: int, total: np.ndarray, ids: Any = None) -> Any:
+        summed.append(ids is not None)
+        return apply_summed(self, group, total, ids)
+
+    monkeypatch.setattr(Server, "apply_summed", counting)
+
+    def rows(step: int, rank: int) -> kv.RowSparse:
+        rng = np.random.default_rng([step, rank, 7])
+        ids = np.sort(rng.choice(60, size=9 + rank, replace=False))
+        return kv.RowSparse(ids, rng.standard_normal((ids.size, 4)).astype(np.float32))
+
+    def train(s: kv.KVStore, batched: bool) -> list[np.ndarray]:
+        keys: list[Any] = [0, table, 8]
+        if s.rank == 0:
+            s.init(0, np.zeros(SIZES[0], np.float32))
+            s.init(table, kv.Fill((60, 4), {"type": "kConstant", "value": 0.25}),
+                   row_sparse=True)
+            s.init(8, np.zeros(SIZES[8], np.float32))
+        s.barrier()
+        for step in range(4):
+            values = [grad(0, step, s.rank), rows(step, s.rank), grad(8, step, s.rank)]
+            if batched:
+                s.push(keys, values)
+            else:
+                for k, v in zip(keys, values, strict=True):
+                    s.push(k, v)
+            s.pull(0)
+        return [s.pull(0), s.row_sparse_pull(table, row_ids=np.arange(60)), s.pull(8)]
+
+    ends = []
+    for batched in (True, False):
+        summed.clear()
+        with kv.create("dist_sync", num_workers=2, num_servers=2, bound=100,
+                       updater=ADAM) as store:
+            ends.append(store.run(train, batched))
+        assert any(summed) == batched  # the tables' steps summed by the key servers
+    for got, want in zip(*ends, strict=True):  # per worker
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(g, w)
 
 
 def _key_server() -> tuple[KeyServer, Callable[[int, str], list[Any]]]:

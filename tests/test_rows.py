@@ -187,6 +187,27 @@ def test_a_refused_nonfinite_row_writes_nothing(method: str) -> None:
     assert u.apply_rows(0, w, ids, rows, DIM, state) == 2  # counted, applied: the caller's call
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("gscale", [1.0, 0.5])
+def test_replacing_rows_is_numpys_assignment_and_refuses_nonfinite_first(dtype: Any,
+                                                                       gscale: float) -> None:
+    # no update method (a key-value store without an updater): the rows become the
+    # scaled gradient, exactly as NumPy's assignment of them
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal(ROWS * DIM).astype(dtype)
+    want = w.copy().reshape(ROWS, DIM)
+    ids, rows = batch(1, dtype, n=300)  # more than one work item of rows
+    want[ids] = rows * dtype(gscale)
+    assert row_kernels.replace(w, rows.reshape(-1), ids, DIM, gscale) == 0
+    np.testing.assert_array_equal(w, want.reshape(-1))
+    rows[4, 2] = np.nan
+    before = w.copy()
+    assert row_kernels.replace(w, rows.reshape(-1), ids, DIM, gscale, check=True) == 1
+    np.testing.assert_array_equal(w, before)  # nothing written
+    with pytest.raises(ParamError, match="not strictly increasing"):
+        row_kernels.replace(w, rows.reshape(-1), ids[::-1].copy(), DIM)
+
+
 class _Halve(Updater):
     """A user's NumPy rule with state: ``w -= lr·g``; ``seen += 1`` where ``g != 0``."""
 

@@ -39,6 +39,7 @@ it runs a cluster's.
 from __future__ import annotations
 
 import json
+import math
 import threading
 import zlib
 from collections.abc import Callable
@@ -80,7 +81,7 @@ from .messages import (
     Update,
     Values,
 )
-from .passes import sum_into
+from .passes import all_finite, sum_into, sum_rows
 from .server import Server, failure_reply, server_name
 from .slicing import compute_slices, partition_slices
 from .transport import ReplyFn
@@ -130,7 +131,7 @@ def home_of(name: str, int_key: bool, num_servers: int) -> int:
 
 def row_dim(shape: tuple[int, ...]) -> int:
     """Values per row of a table of ``shape`` (rows are the first dimension)."""
-    return int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
+    return math.prod(int(d) for d in shape[1:])  # (ints: no NumPy call on every push)
 
 
 def plan_key(name: str, int_key: bool, shape: tuple[int, ...], row_sparse: bool,
@@ -235,13 +236,10 @@ class Replace(Updater):
                   check: bool = False) -> int:
         # read for NaN and Inf only to refuse them (else 0, as apply: the server checked
         # the step's rows as it summed them)
-        if check:
-            nonfinite = int(g.size - np.count_nonzero(np.isfinite(g)))
-            if nonfinite:
-                return nonfinite
-        rows = g.reshape(-1, dim)
-        w.reshape(-1, dim)[ids] = rows if gscale == 1 else rows * w.dtype.type(gscale)
-        return 0
+        from ..numerics.rows import replace
+
+        found = replace(w, g.reshape(-1), ids, dim, gscale, check=check)
+        return found if check else 0
 
 
 #: How the updater text of a Python function (``set_updater(fn)``) begins: not a
@@ -396,12 +394,9 @@ class KeyServer:
             if self._aborted is not None:
                 return [(reply, ErrorReply(self._aborted))]
             if isinstance(request.request, Update):
-                if request.tables is not None:  # rows: each key's own round, after the
-                    self._spill(forward)        # batches held (as a key's own push)
-                else:
-                    summed = self._batch_push(request, reply, forward)
-                    if summed is not None:
-                        return summed
+                summed = self._batch_push(request, reply, forward)
+                if summed is not None:
+                    return summed
             else:
                 values = self._batch_get(request)
                 if values is not None:
@@ -572,11 +567,12 @@ class KeyServer:
                     forward: list[tuple[Server, Request, ReplyFn]]
                     ) -> list[tuple[ReplyFn, Reply]] | None:
         """A batch of pushes taken whole: held until every live worker of the group has
-        pushed the same keys, then summed in worker order in one pass over the buffers and
-        given to each key's server (:meth:`Server.apply_summed`) — what each key's server
-        would have done with the pushes one by one, without a request per key. None when
-        the batch must go key by key (a key's server has a step open, a get waiting, or is
-        not a plain dense piece; the keys are not initialised yet; a bad buffer)."""
+        pushed the same keys, then summed in worker order (a dense key's gradients, a
+        table's rows per id) and given to each key's server (:meth:`Server.apply_summed`)
+        — what each key's server would have done with the pushes one by one, without a
+        request per key. None when the batch must go key by key (a key's server has a step
+        open, a get waiting, or is not a plain piece of one segment; the keys are not
+        initialised yet; a bad buffer or row id: that key's server then says why)."""
         r = msg.request
         assert isinstance(r, Update)
         g, w = r.group, r.worker
@@ -588,50 +584,64 @@ class KeyServer:
             self._spill(forward)
             held = None
         if held is None:
-            off = msg.offsets
-            if (msg.data is None or off is None or r.grads is not None or r.codec
+            if (msg.data is None or msg.offsets is None or r.grads is not None or r.codec
                     or r.ids is not None):
                 return None
-            group = self._groups.get(msg.keys)
+            group = self._groups.get(msg.keys) if msg.tables is None else None
             if (group is not None and group.alive and g in group.clocks
                     and msg.data.dtype == group.values.dtype
-                    and np.array_equal(off, group.offsets)
                     and not self._on_the_way(group.servers, forward)):
-                held = self._batches[g] = _HeldBatch(msg.keys, group.servers, group.bounds,
-                                                     group)
+                held = _HeldBatch(msg.keys, group.servers, group.bounds, group)
             else:
                 held = self._hold(msg, g, forward)
                 if held is None:
                     return None
+            self._batches[g] = held
+        parts = held.parts_of(msg)
+        if parts is None:  # key by key, with the pushes held before it
+            if held.pushes:
+                self._spill(forward)
+            else:
+                del self._batches[g]
+            return None
         held.pushes[w] = (msg, reply)
+        held.parts[w] = parts
         if held.pushes.keys() >= live:
             return self._apply_batch(g, forward)
         return []
 
     def _hold(self, msg: KeyBatch, g: int, forward: list[tuple[Server, Request, ReplyFn]]
               ) -> _HeldBatch | None:
-        """The first push of a batch of keys in a round of group ``g``, held when every
-        key's piece takes a summed step (else None: key by key); from the second batch of
-        one list of keys on, its pieces held as one :class:`~.keygroup.KeyGroup`."""
+        """A batch of keys for the pushes of a round of group ``g``, when every key's piece
+        takes a summed step (else None: key by key); from the second batch of one list of
+        dense keys on, its pieces held as one :class:`~.keygroup.KeyGroup`. Each push is
+        then checked against it (:meth:`_HeldBatch.parts_of`)."""
         assert msg.data is not None and msg.offsets is not None
         names = msg.names
-        off = msg.offsets
-        if len(off) != len(names) + 1 or int(off[-1]) != msg.data.size:
-            return None
+        flags: list[bool] | None = None  # checked with each push (_HeldBatch.parts_of)
+        if msg.tables is not None:
+            tables = np.asarray(msg.tables)
+            if tables.dtype != np.bool_ or tables.shape != (len(names),):
+                return None  # key by key: that path says what is wrong
+            flags = tables.tolist()
         servers = [self._keys.get(n) for n in names]
-        bounds = np.asarray(off, np.int64).tolist()
         dtype = msg.data.dtype
-        for s, a, b in zip(servers, bounds, bounds[1:], strict=False):
-            if (s is None or not s.takes_summed(g) or s.values is None
-                    or s.values.size != b - a or s.values.dtype != dtype):
+        for i, s in enumerate(servers):
+            if (s is None or s.values is None or s.values.dtype != dtype
+                    or not s.takes_summed(g, flags is not None and flags[i])):
                 return None
         if self._on_the_way(servers, forward):  # type: ignore[arg-type]
             return None
         keys = msg.keys
-        group = self._group_of(keys, servers, bounds)  # type: ignore[arg-type]
-        held = _HeldBatch(keys, servers, bounds, group)  # type: ignore[arg-type]
-        self._batches[g] = held
-        return held
+        if flags is None:
+            bounds = np.asarray(msg.offsets, np.int64).tolist()
+            if len(bounds) != len(names) + 1 or any(
+                    s.values.size != b - a  # type: ignore[union-attr]
+                    for s, a, b in zip(servers, bounds, bounds[1:], strict=False)):
+                return None
+            group = self._group_of(keys, servers, bounds)  # type: ignore[arg-type]
+            return _HeldBatch(keys, servers, bounds, group)  # type: ignore[arg-type]
+        return _HeldBatch(keys, servers, [], None, flags)  # type: ignore[arg-type]
 
     #: A list of keys whose groups were made again with a copy (another list took their
     #: pieces) this many times in a row, each released before its second step, is not
@@ -677,6 +687,8 @@ class KeyServer:
     def _apply_batch(self, group: int, forward: list[tuple[Server, Request, ReplyFn]]
                      ) -> list[tuple[ReplyFn, Reply]]:
         held = self._batches.pop(group)
+        if held.tables is not None:
+            return self._apply_rows_batch(held, group, forward)
         data = [held.pushes[w][0].data for w in sorted(held.pushes)]
         total = data[0]
         assert total is not None
@@ -694,7 +706,6 @@ class KeyServer:
             self._batches[group] = held
             self._spill(forward)
             return []
-        out: list[tuple[ReplyFn, Reply]] = []
         bounds = held.bounds
         replies = [fn for _, fn in held.pushes.values()]
         if held.group is not None:
@@ -705,9 +716,53 @@ class KeyServer:
             self._batches[group] = held
             self._spill(forward)
             return []
+        return self._give(held, group, [(total[bounds[i]:bounds[i + 1]], None)
+                                        for i in range(len(held.servers))])
+
+    def _apply_rows_batch(self, held: _HeldBatch, group: int,
+                          forward: list[tuple[Server, Request, ReplyFn]]
+                          ) -> list[tuple[ReplyFn, Reply]]:
+        """A held batch with tables: each key's pushes summed on their own (a dense key's
+        in worker order, a table's rows per id), all found finite, then given to each
+        key's server; else key by key (each key's server refuses or skips, and says why)."""
+        workers = sorted(held.pushes)
+        steps: list[tuple[np.ndarray, np.ndarray | None]] = []
+        for i, (server, table) in enumerate(zip(held.servers, held.tables,  # type: ignore[arg-type]
+                                                strict=True)):
+            parts = [held.parts[w][i] for w in workers]
+            if table:
+                assert server.values is not None
+                ids, total = sum_rows(parts, int(server.layout.dims[0]),  # type: ignore[arg-type]
+                                      server.values.dtype)
+                ok = all_finite(total.reshape(-1))
+            else:
+                total = parts[0][1]
+                ok = True
+                if len(parts) > 1:
+                    total = np.empty_like(total)
+                    bad = sum_into(total, parts[0][1], parts[1][1])
+                    for _, d in parts[2:]:
+                        bad += sum_into(total, total, d)
+                    ok = not bad
+                else:
+                    ok = all_finite(total)
+                ids = None
+            if not ok:
+                self._batches[group] = held
+                self._spill(forward)
+                return []
+            steps.append((total, ids))
+        return self._give(held, group, steps)
+
+    def _give(self, held: _HeldBatch, group: int,
+              steps: list[tuple[np.ndarray, np.ndarray | None]]
+              ) -> list[tuple[ReplyFn, Reply]]:
+        """Each key's summed step to its server; every pusher hears the same answer."""
+        out: list[tuple[ReplyFn, Reply]] = []
+        replies = [fn for _, fn in held.pushes.values()]
         try:
-            for i, server in enumerate(held.servers):
-                out += server.apply_summed(group, total[bounds[i]:bounds[i + 1]])
+            for server, (total, ids) in zip(held.servers, steps, strict=True):
+                out += server.apply_summed(group, total, ids)
         except Exception as e:  # every pusher hears of it
             error = failure_reply(self.name, held.pushes[min(held.pushes)][0], e)
             return [*out, *((fn, error) for fn in replies)]
@@ -926,14 +981,73 @@ class KeyServer:
 @dataclass
 class _HeldBatch:
     """The pushes of one batch of keys by the workers of a group, until every live one's
-    came: the keys' servers, the bounds of each key's part of the buffers, and by worker,
-    its batch and its reply."""
+    came: the keys' servers, and by worker, its batch, its reply and its parts.
+
+    Attributes:
+        bounds: (every key dense) each key's part of the buffers, the same in every push.
+        group: (every key dense) the keys' pieces held as one.
+        tables: (a batch with tables) whether each key's part is rows by id; None: dense.
+        parts: by worker, each key's part of its push: ``(None, gradient)`` or
+            ``(row ids, rows)`` (checked: strictly increasing ids in the piece).
+    """
 
     keys: str
     servers: list[Server]
     bounds: list[int]
-    group: KeyGroup | None = None  # the keys' pieces held as one
+    group: KeyGroup | None = None
+    tables: list[bool] | None = None
     pushes: dict[int, tuple[KeyBatch, ReplyFn]] = field(default_factory=dict)
+    parts: dict[int, list[tuple[Any, np.ndarray]]] = field(default_factory=dict)
+
+    def parts_of(self, msg: KeyBatch) -> list[tuple[Any, np.ndarray]] | None:
+        """A push's parts, each key's, when it fits this batch (the same keys, a buffer of
+        the pieces' dtype, each dense part of its piece's size, each table's ids strictly
+        increasing and in its piece); None when it does not."""
+        r = msg.request
+        data, off = msg.data, msg.offsets
+        if (data is None or off is None or not isinstance(r, Update) or r.grads is not None
+                or r.codec or r.ids is not None or data.ndim != 1):
+            return None
+        first = self.servers[0].values
+        if first is None or data.dtype != first.dtype:
+            return None
+        if self.tables is None:
+            if (msg.tables is not None or data.size != self.bounds[-1] or self.bounds[0]
+                    or len(off) != len(self.bounds) or not np.array_equal(off, self.bounds)):
+                return None
+            return []  # summed whole (the bounds are the batch's)
+        n = len(self.servers)
+        try:
+            tables, id_bounds = batch_tables(msg, n)
+        except ClusterError:
+            return None
+        if tables is None or tables.tolist() != self.tables:
+            return None
+        bounds = np.asarray(off, np.int64).tolist()
+        if len(bounds) != n + 1 or bounds[0] != 0 or bounds[-1] != data.size:
+            return None
+        assert msg.ids is not None and id_bounds is not None
+        from ..numerics.rows import check_rows  # loads numba: only for tables
+
+        parts: list[tuple[Any, np.ndarray]] = []
+        for i, s in enumerate(self.servers):
+            a, b = bounds[i], bounds[i + 1]
+            assert s.values is not None
+            if not self.tables[i]:
+                if b - a != s.values.size:
+                    return None
+                parts.append((None, data[a:b]))
+                continue
+            dim = int(s.layout.dims[0])
+            ids = msg.ids[id_bounds[i]:id_bounds[i + 1]]
+            if b - a != ids.size * dim:
+                return None
+            try:
+                ids = check_rows(ids, s.values.size // dim)
+            except ParamError:
+                return None
+            parts.append((ids, data[a:b].reshape(ids.size, dim)))
+        return parts
 
 
 class BatchReply:
@@ -1058,13 +1172,23 @@ def batch_tables(msg: KeyBatch, n: int) -> tuple[np.ndarray | None, list[int] | 
         return None, None
     tables = np.asarray(msg.tables)
     bounds = None if msg.id_offsets is None else np.asarray(msg.id_offsets)
-    if (tables.dtype != np.bool_ or tables.shape != (n,) or msg.ids is None or bounds is None
-            or bounds.shape != (n + 1,) or bounds.dtype.kind not in "iu"
-            or np.asarray(msg.ids).dtype != np.int64
-            or int(bounds[0]) != 0 or int(bounds[-1]) != msg.ids.size
-            or np.any(np.diff(bounds) < 0) or np.any(np.diff(bounds)[~tables] != 0)):
+    ok = (tables.dtype == np.bool_ and tables.shape == (n,) and msg.ids is not None
+          and bounds is not None and bounds.shape == (n + 1,) and bounds.dtype.kind in "iu"
+          and np.asarray(msg.ids).dtype == np.int64)
+    if ok:
+        assert bounds is not None and msg.ids is not None
+        if n <= 16:  # a few keys: read as Python numbers (a NumPy call costs more)
+            b, flags = bounds.tolist(), tables.tolist()
+            ok = b[0] == 0 and b[-1] == msg.ids.size and all(
+                y == x or (y > x and f) for x, y, f in zip(b, b[1:], flags, strict=False))
+        else:
+            steps = np.diff(bounds)
+            ok = (int(bounds[0]) == 0 and int(bounds[-1]) == msg.ids.size
+                  and not np.any(steps < 0) and not np.any(steps[~tables] != 0))
+    if not ok:
         raise ClusterError(f"a batch of {n} keys with tables carries a bool per key, int64 "
                            f"row ids and {n + 1} bounds of each table's part of them")
+    assert bounds is not None
     return tables, bounds.astype(np.int64).tolist()
 
 

@@ -96,6 +96,7 @@ from .messages import (
     Values,
 )
 from .passes import (
+    all_finite,
     kernel_guard,
     nonfinite_counts,
     nonfinite_text,
@@ -387,10 +388,11 @@ class Server:
         if L.num_dense == L.num_segments:
             raise ClusterError(f"an update with row ids, but {self.name} holds no table")
         ntab = len(L.tables)
-        splits = (np.array([0, msg.count if msg.codec else len(msg.ids)], np.int64)
-                  if msg.splits is None else np.asarray(msg.splits, np.int64))
-        if splits.shape != (ntab + 1,) or splits[0] != 0 or np.any(np.diff(splits) < 0):
-            raise ClusterError(f"row splits {splits.tolist()} for {ntab} tables")
+        # the splits as Python ints: a few numbers, read without a NumPy call each
+        splits = ([0, msg.count if msg.codec else len(msg.ids)] if msg.splits is None
+                  else np.asarray(msg.splits, np.int64).reshape(-1).tolist())
+        if len(splits) != ntab + 1 or splits[0] != 0 or splits != sorted(splits):
+            raise ClusterError(f"row splits {splits} for {ntab} tables")
         count = int(splits[-1])
         if msg.codec:
             ids = decode_ids(msg.ids, count, splits)
@@ -401,8 +403,7 @@ class Server:
         from ..numerics.rows import check_rows  # loads numba: only for tables
 
         dims = L.dims
-        width = np.repeat(dims[L.num_dense:], np.diff(splits))
-        total = int(width.sum())
+        total = sum(int(dims[s]) * (splits[j + 1] - splits[j]) for j, s in enumerate(L.tables))
         if msg.rows is None:
             raise ClusterError("an update with row ids but no rows")
         values = decode(msg.rows, msg.codec, total, dtype, msg.threshold)
@@ -517,7 +518,7 @@ class Server:
         tables = [sum_rows([r[j] for w in senders if (r := rnd.rows.get(w)) is not None],
                            int(L.dims[s]), self.values.dtype)
                   for j, s in enumerate(L.tables)]
-        finite = finite and all(bool(np.isfinite(rows).all()) for _, rows in tables)
+        finite = finite and all(all_finite(rows.reshape(-1)) for _, rows in tables)
         scale = 1.0 / (self.num_shares * (len(senders) if self.average else 1))
         return grads, total, finite, tables, scale
 
@@ -564,8 +565,9 @@ class Server:
         for s, (ids, rows) in zip(L.tables, tables, strict=True):
             lo, hi = int(L.offsets[s]), int(L.offsets[s + 1])
             with kernel_guard():
-                self.updater.apply_rows(rnd.step, self.values[lo:hi], ids, rows,
-                                        int(L.dims[s]), self.state.segments(s, s + 1),
+                self.updater.apply_rows(rnd.step, self.values[lo:hi], ids, rows, int(L.dims[s]),
+                                        self.state if L.num_segments == 1  # (no view to make)
+                                        else self.state.segments(s, s + 1),
                                         L.lr_scale[s], L.wd_scale[s], scale[s] * factor)
         self.versions += 1
         self._since_sync += 1
@@ -705,17 +707,17 @@ class Server:
         """Whether it holds values and answers requests (not stopped)."""
         return self.values is not None and self._aborted is None
 
-    def takes_summed(self, group: int) -> bool:
+    def takes_summed(self, group: int, table: bool = False) -> bool:
         """Whether a step of ``group`` may be given already summed (:meth:`apply_summed`):
-        a piece of one dense segment, serving, no step of the group open, no get waiting,
-        no global-norm clipping, no master copy and no server group to sync with. (Read
-        without the lock: the key server that asks holds every request to this piece, and
-        asks only when none is on its way to it.)"""
+        a piece of one segment, dense (or a table's, ``table``), serving, no step of the
+        group open, no get waiting, no global-norm clipping, no master copy and no server
+        group to sync with. (Read without the lock: the key server that asks holds every
+        request to this piece, and asks only when none is on its way to it.)"""
         L = self.layout
         return (self.values is not None and self._aborted is None and not self._gets
-                and group not in self._rounds and L.num_segments == 1 and not L.tables
-                and not self._clips and not self._bfloat16 and self._send is None
-                and not self.average and group in self._live)
+                and group not in self._rounds and L.num_segments == 1
+                and bool(L.tables) == table and not self._clips and not self._bfloat16
+                and self._send is None and not self.average and group in self._live)
 
     def join(self, group: Any, updater: Updater) -> bool:
         """Be held by a group of keys (:class:`~.keygroup.KeyGroup`), which then updates
@@ -748,22 +750,35 @@ class Server:
         self._since_sync += steps
         self.held_by = None
 
-    def apply_summed(self, group: int, total: np.ndarray) -> list[tuple[ReplyFn, Reply]]:
+    def apply_summed(self, group: int, total: np.ndarray,
+                     ids: np.ndarray | None = None) -> list[tuple[ReplyFn, Reply]]:
         """Apply a step of ``group`` whose pushes a key server summed (in worker order, and
         found finite) across a batch of keys: what :meth:`_apply` does with that sum, the
-        update counted as one step of the group. Returns the replies of gets it readied."""
+        update counted as one step of the group. ``ids``: a table piece's step, ``total``
+        the summed rows of those ids (strictly increasing, in the piece: checked by the
+        key server). Returns the replies of gets it readied."""
         self._own()
         try:
             assert self.values is not None
             L = self.layout
             step = self._clock[group]
-            if total.shape != self.values.shape or total.dtype != self.values.dtype:
+            if ids is not None:
+                dim = int(L.dims[0])
+                if total.shape != (ids.size, dim) or total.dtype != self.values.dtype:
+                    raise ClusterError(f"rows of shape {total.shape} and dtype {total.dtype}, "
+                                       f"expected ({ids.size}, {dim}) {self.values.dtype}")
+                with kernel_guard():
+                    self.updater.apply_rows(step, self.values, ids, total, dim, self.state,
+                                            L.lr_scale[0], L.wd_scale[0],
+                                            1.0 / float(self.num_shares[0]))
+            elif total.shape != self.values.shape or total.dtype != self.values.dtype:
                 raise ClusterError(f"gradients of shape {total.shape} and dtype "
                                    f"{total.dtype}, expected {self.values.shape} "
                                    f"{self.values.dtype}")
-            with kernel_guard():
-                self.updater.apply(step, self.values, total, self.state, L.lr_scale,
-                                   L.wd_scale, 1.0 / self.num_shares)
+            else:
+                with kernel_guard():
+                    self.updater.apply(step, self.values, total, self.state, L.lr_scale,
+                                       L.wd_scale, 1.0 / self.num_shares)
             self.versions += 1
             self._since_sync += 1
             self._clock[group] = step + 1

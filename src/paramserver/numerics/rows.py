@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from numba import prange
+from numba.extending import register_jitable
 
 from ..config import ParamError
 from .cache import njit
@@ -50,8 +51,8 @@ from .kernels import (
     threads_for,
 )
 
-__all__ = ["adadelta", "adagrad", "adam", "adamax", "check_rows", "nesterov", "rmsprop", "sgd",
-           "sum_rows_in_order", "warmup"]
+__all__ = ["adadelta", "adagrad", "adam", "adamax", "check_rows", "nesterov", "replace",
+           "rmsprop", "sgd", "sum_rows_in_order", "warmup"]
 
 _NUM_PARAMS = 5
 _NUM_COEFS = 4
@@ -167,6 +168,13 @@ def _variant(kernel: Any, clip_at: int) -> Any:
     return found
 
 
+@register_jitable(inline="always")
+def _replace_rule(w, g, h, u, x, k, p):  # type: ignore[no-untyped-def]
+    # no update method (MXNet's store without an optimizer): the row becomes the gradient
+    return g, h, u, x
+
+
+_replace_rows = _row_kernel(_replace_rule, 0, "_replace_rows")
 _sgd_rows = _row_kernel(_sgd_rule, 0, "_sgd_rows")
 _momentum_rows = _row_kernel(_momentum_rule, 1, "_momentum_rows")
 _nesterov_rows = _row_kernel(_nesterov_rule, 1, "_nesterov_rows")
@@ -292,6 +300,16 @@ def sgd(w: np.ndarray, g: np.ndarray, ids: npt.ArrayLike, dim: int, h: np.ndarra
                    clip_high, check, clip_at)
 
 
+def replace(w: np.ndarray, g: np.ndarray, ids: npt.ArrayLike, dim: int, gscale: float = 1.0,
+            *, check: bool = False) -> int:
+    """Rows ``ids`` of the table ``w`` become the rows ``g`` times ``gscale`` (no update
+    method): in one parallel pass, which also counts the NaN and Inf it wrote (with
+    ``check``, a read-only pass first: nothing written when there are any). A kernel, not
+    NumPy's ``w[ids] = g`` (measured: 0.25 against 0.40 ms for 4,096 rows of 64 in a table
+    of 1M, each row's copy waiting on memory in turn)."""
+    return _launch(_replace_rows, w, g, ids, dim, {}, gscale, 0.0, (), (), 0.0, 0.0, check)
+
+
 def nesterov(w: np.ndarray, g: np.ndarray, ids: npt.ArrayLike, dim: int, h: np.ndarray,
              lr: float, wd: float = 0.0, gscale: float = 1.0, *, momentum: float,
              torch_form: bool = False, mxnet: bool = False, clip_low: float = 0.0,
@@ -411,6 +429,7 @@ def warmup(dtype: npt.DTypeLike = np.float32) -> None:
     w = np.zeros(2, dtype)
     g = np.zeros(1, dtype)
     ids = np.zeros(1, np.int64)
+    replace(w, g, ids, 1)
     sgd(w, g, ids, 1, w[:0], 0.0)
     sgd(w, g, ids, 1, w.copy(), 0.0, momentum=0.5)
     nesterov(w, g, ids, 1, w.copy(), 0.0, momentum=0.5)
