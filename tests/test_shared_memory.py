@@ -195,8 +195,8 @@ def test_a_crashed_worker_or_a_lost_server_leaves_nothing_behind(ray_session: An
         regions = [g["region"] for g in store.run(_steps, 0, 1)]
         # a server lost while workers send through shared memory: reported as before, by
         # the worker that waited for it or by the driver that found it dead first
-        with pytest.raises(ClusterError, match="lost server 1 while it waited|server 1 died "
-                                               "and Ray did not restart it"):
+        with pytest.raises(ClusterError, match=r"lost server 1 while it waited|server 1 died "
+                                               r"and Ray did not restart it"):
             store.run(_kill_a_server)
     assert left_behind(regions) == {}
     assert ours_in_dev_shm() == []
