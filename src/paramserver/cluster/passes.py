@@ -101,6 +101,16 @@ def sum_into(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> int:
         return sums.add(out, a, b)
 
 
+def sum_all(out: np.ndarray, parts: list[np.ndarray]) -> int:
+    """``out = ((p0 + p1) + p2) + ...`` in the arrays' precision (two parts or more; the
+    order fixed, so the sum is the same bit for bit wherever it is made). Returns the
+    number of NaN and Inf in the sum (a non-finite part or partial sum stays so)."""
+    bad = sum_into(out, parts[0], parts[1])
+    for p in parts[2:]:
+        bad = sum_into(out, out, p)
+    return bad
+
+
 def sum_rows(parts: list[tuple[np.ndarray, np.ndarray]], dim: int, dtype: Any
              ) -> tuple[np.ndarray, np.ndarray]:
     """Several ``(ids, rows)`` (each with strictly increasing ids) as one: the sorted union of
@@ -114,5 +124,5 @@ def sum_rows(parts: list[tuple[np.ndarray, np.ndarray]], dim: int, dtype: Any
                          np.concatenate([p[1].reshape(-1, dim) for p in parts]), dim, dtype)
 
 
-__all__ = ["all_finite", "kernel_guard", "nonfinite_counts", "nonfinite_text", "sum_into",
-           "sum_rows", "workers_check"]
+__all__ = ["all_finite", "kernel_guard", "nonfinite_counts", "nonfinite_text", "sum_all",
+           "sum_into", "sum_rows", "workers_check"]

@@ -96,11 +96,10 @@ from .messages import (
     Values,
 )
 from .passes import (
-    all_finite,
     kernel_guard,
     nonfinite_counts,
     nonfinite_text,
-    sum_into,
+    sum_all,
     sum_rows,
     workers_check,
 )
@@ -502,10 +501,7 @@ class Server:
         total = self._accs.get(key)
         if total is None or total.shape != grads[0].shape:
             total = self._accs[key] = np.empty_like(grads[0])
-        bad = sum_into(total, grads[0], grads[1])
-        for g in grads[2:]:
-            bad = sum_into(total, total, g)
-        return total, bad == 0
+        return total, sum_all(total, grads) == 0
 
     def _gather(self, rnd: _Round, group: int) -> Gathered:
         """A step's gradients: the dense part summed in worker order (and whether it is
@@ -518,7 +514,7 @@ class Server:
         tables = [sum_rows([r[j] for w in senders if (r := rnd.rows.get(w)) is not None],
                            int(L.dims[s]), self.values.dtype)
                   for j, s in enumerate(L.tables)]
-        finite = finite and all(all_finite(rows.reshape(-1)) for _, rows in tables)
+        finite = finite and all(bool(np.isfinite(rows).all()) for _, rows in tables)
         scale = 1.0 / (self.num_shares * (len(senders) if self.average else 1))
         return grads, total, finite, tables, scale
 
