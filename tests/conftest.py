@@ -208,7 +208,21 @@ def ray_session(request: Any) -> Any:
 
 @pytest.fixture(params=["local", "ray"])
 def backend(request: Any) -> str:
-    """Each backend in turn: the embedded one, and Ray (skipped where not installed)."""
-    if request.param == "ray":
+    """Each backend in turn: the embedded one, and Ray (skipped where not installed). A
+    test may also ask for ``"ray-node"`` (``indirect`` parametrisation): Ray with every
+    actor on this process's node, as on one machine (:func:`on_this_node`)."""
+    if request.param.startswith("ray"):
         request.getfixturevalue("ray_session")
     return str(request.param)
+
+
+def on_this_node() -> dict[str, Any]:
+    """The Ray backend's options that put every actor on this process's node of the tests'
+    cluster (whose actors otherwise spread over its nodes): a synchronous run's steps then
+    go over links, not through a Compiled Graph, as on one machine."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = {"scheduling_strategy": NodeAffinitySchedulingStrategy(
+        ray.get_runtime_context().get_node_id(), soft=False)}
+    return {"server_options": here, "worker_options": here}

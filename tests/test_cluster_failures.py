@@ -3,6 +3,11 @@ server lost mid-run or before the first step, non-finite gradients under ``error
 ``skip``, a worker stuck or hung past the timeout. Each is a clear error or the documented
 policy, never a hang; every scenario runs embedded and on Ray (skipped without Ray).
 
+On Ray the actors spread over the tests' three nodes, and a synchronous run's steps go through
+a Compiled Graph; the scenarios that it handles in its own way (a failing, dead or hung
+worker, a stop asked for, a lost server) also run with every actor on one node
+(``ray-node``), where the steps go over links as on one machine.
+
 Events order the scenarios, never sleeps: a worker that is to die waits until the driver
 has reported the step before (a Ray actor carries the event across processes); a stuck
 worker waits on an event released after the run has given up on it. Timeouts are only what
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -30,10 +36,15 @@ from paramserver.config.job import ClusterConf
 from paramserver.params import ParamSet
 from paramserver.updaters import create_updater
 
+sys.path.insert(0, str(Path(__file__).parent))
+from conftest import on_this_node
+
 SGD = {"type": "kSGD", "momentum": 0.5, "learning_rate": {"base_lr": 0.1}}
 PLAIN = {"type": "kSGD", "learning_rate": {"base_lr": 1.0}}
 #: Timeouts where a timeout is what is tested: Ray's messages cross processes.
-TIMEOUT = {"local": 0.5, "ray": 2.0}
+TIMEOUT = {"local": 0.5, "ray": 2.0, "ray-node": 2.0}
+#: A scenario that also runs with every actor on one node (conftest's ``backend``).
+ONE_NODE = pytest.mark.parametrize("backend", ["local", "ray", "ray-node"], indirect=True)
 
 
 # -- the two backends --------------------------------------------------------------------------
@@ -54,7 +65,7 @@ class Signal:
 
     def __init__(self, backend: str):
         self._event = threading.Event() if backend == "local" else None
-        if backend == "ray":
+        if backend != "local":
             import ray
 
             self._actor = ray.remote(_SignalActor).remote()
@@ -78,7 +89,7 @@ class Signal:
 
 def die(backend: str) -> None:
     """End the worker as a crash would: its process on Ray, its thread embedded."""
-    if backend == "ray":
+    if backend != "local":
         os._exit(3)
     raise SystemExit(3)
 
@@ -104,6 +115,9 @@ def make(backend: str, params: ParamSet | None = None, updater: Any = SGD, **kw:
                if k in kw}
     kw.setdefault("timeout", 20.0)
     ps = params if params is not None else make_params()
+    if backend == "ray-node":
+        backend = "ray"
+        options.update(on_this_node())
     return Cluster(ClusterConf(backend=backend, **kw), ps, updater, **options), ps
 
 
@@ -145,6 +159,7 @@ def at_step(step: int, fn: Callable[[], None]) -> Callable[[int, Any], None]:
 
 # -- a worker's gradient function raises -------------------------------------------------------
 
+@ONE_NODE
 def test_a_failing_worker_stops_the_run_with_its_exception(backend: str) -> None:
     c, _ = make(backend, nworkers_per_group=3, nservers_per_group=2)
     try:
@@ -205,6 +220,7 @@ def test_an_exception_in_on_step_stops_the_workers_and_is_raised(backend: str) -
 # -- a stop asked for (Ctrl-C) -----------------------------------------------------------------
 
 @pytest.mark.parametrize("asked_at", [13, 0, None])
+@ONE_NODE
 def test_a_stop_asked_for_ends_the_run_at_the_next_pause_and_it_goes_on_exactly(
         backend: str, asked_at: int | None) -> None:
     """``pauses`` and ``stop`` (what the trainer's Ctrl-C uses): asked during step 13's
@@ -242,6 +258,7 @@ def test_a_stop_asked_for_ends_the_run_at_the_next_pause_and_it_goes_on_exactly(
 
 # -- a worker dies -----------------------------------------------------------------------------
 
+@ONE_NODE
 def test_a_dead_worker_stops_the_run(backend: str) -> None:
     signal = Signal(backend)
     c, _ = make(backend, nworkers_per_group=2)
@@ -257,6 +274,7 @@ def test_a_dead_worker_stops_the_run(backend: str) -> None:
         c.close()
 
 
+@ONE_NODE
 def test_continue_goes_on_without_a_dead_worker(backend: str) -> None:
     signal = Signal(backend)
     c, ps = make(backend, nworkers_per_group=3, on_worker_failure="continue")
@@ -294,6 +312,7 @@ def test_earlier_server_checkpoints_are_removed_only_once_a_run_saves(
     assert [s for s, _ in list_checkpoints(stale.parent)] == [0, 2]
 
 
+@ONE_NODE
 def test_a_lost_server_is_brought_back_and_the_run_completes_exactly(backend: str) -> None:
     kw = dict(nworkers_per_group=2, nservers_per_group=2)
     expected, _ = make("local", **kw)
@@ -464,6 +483,7 @@ def test_a_worker_stuck_in_its_gradient_function_does_not_hang_the_run(backend: 
         c.close()
 
 
+@ONE_NODE
 def test_a_hung_worker_times_out_with_a_message_naming_whom_it_waited_for(
         backend: str) -> None:
     release = Signal(backend)
@@ -543,6 +563,26 @@ def test_abort_answers_every_waiting_request() -> None:
     for pending in (update, get, t.send((0, 0), msg.Get(0, 1, 0), "values")):
         with pytest.raises(ClusterError, match=r"^stopped by the test$"):
             pending.wait(1)
+
+
+def test_a_server_tells_the_step_each_worker_was_in() -> None:
+    """What the driver asks the servers of a dead worker whose last outcomes it did not get
+    (they come in batches): the step of its last update, or the next once that one was
+    applied; nothing before its first update since the last put."""
+    ps = make_params()
+    (layout,) = plan_servers(ps, 1)
+    server = Server(layout, create_updater(SGD), ClusterConf(nworkers_per_group=2))
+    t = LocalTransport({(0, 0): server})
+    t.send((0, 0), msg.Put(ps.values, np.ones(2, np.int64), 3), "put").wait(1)
+    assert server.reached(0, 0) is None and server.reached(0, 1) is None
+    grads = np.zeros(30, np.float32)
+    first = t.send((0, 0), msg.Update(0, 0, 3, grads), "update")
+    assert (server.reached(0, 0), server.reached(0, 1)) == (3, None)  # 0 waits in step 3
+    t.send((0, 0), msg.Update(0, 1, 3, grads), "update").wait(1)
+    first.wait(1)
+    assert (server.reached(0, 0), server.reached(0, 1)) == (4, 4)  # both went on to step 4
+    t.send((0, 0), msg.Put(ps.values, np.ones(2, np.int64), 0), "put").wait(1)
+    assert server.reached(0, 0) is None  # a put (a restart, a recovery) starts anew
 
 
 @pytest.mark.parametrize("step", [-5, 2.7, np.array(2.7), np.array([3])])

@@ -42,6 +42,7 @@ from paramserver.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
+from conftest import on_this_node  # noqa: E402
 from test_trainer import JOB  # noqa: E402
 
 SGD = {"type": "kSGD", "momentum": 0.5, "learning_rate": {"base_lr": 0.1}}
@@ -191,6 +192,39 @@ def test_a_synchronous_job_on_ray_equals_the_embedded_run_bit_for_bit(
     # The servers wrote their own checkpoints (values, updater state, versions).
     servers = tmp_path / "ray" / "checkpoints" / "servers"
     assert sorted(p.name for p in servers.iterdir()) == ["server-0-0", "server-0-1"]
+
+
+def linked(worker: Any, step: int) -> dict[str, int]:
+    """``fill``, and how many of this worker's messages went over links so far."""
+    return {**fill(worker, step), "linked": worker._transport.inner.linked}
+
+
+@pytest.mark.parametrize(("one_node", "compiled", "graph"),
+                         [(True, None, False), (False, None, True), (True, True, True)])
+def test_on_one_node_the_steps_go_over_links_and_the_graph_gives_the_same(
+        ray_session: Any, one_node: bool, compiled: bool | None, graph: bool) -> None:
+    """A synchronous run whose actors share a node sends every step's messages over links
+    (quicker than a Compiled Graph there: docs/ray.md); with actors on different nodes
+    (the tests' cluster spreads them) or ``compiled=True``, its steps go through the graph.
+    Every way ends as the embedded run, bit for bit."""
+    c = conf(nworkers_per_group=2, nservers_per_group=2)
+    want, want_metrics = embedded(c, fill, 6)
+    ps = make_params()
+    cluster = Cluster(on_ray(c), ps, SGD, compiled=compiled,
+                      **(on_this_node() if one_node else {}))
+    try:
+        assert cluster.backend.halts is graph  # a graph goes on through the pauses
+        metrics = cluster.run(linked, 6)
+    finally:
+        cluster.close()
+    assert np.array_equal(ps.values, want.values)
+    assert [[{k: v for k, v in m.items() if k != "linked"} for m in step] for step in metrics
+            ] == want_metrics
+    counts = [m["linked"] for m in metrics[-1]]
+    if graph:  # at most the first pull: the updates go through the graph's channels
+        assert all(n <= 2 for n in counts), counts
+    else:  # the first pull and, at each step before, an update to each server
+        assert all(n >= 1 + 2 * 5 for n in counts), counts
 
 
 def test_bfloat16_values_with_a_master_on_ray_equal_the_embedded_run(

@@ -201,6 +201,11 @@ class ServerActor:
     def abort(self, reason: str) -> None:
         self._call(lambda: self.server.abort(reason))
 
+    def reached(self, group: int, worker: int) -> int | None:
+        """See :meth:`~paramserver.cluster.server.Server.reached` (None: a key server)."""
+        reached = getattr(self.server, "reached", None)
+        return reached(group, worker) if reached is not None else None
+
     def waiting_for(self) -> str:
         if self._stages is not None:
             return self._stages.waiting_for()

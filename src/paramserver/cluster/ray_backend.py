@@ -12,13 +12,16 @@
   user modules by name; :mod:`paramserver.cluster.ray_wire`), never from pickled objects of
   ours; the gradient function is the user's callable (pickled by Ray, once per run) or a
   :class:`~paramserver.cluster.gradfn.RemoteGradFn` that each worker builds itself;
-- the steps of a synchronous run go through a Ray Compiled Graph of the actors, compiled at
-  the first such run (:mod:`paramserver.cluster.ray_compiled`: shared-memory channels, no
-  scheduling per call); otherwise — asynchronous runs, ``clip_norm``, row-sparse tables,
-  ``compiled=False``, and the rest of a part after a worker died — a worker actor runs a
-  part of a run in one call, a Ray streaming generator of its steps' outcomes (in batches:
-  see :class:`~paramserver.cluster.ray_actors.WorkerActor`), which a thread of this
-  process per worker reads. Either way the outcomes go to the
+- a worker actor runs a part of a run in one call, a Ray streaming generator of its steps'
+  outcomes (in batches: see :class:`~paramserver.cluster.ray_actors.WorkerActor`), which a
+  thread of this process per worker reads; its messages to a server on its own node go
+  over a link (:mod:`paramserver.cluster.node_link`), to others as Ray calls. Where some
+  worker of a synchronous run has a server on another node, the steps go through a Ray
+  Compiled Graph of the actors instead, compiled at the first such run
+  (:mod:`paramserver.cluster.ray_compiled`: channels, no scheduling per call), except for
+  ``clip_norm``, row-sparse tables and the rest of a part after a worker died (see
+  :func:`~paramserver.cluster.ray_compiled.compiled_reason`; ``compiled`` chooses).
+  Either way the outcomes go to the
   :class:`~paramserver.cluster.driver.Driver`, which does everything else, as embedded;
 - actors go on as many nodes as Ray can (``placement="spread"``, the default), and the
   nodes of the actors are logged at the start (``where`` asks each actor for its node).
@@ -200,7 +203,9 @@ class RayBackend:
         keys: the servers of a key-value store (:class:`~.keys.KeyServer`, an actor for
             every layout of group 0; ``updater`` None: none) instead of ranges of ``params``.
         compiled: run the steps of a synchronous run through a Ray Compiled Graph
-            (:mod:`~paramserver.cluster.ray_compiled`); False: always the actor calls.
+            (:mod:`~paramserver.cluster.ray_compiled`): None (the default) where some
+            worker has a server on another node (a link, :mod:`~.node_link`, reaches those
+            on its own node sooner: measured in docs/ray.md), True always, False never.
         log_file: where Ray's own messages go while this backend lives (its C++ logging
             and Python loggers, and the output of the actors), instead of this process's
             stderr (:class:`~paramserver.cluster.ray_logs.RayOutput`); paramserver's own
@@ -227,7 +232,7 @@ class RayBackend:
                  updater: Updater | None, checkpoint_dir: Path | None = None, *,
                  placement: str | None = "conf", server_options: Options = None,
                  worker_options: Options = None, modules: Sequence[str] = (),
-                 actor_restarts: int = 3, keys: bool = False, compiled: bool = True,
+                 actor_restarts: int = 3, keys: bool = False, compiled: bool | None = None,
                  log_file: str | os.PathLike[str] | None = None,
                  placement_file: str | os.PathLike[str] | None = None,
                  build_ahead: RemoteGradFn | None = None):
@@ -256,8 +261,10 @@ class RayBackend:
         self.nodes: dict[str, str] = {}
         from .ray_compiled import compiled_reason
 
-        why = compiled_reason(conf, params, updater, keys) if compiled else "compiled=False"
+        why = (compiled_reason(conf, params, updater, keys) if compiled is not False
+               else "compiled=False")
         self._compile = why is None
+        self._always_compile = compiled is True
         self._steps: CompiledSteps | None = None
         self._owns_ray = False
         self._closed = False
@@ -569,7 +576,8 @@ class RayBackend:
             self._drop_steps()
         if self._steps is None:
             live = [w for w in self.workers if w.rank not in self.dead]
-            if not live or not self.servers:
+            if not live or not self.servers or (not self._always_compile
+                                                and self._linked(live)):
                 return None
             from .ray_compiled import CompiledSteps
 
@@ -589,6 +597,22 @@ class RayBackend:
                               stacklevel=4)
                 return None
         return self._steps
+
+    def _linked(self, workers: Sequence[RemoteWorker]) -> bool:
+        """Whether every one of ``workers`` reaches each of its servers over a link: the
+        server runs on the worker's node (as far as the driver knows) and this platform has
+        the links' shared memory."""
+        from .shared_memory import supported
+
+        if not supported():
+            return False
+        nsg = self.conf.nserver_groups
+        for w in workers:
+            node = self.nodes.get(w.name)
+            if node is None or any(self.nodes.get(self._names[a]) != node
+                                   for a in self.servers if a[0] == w.group % nsg):
+                return False
+        return True
 
     def _drop_steps(self) -> None:
         if self._steps is not None:
@@ -619,7 +643,7 @@ class RayBackend:
                     step = outcome.step + 1
                     deliver(outcome)
         except ray.exceptions.RayActorError as e:
-            deliver(self._dead_outcome(w, step, e))
+            deliver(self._dead_outcome(w, self._died_in(w, step), e))
         except ray.exceptions.RayTaskError as e:  # e.g. metrics that do not pickle
             deliver(Outcome(w.rank, step, ERROR, cause=e.cause, message=(
                 f"{w.name} (rank {w.rank}) failed at step {step}: "
@@ -629,6 +653,23 @@ class RayBackend:
                 f"{w.name} (rank {w.rank}) failed at step {step}: {type(e).__name__}: {e}")))
         finally:
             deliver(Outcome(w.rank, step, ENDED))
+
+    def _died_in(self, w: RemoteWorker, step: int) -> int:
+        """The step a worker that died was in: its outcomes come in batches, so the driver
+        may not have had those of its last steps (``step``: the one after the last it
+        had); its servers saw how far it went (:meth:`~.server.Server.reached`)."""
+        group = w.group % self.conf.nserver_groups
+        refs = [h.reached.remote(w.group, w.index) for a, h in self.servers.items()
+                if a[0] == group]
+        seen = []
+        for ref in refs:
+            try:
+                reached = self._ray.get(ref, timeout=30.0)
+            except Exception:  # a server lost too says nothing
+                continue
+            if reached is not None:
+                seen.append(int(reached))
+        return max(step, min(seen)) if seen else step
 
     def _dead_outcome(self, w: RemoteWorker, step: int, e: BaseException) -> Outcome:
         """A worker's actor died at ``step`` (Ray said so with ``e``)."""

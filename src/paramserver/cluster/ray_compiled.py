@@ -6,7 +6,10 @@ traffic; a training step of a small model is shorter than that. For the steps of
 one update per server per step and wait for its reply — the graph of calls is the same at
 every step, so it is compiled once (``ray.dag``, ``experimental_compile``): Ray then keeps a
 loop running in every actor and moves each message through a shared-memory channel
-(between nodes, a channel Ray copies across), with no scheduling per call.
+(between nodes, a channel Ray copies across), with no scheduling per call. The backend
+compiles one where some worker has a server on another node: on one node, the links of
+:mod:`~paramserver.cluster.node_link` are quicker (whoever waits for a message blocks;
+the graph's channels spin, see below), unless ``compiled=True``.
 
 The graph of one step (``step`` is its input)::
 

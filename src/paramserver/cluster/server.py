@@ -200,6 +200,8 @@ class Server:
         self._lock = threading.Lock()
         self._live = self._everyone()
         self._clock = dict.fromkeys(self.worker_groups, 0)
+        #: per (worker group, worker), the step of its last update since the last put
+        self._pushed: dict[tuple[int, int], int] = {}
         self._rounds: dict[int, _Round] = {}
         self._gets: list[tuple[Get, ReplyFn]] = []
         self._accs: dict[int, np.ndarray] = {}  # per worker group: a sum may wait (clip)
@@ -312,6 +314,7 @@ class Server:
         self._aborted = None
         self._live = self._everyone()
         self._clock = dict.fromkeys(self.worker_groups, int(msg.step))
+        self._pushed = {}
         if not self.is_master:
             self._last_sync = values.copy()
             self._since_sync = 0
@@ -339,6 +342,7 @@ class Server:
         step = msg.step if msg.step >= 0 else rnd.step if rnd is not None else self._clock[
             msg.group]  # a key-value client's push: its group's next
         rnd = self._rounds.setdefault(msg.group, _Round(step))
+        self._pushed[msg.group, msg.worker] = step
         rnd.grads[msg.worker] = grads
         rnd.rows[msg.worker] = rows
         rnd.idle[msg.worker] = self._idle(msg)
@@ -805,6 +809,15 @@ class Server:
         return out
 
     # -- stopping and diagnosis -------------------------------------------------------------
+
+    def reached(self, group: int, worker: int) -> int | None:
+        """The step that worker ``worker`` of worker group ``group`` was in, as far as this
+        server can tell: that of its last update since the values were put, or the next
+        once that step was applied (and answered); None when no update came. (Where a
+        worker's outcomes reach the driver in batches, the step a dead worker died in.)"""
+        with self._lock:
+            last = self._pushed.get((group, worker))
+            return None if last is None else last + 1 if self._clock.get(group, 0) > last else last
 
     def _drop_waiters(self, reason: str, lost: bool = False) -> list[tuple[ReplyFn, Reply]]:
         error = ErrorReply(reason, lost)
