@@ -219,8 +219,9 @@ def test_an_exception_in_on_step_stops_the_workers_and_is_raised(backend: str) -
 
 # -- a stop asked for (Ctrl-C) -----------------------------------------------------------------
 
-@pytest.mark.parametrize("asked_at", [13, 0, None])
-@ONE_NODE
+@pytest.mark.parametrize(("backend", "asked_at"), [
+    *((b, at) for b in ("local", "ray") for at in (13, 0, None)), ("ray-node", 13)],
+    indirect=["backend"])
 def test_a_stop_asked_for_ends_the_run_at_the_next_pause_and_it_goes_on_exactly(
         backend: str, asked_at: int | None) -> None:
     """``pauses`` and ``stop`` (what the trainer's Ctrl-C uses): asked during step 13's
