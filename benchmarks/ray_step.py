@@ -15,7 +15,9 @@ Contenders, interleaved round after round so that they see the same load
 - embedded 1×1: ``Cluster.run`` of ``--steps`` steps of the main job on the embedded
   cluster (its net, its data, its updater), 1 worker and 1 server;
 - Ray 1×1, Ray 2×2: the same on Ray (the workers build their nets from the job, as
-  ``paramserver train --backend ray`` does), 1 worker and 1 server, then 2 and 2.
+  ``paramserver train --backend ray`` does), 1 worker and 1 server, then 2 and 2;
+- Ray 1×1 graph, Ray 2×2 graph: the same through a Compiled Graph (``compiled=True``),
+  against which the default path on one node (links) is compared, without a target.
 
 A step's cost is a run's time over its steps (the run's start and end included). Each round
 gives one ratio per target (both figures of the same round); a target is met when the
@@ -44,12 +46,17 @@ from paramserver.params import ParamSet
 from paramserver.train.net import Net
 
 JOB = Path(__file__).resolve().parents[1] / "examples" / "digits_mlp.conf"
-#: Contender: (backend, workers and servers per group).
-CONFIGS = {"embedded 1x1": ("local", 1), "Ray 1x1": ("ray", 1), "Ray 2x2": ("ray", 2)}
+#: Contender: (backend, workers and servers per group, through a Compiled Graph).
+CONFIGS = {"embedded 1x1": ("local", 1, False), "Ray 1x1": ("ray", 1, False),
+           "Ray 2x2": ("ray", 2, False), "Ray 1x1 graph": ("ray", 1, True),
+           "Ray 2x2 graph": ("ray", 2, True)}
 #: Target: (numerator, denominator, most).
 TARGETS = {"Ray 1x1 / bare": ("Ray 1x1", "bare", 1.5),
            "Ray 2x2 / bare": ("Ray 2x2", "bare", 2.5),
            "Ray 1x1 / embedded 1x1": ("Ray 1x1", "embedded 1x1", 3.0)}
+#: Ratios shown without a target: the default path (links on one node) against the graph.
+COMPARED = {"Ray 1x1 / Ray 1x1 graph": ("Ray 1x1", "Ray 1x1 graph"),
+            "Ray 2x2 / Ray 2x2 graph": ("Ray 2x2", "Ray 2x2 graph")}
 
 
 class Echo:
@@ -82,7 +89,7 @@ def main() -> None:
     try:
         size = 0
         fns: dict[str, RemoteGradFn] = {}
-        for name, (backend, n) in CONFIGS.items():
+        for name, (backend, n, graph) in CONFIGS.items():
             params = ParamSet(specs)
             init_params(params, job.seed)
             size = params.values.size
@@ -91,7 +98,8 @@ def main() -> None:
                                  "nservers_per_group": n})
             fns[name] = RemoteGradFn("paramserver.train.trainer:net_grad_fn",
                                      {"job": mine.to_json(), "base_dir": str(JOB.parent)})
-            clusters[name] = Cluster(mine, params, checkpoint_freq=0)
+            options = {"compiled": True} if graph else {}
+            clusters[name] = Cluster(mine, params, checkpoint_freq=0, **options)
         echo = ray.remote(Echo).remote(size)
         ray.get(echo.ping.remote())
         grads = np.ones(size, np.float32)
@@ -120,6 +128,8 @@ def main() -> None:
             r = ratios(ms[num], ms[den])
             verdict = "ok" if r.median <= most else "MISSED"
             print(f"{label:26}{r.fmt(2):>26}   <= {most:g}: {verdict}")
+        for label, (num, den) in COMPARED.items():
+            print(f"{label:26}{ratios(ms[num], ms[den]).fmt(2):>26}")
     finally:
         for c in clusters.values():
             c.close()
