@@ -216,13 +216,19 @@ def backend(request: Any) -> str:
     return str(request.param)
 
 
+def pinned(node_id: str, soft: bool) -> dict[str, Any]:
+    """Ray's options of an actor that goes on node ``node_id`` (``soft``: or elsewhere when
+    that node is gone)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=soft)}
+
+
 def on_this_node() -> dict[str, Any]:
     """The Ray backend's options that put every actor on this process's node of the tests'
     cluster (whose actors otherwise spread over its nodes): a synchronous run's steps then
     go over links, not through a Compiled Graph, as on one machine."""
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    here = {"scheduling_strategy": NodeAffinitySchedulingStrategy(
-        ray.get_runtime_context().get_node_id(), soft=False)}
+    here = pinned(ray.get_runtime_context().get_node_id(), soft=False)
     return {"server_options": here, "worker_options": here}

@@ -14,6 +14,7 @@ is to be lost waits in its step until the node is gone.
 from __future__ import annotations
 
 import asyncio
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,9 @@ import pytest
 from paramserver.cluster import Cluster, ClusterError
 from paramserver.config.job import ClusterConf
 from paramserver.params import ParamSet
+
+sys.path.insert(0, str(Path(__file__).parent))
+from conftest import pinned
 
 SGD = {"type": "kSGD", "momentum": 0.5, "learning_rate": {"base_lr": 0.1}}
 
@@ -47,12 +51,6 @@ def on(resource: str) -> dict[str, Any]:
     """On a node with ``resource`` (with ``num_cpus`` 0: an actor given resources otherwise
     holds a CPU for its life, and a node of these has one)."""
     return {"num_cpus": 0, "resources": {resource: 1}}
-
-
-def pinned(node_id: str, soft: bool) -> dict[str, Any]:
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=soft)}
 
 
 def node_ids() -> dict[str, str]:

@@ -1162,11 +1162,12 @@ def batch_tables(msg: KeyBatch, n: int) -> tuple[np.ndarray | None, list[int] | 
         return None, None
     tables = np.asarray(msg.tables)
     bounds = None if msg.id_offsets is None else np.asarray(msg.id_offsets)
+    steps = np.diff(bounds) if bounds is not None and bounds.ndim == 1 else None
     if (tables.dtype != np.bool_ or tables.shape != (n,) or msg.ids is None or bounds is None
-            or bounds.shape != (n + 1,) or bounds.dtype.kind not in "iu"
+            or steps is None or bounds.shape != (n + 1,) or bounds.dtype.kind not in "iu"
             or np.asarray(msg.ids).dtype != np.int64
             or int(bounds[0]) != 0 or int(bounds[-1]) != msg.ids.size
-            or np.any(np.diff(bounds) < 0) or np.any(np.diff(bounds)[~tables] != 0)):
+            or np.any(steps < 0) or np.any(steps[~tables] != 0)):
         raise ClusterError(f"a batch of {n} keys with tables carries a bool per key, int64 "
                            f"row ids and {n + 1} bounds of each table's part of them")
     return tables, bounds.astype(np.int64).tolist()

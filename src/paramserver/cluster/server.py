@@ -817,7 +817,9 @@ class Server:
         worker's outcomes reach the driver in batches, the step a dead worker died in.)"""
         with self._lock:
             last = self._pushed.get((group, worker))
-            return None if last is None else last + 1 if self._clock.get(group, 0) > last else last
+            if last is None or self._clock.get(group, 0) <= last:
+                return last
+            return last + 1  # its step was applied: it went on to the next
 
     def _drop_waiters(self, reason: str, lost: bool = False) -> list[tuple[ReplyFn, Reply]]:
         error = ErrorReply(reason, lost)
