@@ -208,6 +208,40 @@ def test_replacing_rows_is_numpys_assignment_and_refuses_nonfinite_first(dtype: 
         row_kernels.replace(w, rows.reshape(-1), ids[::-1].copy(), DIM)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_merged_rows_are_the_sums_per_id_in_the_order_of_the_parts(dtype: Any) -> None:
+    # several workers' rows (each sorted, each id once) merged: per id, the sum of the rows
+    # of the parts that have it, ((a + b) + c) as written out here; NaN and Inf counted
+    rng = np.random.default_rng(11)
+    for trial in range(40):
+        parts = []
+        for _ in range(int(rng.integers(2, 5))):
+            ids = np.unique(rng.integers(0, 50, int(rng.integers(0, 40)))).astype(np.int64)
+            parts.append((ids, rng.standard_normal((ids.size, 3)).astype(dtype)))
+        if trial % 4 == 0 and parts[1][0].size:
+            parts[1][1][0, 1] = [np.nan, np.inf][trial % 8 // 4]
+        want: dict[int, np.ndarray] = {}
+        for ids, rows in parts:
+            for i, row in zip(ids.tolist(), rows, strict=True):
+                want[i] = want[i] + row if i in want else row.copy()
+        ids, rows, bad = row_kernels.merge_rows(parts, 3, dtype)
+        assert ids.tolist() == sorted(want)
+        assert rows.dtype == dtype
+        np.testing.assert_array_equal(rows, np.array([want[i] for i in sorted(want)],
+                                                     dtype).reshape(-1, 3))
+        assert bad == int(np.count_nonzero(~np.isfinite(rows)))
+        assert bad == (1 if trial % 4 == 0 and parts[1][0].size else 0)
+
+
+@pytest.mark.parametrize("ids, order", [
+    ([], 0), ([0], 0), ([ROWS - 1], 0), ([1, 5, 9], 0),
+    ([5, 1], 1), ([3, 3], 1), ([2, 9, 4], 1),
+    ([ROWS], -1), ([-1], -1), ([4, 2, ROWS], -1), ([1, 2, -3], -1),
+])
+def test_one_read_of_row_ids_tells_their_bounds_and_order(ids: list[int], order: int) -> None:
+    assert row_kernels.id_order(np.array(ids, np.int64), ROWS) == order
+
+
 class _Halve(Updater):
     """A user's NumPy rule with state: ``w -= lr·g``; ``seen += 1`` where ``g != 0``."""
 

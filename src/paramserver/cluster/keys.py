@@ -721,9 +721,8 @@ class KeyServer:
             ids = None
             if table:
                 assert server.values is not None
-                ids, total = sum_rows(parts, int(server.layout.dims[0]),  # type: ignore[arg-type]
-                                      server.values.dtype)
-                ok = bool(np.isfinite(total).all())  # (in this thread, as _summed)
+                ids, total, ok = sum_rows(parts,  # type: ignore[arg-type]
+                                          int(server.layout.dims[0]), server.values.dtype)
             else:
                 total, ok = _summed([d for _, d in parts])
             if not ok:

@@ -26,8 +26,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..params import coalesce_rows
-
 if TYPE_CHECKING:
     from ..config.job import ClusterConf
 
@@ -112,16 +110,20 @@ def sum_all(out: np.ndarray, parts: list[np.ndarray]) -> int:
 
 
 def sum_rows(parts: list[tuple[np.ndarray, np.ndarray]], dim: int, dtype: Any
-             ) -> tuple[np.ndarray, np.ndarray]:
-    """Several ``(ids, rows)`` (each with strictly increasing ids) as one: the sorted union of
-    the ids, and per id the sum of its rows in the order of ``parts`` (``((a + b) + c)``)."""
+             ) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Several ``(ids, rows)`` (each with strictly increasing int64 ids, rows of ``dtype``)
+    as one: the sorted union of the ids, per id the sum of its rows in the order of
+    ``parts`` (``((a + b) + c)``), and whether the sums are all finite (counted as they are
+    written: :func:`~paramserver.numerics.rows.merge_rows`)."""
+    if not parts:
+        return np.zeros(0, np.int64), np.zeros((0, dim), dtype), True
     if len(parts) == 1:
         ids, rows = parts[0]
-        return ids, rows.reshape(len(ids), dim)
-    if not parts:
-        return np.zeros(0, np.int64), np.zeros((0, dim), dtype)
-    return coalesce_rows(np.concatenate([p[0] for p in parts]),
-                         np.concatenate([p[1].reshape(-1, dim) for p in parts]), dim, dtype)
+        return ids, rows.reshape(len(ids), dim), all_finite(rows.reshape(-1))
+    from ..numerics.rows import merge_rows
+
+    ids, rows, bad = merge_rows(parts, dim, dtype)
+    return ids, rows, bad == 0
 
 
 __all__ = ["all_finite", "kernel_guard", "nonfinite_counts", "nonfinite_text", "sum_all",

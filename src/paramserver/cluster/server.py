@@ -515,10 +515,11 @@ class Server:
         grads = [g for w in senders if (g := rnd.grads[w]) is not None]
         total, finite = self._total(grads, group) if grads and L.dense_size else (None, True)
         assert self.values is not None
-        tables = [sum_rows([r[j] for w in senders if (r := rnd.rows.get(w)) is not None],
+        summed = [sum_rows([r[j] for w in senders if (r := rnd.rows.get(w)) is not None],
                            int(L.dims[s]), self.values.dtype)
                   for j, s in enumerate(L.tables)]
-        finite = finite and all(bool(np.isfinite(rows).all()) for _, rows in tables)
+        tables = [(ids, rows) for ids, rows, _ in summed]
+        finite = finite and all(ok for _, _, ok in summed)
         scale = 1.0 / (self.num_shares * (len(senders) if self.average else 1))
         return grads, total, finite, tables, scale
 

@@ -38,8 +38,11 @@ def is_ids(x: Any) -> bool:
     return _is_list(x) and all(isinstance(i, (Number, np.number)) for i in x)
 
 
-def row_ids_of(x: Any, num_rows: int, where: str) -> np.ndarray:
-    """Row ids as a flat int64 array, checked inside ``[0, num_rows)``."""
+def row_ids_of(x: Any, num_rows: int, where: str
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Row ids as a flat int64 array, checked inside ``[0, num_rows)``; the sorted distinct
+    ids; and where each id is among them (None when the ids are already sorted and
+    distinct: they are their own, told by the same one pass that checks them)."""
     if hasattr(x, "asnumpy"):  # an MXNet NDArray
         x = x.asnumpy()
     ids = np.asarray(x)
@@ -53,11 +56,19 @@ def row_ids_of(x: Any, num_rows: int, where: str) -> np.ndarray:
         raise ParamError(f"{where}: row ids must be an array of whole numbers (int or float), "
                          f"not {ids.dtype} of shape {ids.shape}")
     ids = ids.reshape(-1).astype(np.int64)
-    if ids.size and (ids.min() < 0 or ids.max() >= num_rows):
+    order = 0
+    if ids.size:
+        from ..numerics.rows import id_order  # loads numba: only for tables
+
+        order = id_order(ids, num_rows)
+    if order < 0:
         bad_id = ids[(ids < 0) | (ids >= num_rows)][0]
         raise ParamError(f"{where}: row id {int(bad_id)} is outside the table's rows "
                          f"[0, {num_rows})")
-    return ids
+    if order == 0:
+        return ids, ids, None
+    unique, at = np.unique(ids, return_inverse=True)
+    return ids, unique, at.reshape(-1)
 
 
 def _flatten(key: Any, values: Any, single: Any, what: str) -> list[tuple[Any, Any]]:
@@ -98,15 +109,6 @@ def pull_plan(key: Any, out: Any, row_ids: Any) -> list[tuple[Any, Any, Any]]:
     return [(k, o, r) for (k, o), (_, r) in zip(pairs, ids, strict=True)]
 
 
-def unique_ids(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-    """The sorted distinct ``ids``, and where each id is among them (None when ``ids`` are
-    already sorted and distinct: they are their own, in one pass instead of a sort)."""
-    if ids.size < 2 or bool(np.all(ids[1:] > ids[:-1])):
-        return ids, None
-    unique, at = np.unique(ids, return_inverse=True)
-    return unique, at.reshape(-1)
-
-
 def place_rows(out: np.ndarray | None, table_shape: tuple[int, ...], ids: np.ndarray,
                unique: np.ndarray, at: np.ndarray | None, rows: np.ndarray, dtype: Any
                ) -> np.ndarray:
@@ -131,4 +133,4 @@ def place_rows(out: np.ndarray | None, table_shape: tuple[int, ...], ids: np.nda
     return target
 
 
-__all__ = ["is_ids", "place_rows", "pull_plan", "row_ids_of", "unique_ids"]
+__all__ = ["is_ids", "place_rows", "pull_plan", "row_ids_of"]

@@ -912,7 +912,7 @@ class KVStore:
         MXNet's (:mod:`paramserver.kv.rowsparse`). Only the rows asked for travel: one
         message per server for every key of the call (each server's rows of every key in
         one buffer)."""
-        from .rowsparse import place_rows, pull_plan, row_ids_of, unique_ids
+        from .rowsparse import place_rows, pull_plan, row_ids_of
 
         plan = pull_plan(key, out, row_ids)
         self._prefetch([k for k, _, _ in plan])
@@ -923,13 +923,13 @@ class KVStore:
             if not k.row_sparse:
                 raise ParamError(f"{where}: the key is not row-sparse (init it with "
                                  "row_sparse=True); pull it whole with pull()")
-            ids = row_ids_of(ids_, k.num_rows, where)
+            ids, unique, at = row_ids_of(ids_, k.num_rows, where)
             if out_ is not None:
                 whole = isinstance(out_, np.ndarray) and out_.shape == k.shape
                 _check_out(out_, k.shape if whole else (ids.size, *k.shape[1:]),
                            where + ("" if whole else " (out: the table's shape, or one row "
                                                      "per row id)"))
-            wanted.append((k, ids, *unique_ids(ids)))
+            wanted.append((k, ids, unique, at))
         self._finish_keys([k for k, *_ in wanted])
         if len(wanted) == 1 and self._in_process and self._lag() is None:
             k, ids, unique, at = wanted[0]

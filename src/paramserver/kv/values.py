@@ -51,10 +51,18 @@ class RowSparse:
             raise ParamError(f"{where}: {ids.size} row ids need {ids.size} rows of {dim} "
                              f"float values, not {rows.dtype} of shape {rows.shape}")
         rows = rows.reshape(ids.size, dim).astype(dtype, copy=False)
-        if ids.size and (ids.min() < 0 or ids.max() >= num_rows):
+        if not ids.size:
+            return ids, np.ascontiguousarray(rows)
+        from ..numerics.rows import id_order  # loads numba: only for tables
+
+        ids = np.ascontiguousarray(ids)
+        order = id_order(ids, num_rows)  # bounds and order in one pass
+        if order < 0:
             bad = ids[(ids < 0) | (ids >= num_rows)][0]
             raise ParamError(f"{where}: row id {int(bad)} is outside the table's rows "
                              f"[0, {num_rows})")
+        if order == 0:  # sorted, each row once: as given
+            return ids, np.ascontiguousarray(rows)
         return coalesce_rows(ids, rows, dim, dtype)
 
 

@@ -51,8 +51,9 @@ from .kernels import (
     threads_for,
 )
 
-__all__ = ["adadelta", "adagrad", "adam", "adamax", "check_rows", "nesterov", "replace",
-           "rmsprop", "sgd", "sum_rows_in_order", "warmup"]
+__all__ = ["adadelta", "adagrad", "adam", "adamax", "check_rows", "id_order",
+           "merge_rows", "nesterov", "replace", "rmsprop", "sgd", "sum_rows_in_order",
+           "warmup"]
 
 _NUM_PARAMS = 5
 _NUM_COEFS = 4
@@ -206,6 +207,97 @@ def sum_rows_in_order(rows: np.ndarray, order: np.ndarray, bounds: np.ndarray,
     _sum_in_order(rows, order, bounds, out)
 
 
+@njit(nogil=True, cache=True)
+def _id_order(ids, num_rows):  # type: ignore[no-untyped-def]
+    # one read of the ids: -1 when one is outside [0, num_rows), else 0 when they are
+    # strictly increasing, 1 when not
+    order = 0
+    last = -1
+    for i in range(ids.shape[0]):
+        v = ids[i]
+        if v < 0 or v >= num_rows:
+            return -1
+        if v <= last:
+            order = 1
+        last = v
+    return order
+
+
+def id_order(ids: np.ndarray, num_rows: int) -> int:
+    """One pass over int64 ``ids`` (1-D, contiguous): -1 when one is outside
+    ``[0, num_rows)``, else 0 when they are strictly increasing and 1 when not — what a min,
+    a max and a comparison of neighbours tell in three passes and three temporaries."""
+    return int(_id_order(_read_only(ids), np.int64(num_rows)))
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    """A read-only view of ``a``: one compiled signature, whether or not the caller's array
+    is writeable."""
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
+@njit(nogil=True, cache=True)
+def _merge_two(ia, ra, ib, rb, ids, out):  # type: ignore[no-untyped-def]
+    # the union of two strictly increasing id lists, and per id the row of the one that has
+    # it or the sum a + b; the count of NaN and Inf written comes with it
+    na = ia.shape[0]
+    nb = ib.shape[0]
+    dim = out.shape[1]
+    i = 0
+    j = 0
+    n = 0
+    bad = 0
+    while i < na or j < nb:
+        if j >= nb or (i < na and ia[i] < ib[j]):
+            ids[n] = ia[i]
+            for c in range(dim):
+                v = ra[i, c]
+                out[n, c] = v
+                z = v - v
+                bad += z != z
+            i += 1
+        elif i >= na or ib[j] < ia[i]:
+            ids[n] = ib[j]
+            for c in range(dim):
+                v = rb[j, c]
+                out[n, c] = v
+                z = v - v
+                bad += z != z
+            j += 1
+        else:
+            ids[n] = ia[i]
+            for c in range(dim):
+                v = ra[i, c] + rb[j, c]
+                out[n, c] = v
+                z = v - v
+                bad += z != z
+            i += 1
+            j += 1
+        n += 1
+    return n, bad
+
+
+def merge_rows(parts: list[tuple[np.ndarray, np.ndarray]], dim: int, dtype: Any
+               ) -> tuple[np.ndarray, np.ndarray, int]:
+    """Several ``(ids, rows)``, each with strictly increasing int64 ids and rows of ``dtype``,
+    as one: the sorted union of the ids, per id the sum of its rows in the order of ``parts``
+    (``(a + b) + c``, a part without the id left out), and the number of NaN and Inf in the
+    sums. A merge, one pass per part after the first, where sorting the concatenated ids
+    took a sort, its inverse, a stable argsort and a search (and two copies) first."""
+    ids, rows = parts[0]
+    rows = rows.reshape(ids.size, dim)
+    bad = -1
+    for ib, rb in parts[1:]:
+        union = np.empty(ids.size + ib.size, np.int64)
+        out = np.empty((union.size, dim), dtype)
+        n, bad = _merge_two(_read_only(ids), _read_only(rows), _read_only(ib),
+                            _read_only(rb.reshape(ib.size, dim)), union, out)
+        ids, rows = union[:n], out[:n]
+    return ids, rows, bad
+
+
 # ---------------------------------------------------------------------------------------------
 # The Python side: check the arrays, round the coefficients to the data type, launch.
 
@@ -217,7 +309,7 @@ def check_rows(ids: Any, num_rows: int, where: str = "row ids") -> np.ndarray:
         raise ParamError(f"{where} must be a 1-D array of integers, not {arr.dtype} of shape "
                          f"{arr.shape}")
     arr = np.ascontiguousarray(arr, np.int64)
-    if arr.size and (arr[0] < 0 or arr[-1] >= num_rows or np.any(np.diff(arr) <= 0)):
+    if arr.size and id_order(arr, num_rows) != 0:
         bad = arr[(arr < 0) | (arr >= num_rows)]
         what = (f"{int(bad[0])} is outside the table's rows [0, {num_rows})" if bad.size
                 else "they are not strictly increasing (sorted, each row once)")
@@ -430,6 +522,8 @@ def warmup(dtype: npt.DTypeLike = np.float32) -> None:
     w = np.zeros(2, dtype)
     g = np.zeros(1, dtype)
     ids = np.zeros(1, np.int64)
+    id_order(ids, 2)
+    merge_rows([(ids, g), (ids, g)], 1, dtype)
     replace(w, g, ids, 1)
     sgd(w, g, ids, 1, w[:0], 0.0)
     sgd(w, g, ids, 1, w.copy(), 0.0, momentum=0.5)
