@@ -31,8 +31,9 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from numba import prange
-from numba.extending import register_jitable
+from llvmlite import ir as llvm_ir
+from numba import prange, types
+from numba.extending import intrinsic, register_jitable
 
 from ..config import ParamError
 from .cache import njit
@@ -70,6 +71,48 @@ _NUM_COEFS = 4
 # the inner loop over one row's ``dim`` values is the dense kernel's loop body, vectorised.
 # With ``check``, a read-only pass over ``g`` first returns its count of NaN and Inf when there
 # are any (nothing written), as the dense kernels do.
+#
+# The touched rows of a large table lie far apart in memory, and a row's write (and its state's)
+# waited on memory before the next row began. Each work item asks for the lines of the row
+# ``_AHEAD`` rows on (LLVM's prefetch, a hint) as it writes one: measured with 4,096 and 16,384
+# rows of 64 in a table of 1M, one thread, the replacement 0.37 -> 0.21 ms and 1.53 -> 0.86 ms
+# and Adam 1.5 -> 0.81 ms and 6.2 -> 3.5 ms; two threads about the same ratios.
+
+
+def _prefetch_of(typingctx, a, i):  # type: ignore[no-untyped-def]
+    """LLVM's prefetch of element ``i`` of a 1-D array, for writing, into every cache level:
+    a hint, nothing read or written (an address outside the array does not fault)."""
+    if not isinstance(a, types.Array) or not isinstance(i, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        i8p = llvm_ir.IntType(8).as_pointer()
+        i32 = llvm_ir.IntType(32)
+        fn = builder.module.declare_intrinsic(
+            "llvm.prefetch", [i8p], llvm_ir.FunctionType(llvm_ir.VoidType(), [i8p, i32, i32, i32]))
+        address = builder.bitcast(builder.gep(data, [args[1]]), i8p)
+        builder.call(fn, [address, i32(1), i32(3), i32(1)])  # write, keep in every cache, data
+        return context.get_dummy_value()
+
+    return types.void(a, i), codegen
+
+
+_prefetch_write: Any = intrinsic(_prefetch_of)
+#: Rows ahead whose lines a row kernel asks for before it reaches them, and the most lines
+#: of one row it asks for (a longer row's next lines the processor's own prefetcher fetches).
+_AHEAD = 8
+_AHEAD_LINES = 8
+
+
+@register_jitable
+def _prefetch_row(a, base, dim):  # type: ignore[no-untyped-def]
+    """Ask for the first lines of a row of ``a`` (from ``base``, ``dim`` values) ahead of
+    writing it. Not the intrinsic itself in a kernel's closure: numba keys a cached kernel
+    by its closure's pickle, which an intrinsic's differs in each process."""
+    step = max(1, 64 // a.itemsize)
+    for q in range(0, min(dim, _AHEAD_LINES * step), step):
+        _prefetch_write(a, base + q)
 
 
 def _row_kernel(rule: Callable[..., Any], nstate: int, name: str, clip_at: int = 0) -> Any:
@@ -105,7 +148,17 @@ def _row_kernel(rule: Callable[..., Any], nstate: int, name: str, clip_at: int =
         nonfinite = 0
         for c in prange(items):
             bad = 0
-            for r in range(c * per, min(c * per + per, n)):
+            end = min(c * per + per, n)
+            for r in range(c * per, end):
+                if r + _AHEAD < end:  # the rows' lines are far apart: ask for them early
+                    ahead = ids[r + _AHEAD] * dim
+                    _prefetch_row(w, ahead, dim)
+                    if nstate >= 1:
+                        _prefetch_row(h, ahead, dim)
+                    if nstate >= 2:
+                        _prefetch_row(u, ahead, dim)
+                    if nstate >= 3:
+                        _prefetch_row(x, ahead, dim)
                 base = ids[r] * dim
                 ws = w[base:base + dim]
                 gs = g[r * dim:r * dim + dim]
