@@ -31,6 +31,7 @@ from paramserver import Error, ParamError
 from paramserver.checkpoint import checkpoint_name, list_checkpoints
 from paramserver.cluster import Cluster, ClusterError, LocalTransport, Server, plan_servers
 from paramserver.cluster import messages as msg
+from paramserver.cluster.errors import ServerLost
 from paramserver.cluster.passes import all_finite, nonfinite_counts, sum_into
 from paramserver.config.job import ClusterConf
 from paramserver.params import ParamSet
@@ -338,6 +339,39 @@ def test_a_lost_server_is_brought_back_and_the_run_completes_exactly(backend: st
     assert metrics == expected_metrics
     assert np.array_equal(ps.values, expected.params.values)
     assert [p.version for p in ps.owners] == [12, 12]
+
+
+def test_a_server_lost_while_the_servers_save_goes_back_to_their_last_checkpoint() -> None:
+    """A server lost while the servers write their checkpoint at the end of a part (its
+    steps all done before the loss was seen): the servers go back to their last complete
+    checkpoint (each keeps its newest two), the part runs again, and the run ends as one
+    never interrupted. The loss is made as Ray reports it: the server's save fails with
+    ServerLost, after the other server saved."""
+    kw = dict(nservers_per_group=2)
+    expected, _ = make("local", **kw)
+    expected.run(fill, 8)
+    c, ps = make("local", max_restarts=2, checkpoint_freq=4, **kw)
+    every = c._driver._every
+    lost: list[int] = []
+
+    def saving(make_request: Any, what: str) -> Any:
+        if what == "a checkpoint" and make_request((0, 0)).step == 8 and not lost:
+            lost.append(8)
+            c._driver._ask({(0, 0): make_request((0, 0))}, what)
+            c.kill_server((0, 1))
+            raise ServerLost("server 1 was lost", (0, 1))
+        return every(make_request, what)
+
+    c._driver._every = saving  # type: ignore[method-assign]
+    try:
+        with pytest.warns(RuntimeWarning, match="a server was lost.* the servers go back to "
+                                                "their checkpoint of step 4"):
+            c.run(fill, 8)
+    finally:
+        c.close()
+    assert lost == [8]
+    assert np.array_equal(ps.values, expected.params.values)
+    assert [p.version for p in ps.owners] == [8, 8]
 
 
 def test_a_server_lost_before_the_first_step_is_brought_back(backend: str) -> None:

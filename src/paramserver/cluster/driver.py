@@ -458,7 +458,6 @@ class Driver:
     def _save(self, step: int) -> None:
         if not self._cleared:
             self._clear_earlier()
-        self._saved = None
         self._every(lambda a: Save(step), "a checkpoint")
         self._saved = step
 
