@@ -374,6 +374,38 @@ def test_a_server_lost_while_the_servers_save_goes_back_to_their_last_checkpoint
     assert [p.version for p in ps.owners] == [8, 8]
 
 
+def test_a_server_lost_after_the_last_save_is_brought_back_to_it() -> None:
+    """A server lost after the servers saved the run's last step, before the run handed
+    back their values: brought back to that checkpoint, and the run ends as one never
+    interrupted."""
+    kw = dict(nservers_per_group=2)
+    expected, _ = make("local", **kw)
+    expected.run(fill, 8)
+    c, ps = make("local", max_restarts=2, checkpoint_freq=4, **kw)
+    every = c._driver._every
+    lost: list[int] = []
+
+    def saving(make_request: Any, what: str) -> Any:
+        out = every(make_request, what)
+        if what == "a checkpoint" and make_request((0, 0)).step == 8 and not lost:
+            lost.append(8)
+            c.kill_server((0, 1))
+        return out
+
+    c._driver._every = saving  # type: ignore[method-assign]
+    try:
+        with pytest.warns(RuntimeWarning, match=r"a server was lost: server 1 \(after the "
+                                                r"run's last step\); the servers go back to "
+                                                "their checkpoint of step 8"):
+            c.run(fill, 8)
+        c.run(fill, 0)  # and the cluster serves on
+    finally:
+        c.close()
+    assert lost == [8]
+    assert np.array_equal(ps.values, expected.params.values)
+    assert [p.version for p in ps.owners] == [8, 8]
+
+
 def test_a_server_lost_before_the_first_step_is_brought_back(backend: str) -> None:
     c, ps = make(backend, max_restarts=2, nservers_per_group=2)
     try:

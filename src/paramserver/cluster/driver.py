@@ -474,7 +474,22 @@ class Driver:
         self._cleared = True
 
     def _finish(self, step: int) -> None:
-        """Every server group takes the final values; ``params`` server group 0's."""
+        """Every server group takes the final values; ``params`` server group 0's. A server
+        lost after the servers saved ``step`` (the run's last checkpoint) is brought back
+        to it, and the servers asked again."""
+        try:
+            self._finish_once(step)
+        except ClusterError:
+            lost = self.backend.revive() if self.saves and self._saved == step else []
+            if not lost:
+                raise
+            warnings.warn(f"a server was lost: {', '.join(self._names[a] for a in lost)} "
+                          f"(after the run's last step); the servers go back to their "
+                          f"checkpoint of step {step}", RuntimeWarning, stacklevel=4)
+            self._every(lambda a: Restore(step), "a restore")
+            self._finish_once(step)
+
+    def _finish_once(self, step: int) -> None:
         if self.conf.nserver_groups > 1:
             # Two rounds: every change reaches the masters, then every group takes them.
             later = [a for a in self.addresses if a[0] > 0]
