@@ -341,12 +341,19 @@ def test_a_lost_server_is_brought_back_and_the_run_completes_exactly(backend: st
     assert [p.version for p in ps.owners] == [12, 12]
 
 
-def test_a_server_lost_while_the_servers_save_goes_back_to_their_last_checkpoint() -> None:
-    """A server lost while the servers write their checkpoint at the end of a part (its
-    steps all done before the loss was seen): the servers go back to their last complete
-    checkpoint (each keeps its newest two), the part runs again, and the run ends as one
-    never interrupted. The loss is made as Ray reports it: the server's save fails with
-    ServerLost, after the other server saved."""
+@pytest.mark.parametrize("during, warning", [
+    (True, "a server was lost.* the servers go back to their checkpoint of step 4"),
+    (False, r"a server was lost: server 1 \(after the run's last step\); the servers go back "
+            "to their checkpoint of step 8"),
+])
+def test_a_server_lost_at_the_servers_last_save_goes_back_to_their_last_checkpoint(
+        during: bool, warning: str) -> None:
+    """A server lost while the servers write their checkpoint at the end of the run's last
+    part (``during``: its steps all done before the loss was seen; the loss made as Ray
+    reports it, the server's save failing with ServerLost after the other server saved), or
+    just after they wrote it, before the run hands back their values: the servers go back
+    to their last complete checkpoint (each keeps its newest two) — step 4, and the part
+    runs again; or step 8 — and the run ends as one never interrupted."""
     kw = dict(nservers_per_group=2)
     expected, _ = make("local", **kw)
     expected.run(fill, 8)
@@ -355,48 +362,19 @@ def test_a_server_lost_while_the_servers_save_goes_back_to_their_last_checkpoint
     lost: list[int] = []
 
     def saving(make_request: Any, what: str) -> Any:
-        if what == "a checkpoint" and make_request((0, 0)).step == 8 and not lost:
-            lost.append(8)
-            c._driver._ask({(0, 0): make_request((0, 0))}, what)
-            c.kill_server((0, 1))
+        if what != "a checkpoint" or make_request((0, 0)).step != 8 or lost:
+            return every(make_request, what)
+        lost.append(8)
+        out = c._driver._ask({(0, 0): make_request((0, 0))} if during else
+                             {a: make_request(a) for a in c._driver.addresses}, what)
+        c.kill_server((0, 1))
+        if during:
             raise ServerLost("server 1 was lost", (0, 1))
-        return every(make_request, what)
-
-    c._driver._every = saving  # type: ignore[method-assign]
-    try:
-        with pytest.warns(RuntimeWarning, match="a server was lost.* the servers go back to "
-                                                "their checkpoint of step 4"):
-            c.run(fill, 8)
-    finally:
-        c.close()
-    assert lost == [8]
-    assert np.array_equal(ps.values, expected.params.values)
-    assert [p.version for p in ps.owners] == [8, 8]
-
-
-def test_a_server_lost_after_the_last_save_is_brought_back_to_it() -> None:
-    """A server lost after the servers saved the run's last step, before the run handed
-    back their values: brought back to that checkpoint, and the run ends as one never
-    interrupted."""
-    kw = dict(nservers_per_group=2)
-    expected, _ = make("local", **kw)
-    expected.run(fill, 8)
-    c, ps = make("local", max_restarts=2, checkpoint_freq=4, **kw)
-    every = c._driver._every
-    lost: list[int] = []
-
-    def saving(make_request: Any, what: str) -> Any:
-        out = every(make_request, what)
-        if what == "a checkpoint" and make_request((0, 0)).step == 8 and not lost:
-            lost.append(8)
-            c.kill_server((0, 1))
         return out
 
     c._driver._every = saving  # type: ignore[method-assign]
     try:
-        with pytest.warns(RuntimeWarning, match=r"a server was lost: server 1 \(after the "
-                                                r"run's last step\); the servers go back to "
-                                                "their checkpoint of step 8"):
+        with pytest.warns(RuntimeWarning, match=warning):
             c.run(fill, 8)
         c.run(fill, 0)  # and the cluster serves on
     finally:

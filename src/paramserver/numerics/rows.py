@@ -291,6 +291,18 @@ def _read_only(a: np.ndarray) -> np.ndarray:
     return v
 
 
+@register_jitable
+def _copy_row(src, r, out, n):  # type: ignore[no-untyped-def]
+    # row r of src becomes row n of out; its NaN and Inf counted
+    bad = 0
+    for c in range(out.shape[1]):
+        v = src[r, c]
+        out[n, c] = v
+        z = v - v
+        bad += z != z
+    return bad
+
+
 @njit(nogil=True, cache=True)
 def _merge_two(ia, ra, ib, rb, ids, out):  # type: ignore[no-untyped-def]
     # the union of two strictly increasing id lists, and per id the row of the one that has
@@ -305,19 +317,11 @@ def _merge_two(ia, ra, ib, rb, ids, out):  # type: ignore[no-untyped-def]
     while i < na or j < nb:
         if j >= nb or (i < na and ia[i] < ib[j]):
             ids[n] = ia[i]
-            for c in range(dim):
-                v = ra[i, c]
-                out[n, c] = v
-                z = v - v
-                bad += z != z
+            bad += _copy_row(ra, i, out, n)
             i += 1
         elif i >= na or ib[j] < ia[i]:
             ids[n] = ib[j]
-            for c in range(dim):
-                v = rb[j, c]
-                out[n, c] = v
-                z = v - v
-                bad += z != z
+            bad += _copy_row(rb, j, out, n)
             j += 1
         else:
             ids[n] = ia[i]
