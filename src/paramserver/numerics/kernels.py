@@ -47,8 +47,8 @@ from .cache import get_num_threads, njit
 
 __all__ = ["BLOCK", "CHUNK", "CLIP_DECAYED", "CLIP_GRADIENT", "CLIP_SCALED", "State",
            "adadelta", "adagrad", "adam", "adamax", "ftrl", "kernel_for", "lamb", "nadam",
-           "nesterov", "radam", "rmsprop", "sgd", "signed_state", "signum", "state_like",
-           "threads_for", "warmup"]
+           "nesterov", "radam", "read_only", "rmsprop", "sgd", "signed_state", "signum",
+           "state_like", "threads_for", "warmup"]
 
 BLOCK = quant.BLOCK
 """Values per block of 8-bit state (one float32 scale each)."""
@@ -900,8 +900,7 @@ def count_nonfinite(g: np.ndarray) -> int:
             or g.ndim != 1:
         raise ParamError(f"g must be a 1-D float32 or float64 numpy array, not {_describe(g)}"
                          + (f" of shape {g.shape}" if isinstance(g, np.ndarray) else ""))
-    gv = np.ascontiguousarray(g).view()
-    gv.flags.writeable = False  # one compiled signature, writeable or not
+    gv = read_only(np.ascontiguousarray(g))
     with threads_for(g.shape[0], 4 * CHUNK):  # a task reads four chunks
         return int(_count(gv))
 
@@ -1112,9 +1111,7 @@ def _launch(
                              "this update): its random bits are drawn from it")
         counts = np.ascontiguousarray(np.broadcast_to(_step(step, skip).astype(np.int64),
                                                       (nseg,)))
-    # A read-only view: one compiled signature for g, whether or not the caller's is writeable.
-    gv = g.view()
-    gv.flags.writeable = False
+    gv = read_only(g)
     arrays = [a for _, a, _ in found] + [w[:0]] * 3
     scales = [sc for _, _, sc in found if sc is not None] + [_NO_SCALES] * 3
     n = w.shape[0]
@@ -1142,6 +1139,14 @@ def _launch(
 _NO_SCALES = np.zeros(0, np.float32)
 #: The most threads numba's parallel kernels may use (set_num_threads only lowers it).
 _MOST_THREADS: int = numba_config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]
+
+
+def read_only(a: np.ndarray) -> np.ndarray:
+    """A read-only view of ``a``, as a kernel's input: one compiled signature (numba compiles
+    one per writeable flag), whether or not the caller's array is writeable."""
+    v = a.view()
+    v.flags.writeable = False
+    return v
 
 
 def threads_for(n: int, chunk: int = CHUNK) -> contextlib.AbstractContextManager[None]:
@@ -2137,8 +2142,7 @@ def lamb(
     hyp = np.array([clip_low, clip_high, beta1, 1.0 - beta1, beta2, 1.0 - beta2, delta,
                     -1.0 if lower_bound is None else lower_bound,
                     -1.0 if upper_bound is None else upper_bound], w.dtype)
-    gv = g.view()
-    gv.flags.writeable = False
+    gv = read_only(g)
     with threads_for(w.shape[0]):
         found = int(_lamb(w, gv, m, v, offsets, seg, hyp, bool(clip_high > clip_low),
                           int(clip_at), bool(check), np.zeros(1, w.dtype)))

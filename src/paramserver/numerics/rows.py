@@ -49,6 +49,7 @@ from .kernels import (
     _nesterov_rule,
     _rmsprop_rule,
     _sgd_rule,
+    read_only,
     threads_for,
 )
 
@@ -280,15 +281,7 @@ def id_order(ids: np.ndarray, num_rows: int) -> int:
     """One pass over int64 ``ids`` (1-D, contiguous): -1 when one is outside
     ``[0, num_rows)``, else 0 when they are strictly increasing and 1 when not — what a min,
     a max and a comparison of neighbours tell in three passes and three temporaries."""
-    return int(_id_order(_read_only(ids), np.int64(num_rows)))
-
-
-def _read_only(a: np.ndarray) -> np.ndarray:
-    """A read-only view of ``a``: one compiled signature, whether or not the caller's array
-    is writeable."""
-    v = a.view()
-    v.flags.writeable = False
-    return v
+    return int(_id_order(read_only(ids), np.int64(num_rows)))
 
 
 @register_jitable
@@ -338,19 +331,22 @@ def _merge_two(ia, ra, ib, rb, ids, out):  # type: ignore[no-untyped-def]
 
 def merge_rows(parts: list[tuple[np.ndarray, np.ndarray]], dim: int, dtype: Any
                ) -> tuple[np.ndarray, np.ndarray, int]:
-    """Several ``(ids, rows)``, each with strictly increasing int64 ids and rows of ``dtype``,
-    as one: the sorted union of the ids, per id the sum of its rows in the order of ``parts``
-    (``(a + b) + c``, a part without the id left out), and the number of NaN and Inf in the
-    sums. A merge, one pass per part after the first, where sorting the concatenated ids
-    took a sort, its inverse, a stable argsort and a search (and two copies) first."""
+    """Two or more ``(ids, rows)``, each with strictly increasing int64 ids and rows of
+    ``dtype``, as one: the sorted union of the ids, per id the sum of its rows in the order
+    of ``parts`` (``(a + b) + c``, a part without the id left out), and the number of NaN
+    and Inf in the sums. A merge, one pass per part after the first, where sorting the
+    concatenated ids took a sort, its inverse, a stable argsort and a search (and two
+    copies) first."""
+    if len(parts) < 2:
+        raise ParamError(f"merge_rows needs two parts or more, not {len(parts)}")
     ids, rows = parts[0]
     rows = rows.reshape(ids.size, dim)
-    bad = -1
+    bad = 0
     for ib, rb in parts[1:]:
         union = np.empty(ids.size + ib.size, np.int64)
         out = np.empty((union.size, dim), dtype)
-        n, bad = _merge_two(_read_only(ids), _read_only(rows), _read_only(ib),
-                            _read_only(rb.reshape(ib.size, dim)), union, out)
+        n, bad = _merge_two(read_only(ids), read_only(rows), read_only(ib),
+                            read_only(rb.reshape(ib.size, dim)), union, out)
         ids, rows = union[:n], out[:n]
     return ids, rows, bad
 
@@ -398,8 +394,7 @@ def _launch(kernel: Any, w: np.ndarray, g: np.ndarray, ids: npt.ArrayLike, dim: 
         raise ParamError(f"the rows must be a C-contiguous {dtype} array of {ids.size} × {dim} "
                          f"values, not {getattr(g, 'dtype', type(g).__name__)} of shape "
                          f"{getattr(g, 'shape', '?')}")
-    gv = g.reshape(-1).view()
-    gv.flags.writeable = False  # one compiled signature, whether or not the caller's is
+    gv = read_only(g.reshape(-1))
     coef = np.zeros(2 + _NUM_COEFS, dtype)
     coef[:2 + len(k)] = (gscale, wd, *k)
     hyp = np.zeros(2 + _NUM_PARAMS, dtype)
