@@ -17,21 +17,30 @@ Contenders, interleaved round after round so that they see the same load
 - Ray 1×1, Ray 2×2: the same on Ray (the workers build their nets from the job, as
   ``paramserver train --backend ray`` does), 1 worker and 1 server, then 2 and 2;
 - Ray 1×1 graph, Ray 2×2 graph: the same through a Compiled Graph (``compiled=True``),
-  against which the default path on one node (links) is compared, without a target.
+  against which the default path (links on one node, actor calls across nodes) is
+  compared, without a target.
+
+With ``--nodes``, the script starts a Ray of three nodes on this machine
+(``ray.cluster_utils``: a head, a node for the servers and the bare actor, a node for the
+workers), so that every message of a step crosses from one node's raylet to another's, as
+between machines (less the network): the default path is then actor calls, not links.
 
 A step's cost is a run's time over its steps (the run's start and end included). Each round
 gives one ratio per target (both figures of the same round); a target is met when the
 median ratio is within it. Printed: min / median / max of every time and ratio, and the
 load average before and after.
 
-Run: ``python benchmarks/ray_step.py [--rounds 5] [--steps 200] [--trips 200]``.
+Run: ``python benchmarks/ray_step.py [--rounds 5] [--steps 200] [--trips 200] [--nodes]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as paramserver's actors do
 
@@ -39,7 +48,7 @@ import numpy as np
 from _timing import Spread, interleaved, load_average, ratios, rounds_arg
 
 from paramserver.cluster import Cluster, RemoteGradFn
-from paramserver.cluster.ray_backend import import_ray, start_ray
+from paramserver.cluster.ray_backend import import_ray, loopback_only, start_ray
 from paramserver.config.job import load_job
 from paramserver.init import init_params
 from paramserver.params import ParamSet
@@ -72,6 +81,30 @@ class Echo:
         return self.buf if a.shape == self.buf.shape else a
 
 
+#: Where the actors go on the three nodes of ``--nodes`` (each node has its resource).
+ON_NODES = {"server_options": {"num_cpus": 0, "resources": {"server": 1}},
+            "worker_options": {"num_cpus": 0, "resources": {"worker": 1}}}
+
+
+@contextlib.contextmanager
+def three_nodes() -> Iterator[None]:
+    """A Ray of three nodes on this machine, this process connected to it, while it lasts."""
+    ray = import_ray()
+    from ray.cluster_utils import Cluster as RayNodes
+
+    with loopback_only():
+        nodes = RayNodes(initialize_head=True, head_node_args={
+            "num_cpus": 2, "include_dashboard": False, "object_store_memory": 200 << 20})
+        for name in ("server", "worker"):
+            nodes.add_node(num_cpus=2, resources={name: 100}, object_store_memory=200 << 20)
+        ray.init(address=nodes.address, logging_level="ERROR")
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        nodes.shutdown()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     rounds_arg(ap)
@@ -79,10 +112,20 @@ def main() -> None:
     ap.add_argument("--trips", type=int, default=200, help="bare round trips per call")
     ap.add_argument("--per-round", type=float, default=1.0,
                     help="seconds of calls per contender and round (at least 3 calls)")
+    ap.add_argument("--nodes", action="store_true",
+                    help="servers and workers on two nodes of a three-node Ray of this machine")
     args = ap.parse_args()
     load_before = load_average()
+    with contextlib.ExitStack() as stack:
+        if args.nodes:
+            stack.enter_context(three_nodes())
+        measure(args, load_before)
+
+
+def measure(args: argparse.Namespace, load_before: str) -> None:
     owns = start_ray()
     ray = import_ray()
+    placed: dict[str, Any] = ON_NODES if args.nodes else {}
     job = load_job(JOB)
     specs = Net(job.neuralnet, seed=job.seed, base_dir=str(JOB.parent)).param_specs()
     clusters: dict[str, Cluster] = {}
@@ -99,8 +142,10 @@ def main() -> None:
             fns[name] = RemoteGradFn("paramserver.train.trainer:net_grad_fn",
                                      {"job": mine.to_json(), "base_dir": str(JOB.parent)})
             options = {"compiled": True} if graph else {}
+            if backend == "ray":
+                options.update(placed)
             clusters[name] = Cluster(mine, params, checkpoint_freq=0, **options)
-        echo = ray.remote(Echo).remote(size)
+        echo = ray.remote(Echo).options(**placed.get("server_options", {})).remote(size)
         ray.get(echo.ping.remote())
         grads = np.ones(size, np.float32)
 
@@ -117,7 +162,8 @@ def main() -> None:
         ms = {n: [s / per[n] * 1e3 for s in xs] for n, xs in seconds.items()}
         print(f"main job: {JOB.name}, {size:,} float32 parameters ({size * 4 / 1e3:.1f} kB); "
               f"{args.rounds} rounds; a call: {args.steps} steps or {args.trips} bare "
-              f"trips; {os.cpu_count()} CPUs")
+              f"trips; {os.cpu_count()} CPUs; "
+              f"{'servers and workers on two nodes' if args.nodes else 'one Ray node'}")
         print(f"load average before {load_before}, after {load_average()}")
         print(f"{'':26}{'ms: median [min-max]':>26}")
         for name, xs in ms.items():

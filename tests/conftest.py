@@ -10,6 +10,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -111,6 +112,19 @@ class RayNodes:
         """Kill every process of ``node`` at once (no goodbye to the cluster)."""
         self.cluster.remove_node(node, allow_graceful=False)
 
+    def wait_gone(self, node: Any, timeout: float = 60.0) -> None:
+        """Return once Ray's view has ``node`` dead (its health checks gave it up: about
+        4 s). Until then an actor of the node may still answer calls, which go from process
+        to process, not through its raylet."""
+        import ray
+
+        deadline = time.monotonic() + timeout
+        while any(n["NodeID"] == self.id_of(node) and n.get("Alive") for n in ray.nodes()):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"Ray still has node {self.id_of(node)[:8]} alive after "
+                                   f"{timeout:g} s")
+            time.sleep(0.1)  # Ray's own health checks decide; ask again
+
     @staticmethod
     def id_of(node: Any) -> str:
         return str(node.node_id)
@@ -209,8 +223,9 @@ def ray_session(request: Any) -> Any:
 @pytest.fixture(params=["local", "ray"])
 def backend(request: Any) -> str:
     """Each backend in turn: the embedded one, and Ray (skipped where not installed). A
-    test may also ask for ``"ray-node"`` (``indirect`` parametrisation): Ray with every
-    actor on this process's node, as on one machine (:func:`on_this_node`)."""
+    test may also ask for ``"ray-node"`` or ``"ray-graph"`` (``indirect`` parametrisation):
+    Ray with every actor on this process's node, as on one machine (:func:`on_this_node`);
+    the second with a synchronous run's steps through a Compiled Graph."""
     if request.param.startswith("ray"):
         request.getfixturevalue("ray_session")
     return str(request.param)
@@ -226,8 +241,8 @@ def pinned(node_id: str, soft: bool) -> dict[str, Any]:
 
 def on_this_node() -> dict[str, Any]:
     """The Ray backend's options that put every actor on this process's node of the tests'
-    cluster (whose actors otherwise spread over its nodes): a synchronous run's steps then
-    go over links, not through a Compiled Graph, as on one machine."""
+    cluster (whose actors otherwise spread over its nodes): every message of a run then
+    goes over a link, as on one machine."""
     import ray
 
     here = pinned(ray.get_runtime_context().get_node_id(), soft=False)

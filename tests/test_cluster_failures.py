@@ -3,10 +3,12 @@ server lost mid-run or before the first step, non-finite gradients under ``error
 ``skip``, a worker stuck or hung past the timeout. Each is a clear error or the documented
 policy, never a hang; every scenario runs embedded and on Ray (skipped without Ray).
 
-On Ray the actors spread over the tests' three nodes, and a synchronous run's steps go through
-a Compiled Graph; the scenarios that it handles in its own way (a failing, dead or hung
-worker, a stop asked for, a lost server) also run with every actor on one node
-(``ray-node``), where the steps go over links as on one machine.
+On Ray the actors spread over the tests' three nodes (messages between nodes are Ray calls);
+the scenarios that a run handles on its way (a failing, dead or hung worker, a stop asked
+for, a lost server) also run with every actor on one node (``ray-node``), where every
+message goes over a link, as on one machine; a dead worker and a lost server also with the
+steps through a Compiled Graph (``ray-graph``: ``compiled=True``, on one node: across
+nodes, Ray 2.60's raylet can crash when an actor of a graph dies, ray-project/ray#63229).
 
 Events order the scenarios, never sleeps: a worker that is to die waits until the driver
 has reported the step before (a Ray actor carries the event across processes); a stuck
@@ -43,9 +45,12 @@ from conftest import on_this_node
 SGD = {"type": "kSGD", "momentum": 0.5, "learning_rate": {"base_lr": 0.1}}
 PLAIN = {"type": "kSGD", "learning_rate": {"base_lr": 1.0}}
 #: Timeouts where a timeout is what is tested: Ray's messages cross processes.
-TIMEOUT = {"local": 0.5, "ray": 2.0, "ray-node": 2.0}
+TIMEOUT = {"local": 0.5, "ray": 2.0, "ray-node": 2.0, "ray-graph": 2.0}
 #: A scenario that also runs with every actor on one node (conftest's ``backend``).
 ONE_NODE = pytest.mark.parametrize("backend", ["local", "ray", "ray-node"], indirect=True)
+#: ... and through a Compiled Graph too.
+GRAPH = pytest.mark.parametrize("backend", ["local", "ray", "ray-node", "ray-graph"],
+                                indirect=True)
 
 
 # -- the two backends --------------------------------------------------------------------------
@@ -116,9 +121,9 @@ def make(backend: str, params: ParamSet | None = None, updater: Any = SGD, **kw:
                if k in kw}
     kw.setdefault("timeout", 20.0)
     ps = params if params is not None else make_params()
-    if backend == "ray-node":
+    if backend in ("ray-node", "ray-graph"):
+        options.update(on_this_node(), compiled=backend == "ray-graph")
         backend = "ray"
-        options.update(on_this_node())
     return Cluster(ClusterConf(backend=backend, **kw), ps, updater, **options), ps
 
 
@@ -260,7 +265,7 @@ def test_a_stop_asked_for_ends_the_run_at_the_next_pause_and_it_goes_on_exactly(
 
 # -- a worker dies -----------------------------------------------------------------------------
 
-@ONE_NODE
+@GRAPH
 def test_a_dead_worker_stops_the_run(backend: str) -> None:
     signal = Signal(backend)
     c, _ = make(backend, nworkers_per_group=2)
@@ -314,7 +319,7 @@ def test_earlier_server_checkpoints_are_removed_only_once_a_run_saves(
     assert [s for s, _ in list_checkpoints(stale.parent)] == [0, 2]
 
 
-@ONE_NODE
+@GRAPH
 def test_a_lost_server_is_brought_back_and_the_run_completes_exactly(backend: str) -> None:
     kw = dict(nworkers_per_group=2, nservers_per_group=2)
     expected, _ = make("local", **kw)

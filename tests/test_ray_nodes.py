@@ -111,9 +111,12 @@ def test_actors_go_where_their_resources_are_or_spread_over_the_nodes(
 
 def test_a_node_lost_with_a_server_on_it_is_recovered_exactly(ray_nodes: Any,
                                                               tmp_path: Path) -> None:
-    """Server 1 lives on a node of its own, which is lost at step 5: Ray starts the
-    server again on another node, which reads its checkpoint of step 4 from the shared
-    folder; steps 4 to 7 run again and the run ends as the embedded one, bit for bit."""
+    """Server 1 lives on a node of its own, which is lost while the worker is in its step
+    5: Ray starts the server again on another node, which reads its checkpoint of step 4
+    from the shared folder; steps 4 to 7 run again and the run ends as the embedded one,
+    bit for bit."""
+    import ray
+
     kw = dict(nworkers_per_group=1, nservers_per_group=2)
     expected = Cluster(conf("local", **kw), make_params(), SGD)
     expected_metrics = expected.run(fill, 12)
@@ -125,16 +128,26 @@ def test_a_node_lost_with_a_server_on_it_is_recovered_exactly(ray_nodes: Any,
                 server_options=lambda a: pinned(doomed_id, soft=True) if a == (0, 1)
                 else on("server"))
     reported: list[int] = []
+    lost = gate()  # opened once Ray has the node dead: the worker's step 5 waits for it
+    # (a part's steps run ahead of the driver, and the server's process may answer a
+    # moment after its node's raylet is gone)
+
+    def after_the_loss(worker: Any, step: int) -> dict[str, int]:
+        if step == 5:
+            ray.get(lost.wait.remote(), timeout=120)
+        return fill(worker, step)
 
     def on_step(step: int, metrics: Any) -> None:
         reported.append(step)
-        if step == 5:
+        if step == 4:
             ray_nodes.remove(doomed)
+            ray_nodes.wait_gone(doomed)
+            ray.get(lost.open.remote())
 
     try:
         assert c.backend.nodes["server 1"] == doomed_id
         with pytest.warns(RuntimeWarning, match="a server was lost"):
-            metrics = c.run(fill, 12, on_step=on_step)
+            metrics = c.run(after_the_loss, 12, on_step=on_step)
         assert c.backend.nodes["server 1"] not in (doomed_id, None)  # elsewhere now
     finally:
         c.close()
@@ -148,10 +161,12 @@ def test_a_node_lost_with_a_server_on_it_is_recovered_exactly(ray_nodes: Any,
 
 def test_a_node_lost_with_a_server_and_a_worker_on_it_is_survived_exactly(
         ray_nodes: Any, tmp_path: Path) -> None:
-    """Server 1 and worker 1 live on a node that is lost at step 5 (under the default
-    ``on_worker_failure: stop``): Ray starts the server again elsewhere, from its
-    checkpoint of step 4, a new actor takes the worker's place, steps 4 to 7 run again, and
-    the run ends as the embedded one, bit for bit."""
+    """Server 1 and worker 1 live on a node that is lost while the worker is in its step 5
+    (under the default ``on_worker_failure: stop``): Ray starts the server again
+    elsewhere, from its checkpoint of step 4, a new actor takes the worker's place, steps 4
+    to 7 run again, and the run ends as the embedded one, bit for bit."""
+    import ray
+
     kw = dict(nworkers_per_group=2, nservers_per_group=2)
     expected = Cluster(conf("local", **kw), make_params(), SGD)
     expected_metrics = expected.run(fill, 12)
@@ -165,15 +180,24 @@ def test_a_node_lost_with_a_server_and_a_worker_on_it_is_survived_exactly(
                 server_options=lambda a: pinned(doomed_id, soft=True) if a == (0, 1)
                 else on("server"))
 
+    never = gate()  # never opened: the worker on the doomed node dies waiting in step 5
+    # (the steps before it may all be done before the driver hears of them: a part's steps
+    # run ahead of the driver)
+
+    def lost_in_5(worker: Any, step: int) -> dict[str, int]:
+        if step == 5 and ray.get_runtime_context().get_node_id() == doomed_id:
+            ray.get(never.wait.remote(), timeout=120)
+        return fill(worker, step)
+
     def on_step(step: int, metrics: Any) -> None:
-        if step == 5:
+        if step == 4:
             ray_nodes.remove(doomed)
 
     try:
         assert c.backend.nodes["server 1"] == c.backend.nodes["worker 1 of group 0"] == (
             doomed_id)
         with pytest.warns(RuntimeWarning, match="were lost|was lost") as caught:
-            metrics = c.run(fill, 12, on_step=on_step)
+            metrics = c.run(lost_in_5, 12, on_step=on_step)
         assert c.backend.nodes["server 1"] != doomed_id
         assert c.backend.nodes["worker 1 of group 0"] != doomed_id
     finally:
@@ -245,6 +269,7 @@ def test_a_node_that_never_comes_back_is_named_with_what_it_held(ray_nodes: Any)
     try:
         c.run(fill, 2)
         ray_nodes.remove(doomed)
+        ray_nodes.wait_gone(doomed)  # (its server may answer a moment longer)
         with pytest.raises(ClusterError) as e:
             c.run(fill, 2)
     finally:

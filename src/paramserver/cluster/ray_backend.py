@@ -15,13 +15,13 @@
 - a worker actor runs a part of a run in one call, a Ray streaming generator of its steps'
   outcomes (in batches: see :class:`~paramserver.cluster.ray_actors.WorkerActor`), which a
   thread of this process per worker reads; its messages to a server on its own node go
-  over a link (:mod:`paramserver.cluster.node_link`), to others as Ray calls. Where some
-  worker of a synchronous run has a server on another node, the steps go through a Ray
-  Compiled Graph of the actors instead, compiled at the first such run
-  (:mod:`paramserver.cluster.ray_compiled`: channels, no scheduling per call), except for
-  ``clip_norm``, row-sparse tables and the rest of a part after a worker died (see
-  :func:`~paramserver.cluster.ray_compiled.compiled_reason`; ``compiled`` chooses).
-  Either way the outcomes go to the
+  over a link (:mod:`paramserver.cluster.node_link`), to others as Ray calls. With
+  ``compiled=True`` the steps of a synchronous run go through a Ray Compiled Graph of the
+  actors instead, compiled at the first such run (:mod:`paramserver.cluster.ray_compiled`:
+  channels, no scheduling per call), except for ``clip_norm``, row-sparse tables and the
+  rest of a part after a worker died (see
+  :func:`~paramserver.cluster.ray_compiled.compiled_reason`). Either way the outcomes go
+  to the
   :class:`~paramserver.cluster.driver.Driver`, which does everything else, as embedded;
 - actors go on as many nodes as Ray can (``placement="spread"``, the default), and the
   nodes of the actors are logged at the start (``where`` asks each actor for its node).
@@ -203,9 +203,11 @@ class RayBackend:
         keys: the servers of a key-value store (:class:`~.keys.KeyServer`, an actor for
             every layout of group 0; ``updater`` None: none) instead of ranges of ``params``.
         compiled: run the steps of a synchronous run through a Ray Compiled Graph
-            (:mod:`~paramserver.cluster.ray_compiled`): None (the default) where some
-            worker has a server on another node (a link, :mod:`~.node_link`, reaches those
-            on its own node sooner: measured in docs/ray.md), True always, False never.
+            (:mod:`~paramserver.cluster.ray_compiled`). Off by default: on one node the
+            links (:mod:`~.node_link`) are quicker (docs/ray.md), and across nodes Ray
+            2.60's raylet can crash when an actor of a graph dies mid-step
+            (ray-project/ray#63229), which would take a run's recovery from a lost node
+            with it.
         log_file: where Ray's own messages go while this backend lives (its C++ logging
             and Python loggers, and the output of the actors), instead of this process's
             stderr (:class:`~paramserver.cluster.ray_logs.RayOutput`); paramserver's own
@@ -232,7 +234,7 @@ class RayBackend:
                  updater: Updater | None, checkpoint_dir: Path | None = None, *,
                  placement: str | None = "conf", server_options: Options = None,
                  worker_options: Options = None, modules: Sequence[str] = (),
-                 actor_restarts: int = 3, keys: bool = False, compiled: bool | None = None,
+                 actor_restarts: int = 3, keys: bool = False, compiled: bool = False,
                  log_file: str | os.PathLike[str] | None = None,
                  placement_file: str | os.PathLike[str] | None = None,
                  build_ahead: RemoteGradFn | None = None):
@@ -261,10 +263,8 @@ class RayBackend:
         self.nodes: dict[str, str] = {}
         from .ray_compiled import compiled_reason
 
-        why = (compiled_reason(conf, params, updater, keys) if compiled is not False
-               else "compiled=False")
+        why = compiled_reason(conf, params, updater, keys) if compiled else "compiled=False"
         self._compile = why is None
-        self._always_compile = compiled is True
         self._steps: CompiledSteps | None = None
         self._owns_ray = False
         self._closed = False
@@ -576,8 +576,7 @@ class RayBackend:
             self._drop_steps()
         if self._steps is None:
             live = [w for w in self.workers if w.rank not in self.dead]
-            if not live or not self.servers or (not self._always_compile
-                                                and self._linked(live)):
+            if not live or not self.servers:
                 return None
             from .ray_compiled import CompiledSteps
 
@@ -597,22 +596,6 @@ class RayBackend:
                               stacklevel=4)
                 return None
         return self._steps
-
-    def _linked(self, workers: Sequence[RemoteWorker]) -> bool:
-        """Whether every one of ``workers`` reaches each of its servers over a link: the
-        server runs on the worker's node (as far as the driver knows) and this platform has
-        the links' shared memory."""
-        from .shared_memory import supported
-
-        if not supported():
-            return False
-        nsg = self.conf.nserver_groups
-        for w in workers:
-            node = self.nodes.get(w.name)
-            if node is None or any(self.nodes.get(self._names[a]) != node
-                                   for a in self.servers if a[0] == w.group % nsg):
-                return False
-        return True
 
     def _drop_steps(self) -> None:
         if self._steps is not None:
@@ -674,9 +657,31 @@ class RayBackend:
     def _dead_outcome(self, w: RemoteWorker, step: int, e: BaseException) -> Outcome:
         """A worker's actor died at ``step`` (Ray said so with ``e``)."""
         self.dead.add(w.rank)
+        e = self._settled(w, e)
         return Outcome(w.rank, step, DEAD, cause=e, message=(
             f"{w.name} (rank {w.rank}) died at step {step}: its Ray actor is gone "
             f"({type(e).__name__}){self._node_left(w.name, e)}"))
+
+    def _settled(self, w: RemoteWorker, e: BaseException) -> BaseException:
+        """What Ray finally says of a worker's actor that it called unavailable (``e``): its
+        calls broke, but Ray decides whether it died, and why, only later — when its
+        node's raylet stopped answering, once the cluster's health checks gave the node
+        up (seconds). A worker actor is never restarted, so a call to it ends in its death
+        with the cause (its node died, its process ended) or is answered (it was a passing
+        fault: ``e`` stands). Any other error is final already."""
+        ray = self._ray
+        if not isinstance(e, ray.exceptions.ActorUnavailableError):
+            return e
+        deadline = time.monotonic() + max(60.0, 2 * self.conf.timeout)
+        while time.monotonic() < deadline:
+            try:
+                ray.get(w.actor.ping.remote(), timeout=max(0.1, deadline - time.monotonic()))
+                return e
+            except ray.exceptions.ActorDiedError as died:
+                return died
+            except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
+                time.sleep(0.1)  # Ray has not decided yet; ask again
+        return e
 
     def _lost(self) -> list[Address]:
         """The servers whose actors died since :meth:`revive` last looked (restarted, or

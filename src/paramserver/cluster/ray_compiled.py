@@ -7,9 +7,10 @@ one update per server per step and wait for its reply — the graph of calls is 
 every step, so it is compiled once (``ray.dag``, ``experimental_compile``): Ray then keeps a
 loop running in every actor and moves each message through a shared-memory channel
 (between nodes, a channel Ray copies across), with no scheduling per call. The backend
-compiles one where some worker has a server on another node: on one node, the links of
-:mod:`~paramserver.cluster.node_link` are quicker (whoever waits for a message blocks;
-the graph's channels spin, see below), unless ``compiled=True``.
+compiles one only when asked (``compiled=True``): on one node the links of
+:mod:`~paramserver.cluster.node_link` are quicker (whoever waits for a message blocks; the
+graph's channels spin, see below), and across nodes Ray 2.60's raylet can crash when an
+actor of a graph dies mid-step (a channel closed under a push: ray-project/ray#63229).
 
 The graph of one step (``step`` is its input)::
 
