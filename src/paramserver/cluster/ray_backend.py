@@ -266,6 +266,7 @@ class RayBackend:
         why = compiled_reason(conf, params, updater, keys) if compiled else "compiled=False"
         self._compile = why is None
         self._steps: CompiledSteps | None = None
+        self._warned_across = False  # that a graph across nodes risks Ray's raylet
         self._owns_ray = False
         self._closed = False
         self._placement_file = Path(placement_file) if placement_file is not None else None
@@ -586,15 +587,23 @@ class RayBackend:
             biggest = max(L.size for L in self.layouts) * np.dtype(self._params.dtype).itemsize
             try:
                 here = str(self._ray.get_runtime_context().get_node_id())
+                across = set(self.nodes.values()) != {here}
                 self._steps = CompiledSteps(live, self.servers, self._names, self.conf, biggest,
-                                            set(self.nodes.values()) != {here},
-                                            self._dead_outcome, self._lost)
+                                            across, self._dead_outcome, self._lost)
             except Exception as e:  # a Ray that cannot compile: the actor calls serve
                 self._compile = False
                 warnings.warn(f"the steps go through Ray actor calls: Ray could not compile "
                               f"them into a graph ({type(e).__name__}: {e})", RuntimeWarning,
                               stacklevel=4)
                 return None
+            if across and not self._warned_across:
+                self._warned_across = True
+                warnings.warn(
+                    "compiled=True across Ray nodes: the steps go through a Compiled Graph, "
+                    "and an actor of it lost on one node can make Ray 2.60's raylet on "
+                    "another abort (ray-project/ray#63229), ending the run, and Ray there, "
+                    "where actor calls would have recovered it (leave compiled unset for "
+                    "those)", RuntimeWarning, stacklevel=4)
         return self._steps
 
     def _drop_steps(self) -> None:
