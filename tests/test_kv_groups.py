@@ -19,8 +19,16 @@ import paramserver.kv as kv
 from paramserver import ParamError
 from paramserver.checkpoint import load_checkpoint
 from paramserver.cluster.keys import KeyServer
-from paramserver.cluster.messages import (KEY_SEPARATOR, Ack, ErrorReply, Get, KeyBatch,
-                                         KeyInit, Update, Values)
+from paramserver.cluster.messages import (
+    KEY_SEPARATOR,
+    Ack,
+    ErrorReply,
+    Get,
+    KeyBatch,
+    KeyInit,
+    Update,
+    Values,
+)
 from paramserver.cluster.server import Server
 from paramserver.config.job import ClusterConf
 

@@ -672,11 +672,10 @@ class KVStore:
 
     def _pull_planned(self, plan: Plan, outs: list[np.ndarray]) -> None:
         """:meth:`_pull_batch` of a planned list, into ``outs`` (checked)."""
-        self._finish_keys(plan.keys)
-        get = self._get()
+        get = self._get(after=True)
         what = f"values of {len(plan.keys)} keys"
-        replies = self._wait([self._send(p.server, KeyBatch(p.names, get), what)
-                              for p in plan.parts])
+        replies = self._get_behind({p.server: KeyBatch(p.names, get) for p in plan.parts},
+                                   plan.keys, what)
         for p, reply in zip(plan.parts, replies, strict=True):
             assert isinstance(reply, Values)
             values = reply.values.reshape(-1)
@@ -905,7 +904,6 @@ class KVStore:
         for (key, out), k in zip(pairs, keys, strict=True):
             if out is not None:
                 _check_out(out, k.shape, f"pull of key {key!r}")
-        self._finish_keys(keys)
         names: dict[int, list[str]] = {}
         spans: dict[int, list[tuple[int, int, int]]] = {}
         for i, k in enumerate(keys):
@@ -915,10 +913,10 @@ class KVStore:
                 spans.setdefault(s, []).append((i, a, b))
         what = (f"values of key {pairs[0][0]!r}" if len(pairs) == 1
                 else f"values of {len(pairs)} keys")
-        get = self._get()
+        get = self._get(after=True)
         servers = list(names)
-        replies = self._wait([self._send(s, KeyBatch(KEY_SEPARATOR.join(names[s]), get), what)
-                              for s in servers])
+        replies = self._get_behind({s: KeyBatch(KEY_SEPARATOR.join(names[s]), get)
+                                    for s in servers}, keys, what)
         targets = [out if out is not None else np.empty(k.shape, k.dtype)
                    for (_, out), k in zip(pairs, keys, strict=True)]
         flats = [t.reshape(-1) for t in targets]
