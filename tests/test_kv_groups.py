@@ -19,7 +19,16 @@ import paramserver.kv as kv
 from paramserver import ParamError
 from paramserver.checkpoint import load_checkpoint
 from paramserver.cluster.keys import KeyServer
-from paramserver.cluster.messages import KEY_SEPARATOR, Ack, KeyBatch, KeyInit, Update
+from paramserver.cluster.messages import (
+    KEY_SEPARATOR,
+    Ack,
+    ErrorReply,
+    Get,
+    KeyBatch,
+    KeyInit,
+    Update,
+    Values,
+)
 from paramserver.cluster.server import Server
 from paramserver.config.job import ClusterConf
 
@@ -283,6 +292,39 @@ def _ended_in_step(server: KeyServer, *heard: list[Any]) -> None:
     assert all(len(h) == 1 and isinstance(h[0], Ack) for h in heard), heard
     for k in "abc":  # one step: 0 - (1 + 2)
         np.testing.assert_array_equal(server.keys[k].values, [-3.0, -3.0])
+
+
+def test_a_get_sent_behind_a_push_is_answered_once_the_push_is() -> None:
+    """A worker's get made ``after`` (sent right behind its push, on a channel that keeps
+    their order) is held until that push is answered — here once the other worker has
+    pushed too — and sees the step; a get not made so is answered at once, and another
+    worker's get made so does not wait for this worker's push. An abort answers a held
+    get."""
+    server, push = _key_server()
+
+    def get(worker: int, after: bool) -> list[Any]:
+        heard: list[Any] = []
+        server.handle(KeyBatch(KEY_SEPARATOR.join("abc"), Get(0, worker, 0, after=after)),
+                      heard.append)
+        return heard
+
+    first = push(0, "abc")
+    at_once, behind = get(0, after=False), get(0, after=True)
+    other = get(1, after=True)  # worker 1 has no push waiting
+    assert first == [] and behind == []
+    for heard in (at_once, other):
+        assert len(heard) == 1 and isinstance(heard[0], Values)
+        np.testing.assert_array_equal(heard[0].values, np.zeros(6, np.float32))
+    second = push(1, "abc")
+    _ended_in_step(server, first, second)
+    assert len(behind) == 1 and isinstance(behind[0], Values)
+    np.testing.assert_array_equal(behind[0].values, np.full(6, -3.0, np.float32))
+    # a get held behind a push that an abort answers is answered too
+    held = push(0, "abc")
+    behind = get(0, after=True)
+    assert held == [] and behind == []
+    server.abort("stopped")
+    assert [type(h[0]) for h in (held, behind)] == [ErrorReply, ErrorReply]
 
 
 def test_a_push_is_not_held_for_a_batch_while_its_keys_pieces_have_requests_on_the_way(

@@ -329,6 +329,10 @@ class KeyServer:
         # requests handed to a piece's server and not yet taken by it (they go outside this
         # lock): a piece with one on its way is not held in a batch, whatever it says now
         self._sending: dict[Server, int] = {}
+        # by worker (group, index): its pushes taken and not yet answered, and its gets
+        # sent behind them (Get.after), held until they are
+        self._pushing: dict[tuple[int, int], int] = {}
+        self._behind: dict[tuple[int, int], list[tuple[Request, ReplyFn]]] = {}
         self._lock = threading.Lock()
 
     @property
@@ -345,7 +349,16 @@ class KeyServer:
         """Handle one request; ``reply`` is called once, now or later."""
         out: list[tuple[ReplyFn, Reply]] = []
         forward: list[tuple[Server, Request, ReplyFn]] = []
+        asker = _worker_of(request)
         with self._lock:
+            if asker is not None:
+                inner = request.request  # type: ignore[union-attr]
+                if isinstance(inner, Update):
+                    self._pushing[asker] = self._pushing.get(asker, 0) + 1
+                    reply = self._counted(asker, reply)
+                elif isinstance(inner, Get) and inner.after and self._pushing.get(asker):
+                    self._behind.setdefault(asker, []).append((request, reply))
+                    return
             try:
                 out = self._dispatch(request, reply, forward)
             except Exception as e:  # the sender hears of it
@@ -365,6 +378,26 @@ class KeyServer:
                         sending[server] = left
                     else:
                         del sending[server]
+
+    def _counted(self, asker: tuple[int, int], reply: ReplyFn) -> ReplyFn:
+        """``reply`` to a push of ``asker``'s, which then lets its gets held behind the
+        push go on once none of its pushes waits for an answer (called outside the lock,
+        as every reply)."""
+
+        def answer(r: Reply) -> None:
+            with self._lock:
+                left = self._pushing.get(asker, 0) - 1
+                if left > 0:
+                    self._pushing[asker] = left
+                    behind: list[tuple[Request, ReplyFn]] = []
+                else:
+                    self._pushing.pop(asker, None)
+                    behind = self._behind.pop(asker, [])
+            reply(r)
+            for request, fn in behind:
+                self.handle(request, fn)
+
+        return answer
 
     def _on_the_way(self, servers: list[Server],
                     forward: list[tuple[Server, Request, ReplyFn]]) -> bool:
@@ -926,7 +959,9 @@ class KeyServer:
             waiting = [fn for items in self._waiting.values() for _, fn in items]
             waiting += [fn for _, replies in self._barriers.values() for fn in replies]
             waiting += [fn for held in self._batches.values() for _, fn in held.pushes.values()]
+            waiting += [fn for items in self._behind.values() for _, fn in items]
             self._waiting, self._barriers, self._batches = {}, {}, {}
+            self._behind = {}
             servers = list(self._keys.values())
         error = ErrorReply(reason, lost)
         for fn in waiting:
@@ -1178,6 +1213,17 @@ def _own(values: np.ndarray) -> np.ndarray:
     first (:meth:`~paramserver.cluster.ray_actors.ServerActor._share`)."""
     values.flags.writeable = False
     return values
+
+
+def _worker_of(request: Request) -> tuple[int, int] | None:
+    """The worker whose push (or get) of keys ``request`` is, as (group, index); None for
+    any other request (the maker's, the driver's)."""
+    if not isinstance(request, (KeyBatch, Keyed)):
+        return None
+    inner = request.request
+    if not isinstance(inner, (Update, Get)) or inner.worker < 0:
+        return None
+    return inner.group, inner.worker
 
 
 def _ignore(reply: Reply) -> None:

@@ -64,6 +64,10 @@ class Get:
             only (workers pull the rows they need), the driver asks for the whole.
         lag: in place of ``clock``, the asker's own group's clock less ``lag`` (a key-value
             client's bounded staleness: its group's pushes of the key, less the bound).
+        after: (a key-value client's) answered only once every push the asker sent this
+            server before it has been answered: a pull sent right behind a push, on a
+            channel that keeps their order, sees the push applied without waiting for its
+            reply first.
     """
 
     group: int
@@ -75,6 +79,7 @@ class Get:
     segment: int = -1
     whole: bool = False
     lag: int | None = None
+    after: bool = False
 
 
 @dataclass(frozen=True, eq=False)

@@ -73,11 +73,12 @@ def _read(sock: socket.socket, n: int) -> bytearray:
 class LinkPending(Pending):
     """The reply to a request sent over a :class:`Link`."""
 
-    __slots__ = ("_diagnosis", "_lost", "_server", "learn", "place")
+    __slots__ = ("_diagnosis", "_lost", "_server", "learn", "link", "place")
 
     def __init__(self, what: str, address: Address, server: str,
-                 diagnosis: Callable[[], str], place: int | None):
+                 diagnosis: Callable[[], str], place: int | None, link: Link):
         super().__init__(what, None, address)
+        self.link = link  # the link it went over
         self._server = server
         self._diagnosis = diagnosis
         self._lost: str | None = None
@@ -146,7 +147,7 @@ class Link:
         place = None
         if max(p.size, room) >= SHARED_MIN:
             place = self.region.take(max(p.size, room))
-        pending = LinkPending(what, self.to, self.server, self.diagnosis, place)
+        pending = LinkPending(what, self.to, self.server, self.diagnosis, place, self)
         if place is not None:
             p.write(self.region.view(place, p.size))
             frame: Any = [FRAME.pack(0, PLACED, place, p.size, max(p.size, room),

@@ -130,6 +130,12 @@ class Relay:
         self.held.append(data)
         return Pending(what, lambda: ask_waiting_for(handle, name), to)
 
+    def send_after(self, to: Address, request: Request, what: str,
+                   before: Sequence[Pending]) -> Pending | None:
+        if self.holding and isinstance(request, Update):
+            return None
+        return self.inner.send_after(to, request, what, before)
+
     def abort(self, reason: str) -> None:
         self.inner.abort(reason)
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import ray
@@ -37,7 +37,7 @@ from ray.exceptions import GetTimeoutError, ObjectLostError, RayActorError
 
 from .errors import ClusterError, ServerLost
 from .messages import NESTED, Address, Reply, Request
-from .node_link import Link
+from .node_link import Link, LinkPending
 from .ray_wire import decode, encode, pack, unpack
 from .shared_memory import Region, supported
 from .transport import Handler, LocalTransport, Pending
@@ -157,6 +157,26 @@ class RayTransport:
         data = pack(request)
         ref = h.call.remote(data) if data is not None else h.call.remote(*encode(request))
         return RayPending(ref, what, to, name, h)
+
+    def send_after(self, to: Address, request: Request, what: str,
+                   before: Sequence[Pending]) -> Pending | None:
+        """Send ``request`` over the link to server ``to`` when every request of ``before``
+        went over that link (its server reads a connection's messages in order, on one
+        thread); None, with nothing sent, otherwise (a Ray call to a threaded actor keeps
+        no order)."""
+        link = self._links.get(to)
+        if link is None or link.closed or not all(
+                isinstance(p, LinkPending) and p.link is link for p in before):
+            return None
+        kind = _kind(request)
+        if kind not in LINKED:
+            return None
+        key = (to, kind)
+        pending = link.send(request, what, self._expected.get(key, 0))
+        if pending is not None:
+            self.linked += 1
+            pending.learn = lambda n: self._expect(key, n)
+        return pending
 
     # -- links (see the module docstring) ----------------------------------------------------
 

@@ -19,8 +19,8 @@ transport between processes (Ray) only has to move the same messages.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
-from typing import Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 from .errors import ClusterError, ServerLost
 from .messages import Address, ErrorReply, Reply, Request
@@ -121,6 +121,16 @@ class Transport(Protocol):
         ...
 
 
+def send_after(transport: Any, to: Address, request: Request, what: str,
+               before: Sequence[Pending]) -> Pending | None:
+    """Send ``request`` to server ``to`` as ``send`` does, when it reaches the server after
+    every request of ``before`` sent there (on a channel that keeps their order: a
+    transport's ``send_after``); None, with nothing sent, when the transport cannot say so
+    (the caller waits for ``before`` first)."""
+    method = getattr(transport, "send_after", None)
+    return None if method is None else method(to, request, what, before)
+
+
 class LocalTransport:
     """Handlers in this process: each runs in the sender's thread; nothing is copied."""
 
@@ -132,6 +142,11 @@ class LocalTransport:
         pending = Pending(what, server.waiting_for, to)
         server.handle(request, pending.resolve)
         return pending
+
+    def send_after(self, to: Address, request: Request, what: str,
+                   before: Sequence[Pending]) -> Pending:
+        """:meth:`send`: every request is handled in the sender's thread, in order."""
+        return self.send(to, request, what)
 
     def abort(self, reason: str) -> None:
         for server in self.servers.values():
@@ -187,8 +202,18 @@ class MeteredTransport:
         self.count("sent", request)
         return _MeteredPending(self.inner.send(to, request, what), self)
 
+    def send_after(self, to: Address, request: Request, what: str,
+                   before: Sequence[Pending]) -> Pending | None:
+        inner = [p._inner if isinstance(p, _MeteredPending) else p for p in before]
+        pending = send_after(self.inner, to, request, what, inner)
+        if pending is None:
+            return None
+        self.count("sent", request)
+        return _MeteredPending(pending, self)
+
     def abort(self, reason: str) -> None:
         self.inner.abort(reason)
 
 
-__all__ = ["Handler", "LocalTransport", "MeteredTransport", "Pending", "ReplyFn", "Transport"]
+__all__ = ["Handler", "LocalTransport", "MeteredTransport", "Pending", "ReplyFn", "Transport",
+           "send_after"]

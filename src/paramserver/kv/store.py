@@ -73,7 +73,7 @@ from ..cluster.messages import (
     Values,
 )
 from ..cluster.passes import all_finite, nonfinite_text, workers_check
-from ..cluster.transport import LocalTransport, Pending, Transport
+from ..cluster.transport import LocalTransport, Pending, Transport, send_after
 from ..config import ParamError
 from ..config.job import ClusterConf, UpdaterConf
 from ..params import ParamSet
@@ -672,11 +672,10 @@ class KVStore:
 
     def _pull_planned(self, plan: Plan, outs: list[np.ndarray]) -> None:
         """:meth:`_pull_batch` of a planned list, into ``outs`` (checked)."""
-        self._finish_keys(plan.keys)
-        get = self._get()
+        get = self._get(after=True)
         what = f"values of {len(plan.keys)} keys"
-        replies = self._wait([self._send(p.server, KeyBatch(p.names, get), what)
-                              for p in plan.parts])
+        replies = self._get_behind({p.server: KeyBatch(p.names, get) for p in plan.parts},
+                                   plan.keys, what)
         for p, reply in zip(plan.parts, replies, strict=True):
             assert isinstance(reply, Values)
             values = reply.values.reshape(-1)
@@ -839,10 +838,41 @@ class KVStore:
         return (c.staleness if self._worker and c.staleness is not None
                 and c.nworker_groups > 1 else None)
 
-    def _get(self, ids: np.ndarray | None = None) -> Get:
-        """A get of a key's piece: whole, or rows ``ids`` of a table."""
+    def _get(self, ids: np.ndarray | None = None, after: bool = False) -> Get:
+        """A get of a key's piece: whole, or rows ``ids`` of a table (``after``: see
+        :meth:`_get_behind`)."""
         return Get(self._group, self._index if self._worker else -1, 0, ids=ids,
-                   segment=-1 if ids is None else 0, whole=ids is None, lag=self._lag())
+                   segment=-1 if ids is None else 0, whole=ids is None, lag=self._lag(),
+                   after=after and self._worker)
+
+    def _get_behind(self, gets: dict[int, Any], keys: Sequence[_Key], what: str
+                    ) -> list[Reply]:
+        """The replies of ``gets`` (a message per server, each a get made ``after``) of
+        ``keys``, whose last pushes may not be answered yet: each get goes right behind
+        them where its channel keeps their order (the server answers it once they are;
+        a wake-up less per server and step than waiting for their replies first), else
+        once they are answered. The pushes' errors are raised first, and before anything
+        is read from a get's reply."""
+        pushes: dict[int, Pending] = {}
+        for k in keys:
+            for p in k.pending:
+                pushes[id(p)] = p
+            k.pending = []
+        pending = list(pushes.values())
+        sent: list[Pending] = []
+        if pending:
+            for s, msg in gets.items():
+                self._check_open()
+                behind = send_after(self._transport, (0, s), msg, f"server {s}'s {what}",
+                                    [q for q in pending if q.address == (0, s)])
+                if behind is None:  # out of order: those sent so far are read and dropped
+                    sent = []
+                    break
+                sent.append(behind)
+            self._wait(pending)
+        if len(sent) != len(gets):
+            sent = [self._send(s, msg, what) for s, msg in gets.items()]
+        return self._wait(sent)
 
     def pull(self, key: Any, out: Any = None, priority: int = 0, ignore_sparse: bool = True
              ) -> Any:
@@ -874,7 +904,6 @@ class KVStore:
         for (key, out), k in zip(pairs, keys, strict=True):
             if out is not None:
                 _check_out(out, k.shape, f"pull of key {key!r}")
-        self._finish_keys(keys)
         names: dict[int, list[str]] = {}
         spans: dict[int, list[tuple[int, int, int]]] = {}
         for i, k in enumerate(keys):
@@ -884,10 +913,10 @@ class KVStore:
                 spans.setdefault(s, []).append((i, a, b))
         what = (f"values of key {pairs[0][0]!r}" if len(pairs) == 1
                 else f"values of {len(pairs)} keys")
-        get = self._get()
+        get = self._get(after=True)
         servers = list(names)
-        replies = self._wait([self._send(s, KeyBatch(KEY_SEPARATOR.join(names[s]), get), what)
-                              for s in servers])
+        replies = self._get_behind({s: KeyBatch(KEY_SEPARATOR.join(names[s]), get)
+                                    for s in servers}, keys, what)
         targets = [out if out is not None else np.empty(k.shape, k.dtype)
                    for (_, out), k in zip(pairs, keys, strict=True)]
         flats = [t.reshape(-1) for t in targets]
@@ -930,8 +959,8 @@ class KVStore:
                            where + ("" if whole else " (out: the table's shape, or one row "
                                                      "per row id)"))
             wanted.append((k, ids, unique, at))
-        self._finish_keys([k for k, *_ in wanted])
         if len(wanted) == 1 and self._in_process and self._lag() is None:
+            self._finish_keys([k for k, *_ in wanted])
             k, ids, unique, at = wanted[0]
             out_ = plan[0][1]
             # rows in the order asked, none twice, into an out of one row per id: gathered
@@ -964,9 +993,8 @@ class KVStore:
         what = (f"rows of key {plan[0][0]!r}" if len(plan) == 1
                 else f"rows of {len(plan)} pulls")
         servers = list(batches)
-        get = self._get()
-        replies = self._wait([self._send(s, batches[s].message(get, None, True), what)
-                              for s in servers])
+        replies = self._get_behind({s: batches[s].message(self._get(after=True), None, True)
+                                    for s in servers}, [k for k, *_ in wanted], what)
         # each server's reply: every entry's rows, one after the other
         starts: dict[tuple[int, int], int] = {}
         for s, reply in zip(servers, replies, strict=True):
