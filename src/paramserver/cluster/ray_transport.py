@@ -148,11 +148,8 @@ class RayTransport:
             kind = _kind(request)
             link = self._link(to, h, name) if kind in LINKED else None
             if link is not None:
-                key = (to, kind)
-                pending = link.send(request, what, self._expected.get(key, 0))
+                pending = self._over(link, to, kind, request, what)
                 if pending is not None:
-                    self.linked += 1
-                    pending.learn = lambda n: self._expect(key, n)
                     return pending
         data = pack(request)
         ref = h.call.remote(data) if data is not None else h.call.remote(*encode(request))
@@ -169,8 +166,12 @@ class RayTransport:
                 isinstance(p, LinkPending) and p.link is link for p in before):
             return None
         kind = _kind(request)
-        if kind not in LINKED:
-            return None
+        return self._over(link, to, kind, request, what) if kind in LINKED else None
+
+    def _over(self, link: Link, to: Address, kind: str, request: Request, what: str
+              ) -> LinkPending | None:
+        """``request`` sent over ``link``, room left for the reply its kind had at most; None
+        when it cannot go that way (:meth:`Link.send`)."""
         key = (to, kind)
         pending = link.send(request, what, self._expected.get(key, 0))
         if pending is not None:
