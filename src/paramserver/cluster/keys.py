@@ -349,14 +349,14 @@ class KeyServer:
         """Handle one request; ``reply`` is called once, now or later."""
         out: list[tuple[ReplyFn, Reply]] = []
         forward: list[tuple[Server, Request, ReplyFn]] = []
-        asker = _worker_of(request)
+        asked = _worker_of(request)
         with self._lock:
-            if asker is not None:
-                inner = request.request  # type: ignore[union-attr]
-                if isinstance(inner, Update):
+            if asked is not None:
+                asker, message = asked
+                if isinstance(message, Update):
                     self._pushing[asker] = self._pushing.get(asker, 0) + 1
                     reply = self._counted(asker, reply)
-                elif isinstance(inner, Get) and inner.after and self._pushing.get(asker):
+                elif message.after and self._pushing.get(asker):
                     self._behind.setdefault(asker, []).append((request, reply))
                     return
             try:
@@ -1215,15 +1215,15 @@ def _own(values: np.ndarray) -> np.ndarray:
     return values
 
 
-def _worker_of(request: Request) -> tuple[int, int] | None:
-    """The worker whose push (or get) of keys ``request`` is, as (group, index); None for
-    any other request (the maker's, the driver's)."""
+def _worker_of(request: Request) -> tuple[tuple[int, int], Get | Update] | None:
+    """The worker whose push (or get) of keys ``request`` is, as (group, index), and the
+    push or get; None for any other request (the maker's, the driver's)."""
     if not isinstance(request, (KeyBatch, Keyed)):
         return None
     inner = request.request
     if not isinstance(inner, (Update, Get)) or inner.worker < 0:
         return None
-    return inner.group, inner.worker
+    return (inner.group, inner.worker), inner
 
 
 def _ignore(reply: Reply) -> None:

@@ -859,19 +859,17 @@ class KVStore:
                 pushes[id(p)] = p
             k.pending = []
         pending = list(pushes.values())
-        sent: list[Pending] = []
-        if pending:
-            for s, msg in gets.items():
-                self._check_open()
-                behind = send_after(self._transport, (0, s), msg, f"server {s}'s {what}",
-                                    [q for q in pending if q.address == (0, s)])
-                if behind is None:  # out of order: those sent so far are read and dropped
-                    sent = []
-                    break
-                sent.append(behind)
-            self._wait(pending)
-        if len(sent) != len(gets):
-            sent = [self._send(s, msg, what) for s, msg in gets.items()]
+        self._check_open()
+        sent = []
+        for s, msg in gets.items():
+            before = [q for q in pending if q.address == (0, s)]
+            behind = (send_after(self._transport, (0, s), msg, f"server {s}'s {what}", before)
+                      if before else None)
+            if behind is None:  # no push there, or a channel that keeps no order
+                self._wait(before)
+                behind = self._send(s, msg, what)
+            sent.append(behind)
+        self._wait(pending)  # every push's error first (those to servers not asked too)
         return self._wait(sent)
 
     def pull(self, key: Any, out: Any = None, priority: int = 0, ignore_sparse: bool = True
