@@ -42,7 +42,7 @@ from numba import prange, set_num_threads, types
 from numba.extending import intrinsic, register_jitable
 
 from ..config import ParamError
-from . import quant
+from . import forms, quant, small_updates
 from .cache import get_num_threads, njit
 
 __all__ = ["BLOCK", "CHUNK", "CLIP_DECAYED", "CLIP_GRADIENT", "CLIP_SCALED", "State",
@@ -955,9 +955,7 @@ def kernel_for(rule: str, codes: tuple[str, ...] = (), stochastic: bool = False,
     state array: ``"float"``, ``"bfloat16"``, ``"int8"`` or ``"uint8"``); with ``master``,
     the one that also writes the bfloat16 rounding of the values it updates; ``clip_at``:
     where the gradient is clipped (:data:`CLIP_GRADIENT`, the default, and the others)."""
-    if clip_at not in (CLIP_GRADIENT, CLIP_SCALED, CLIP_DECAYED):
-        raise ParamError(f"clip_at must be {CLIP_GRADIENT}, {CLIP_SCALED} or {CLIP_DECAYED}, "
-                         f"not {clip_at!r}")
+    _check_clip_at(clip_at)
     key = (rule, codes, stochastic and bool(codes) and codes[0] != "float", parallel, master,
            int(clip_at))
     found = _made.get(key)
@@ -968,6 +966,12 @@ def kernel_for(rule: str, codes: tuple[str, ...] = (), stochastic: bool = False,
         if found is None:
             found = _made[key] = _make(*key)
     return found
+
+
+def _check_clip_at(clip_at: int) -> None:
+    if clip_at not in (CLIP_GRADIENT, CLIP_SCALED, CLIP_DECAYED):
+        raise ParamError(f"clip_at must be {CLIP_GRADIENT}, {CLIP_SCALED} or {CLIP_DECAYED}, "
+                         f"not {clip_at!r}")
 
 
 def _make(rule: str, codes: tuple[str, ...], stochastic: bool, parallel: bool,
@@ -1115,6 +1119,14 @@ def _launch(
     arrays = [a for _, a, _ in found] + [w[:0]] * 3
     scales = [sc for _, _, sc in found if sc is not None] + [_NO_SCALES] * 3
     n = w.shape[0]
+    _check_clip_at(clip_at)
+    if small_updates.applies(rule, n, nseg, codes, master):  # no compiler: see there
+        nonfinite = small_updates.update(
+            _RULES[rule], w, g, [a for _, a, _ in found], offsets, seg, hyp,
+            bool(clip_high > clip_low), bool(check), int(clip_at), _SKIP)
+        if nonfinite == -1:
+            _bad_offsets(offsets, w)
+        return nonfinite
     parallel = n > CHUNK
     kernel = kernel_for(rule, codes, stochastic, parallel, master, clip_at)
     wv = bf16_values if bf16_values is not None else w[:0]
@@ -2218,12 +2230,21 @@ def warmup(dtype: npt.DTypeLike = np.float32, state_dtype: str = "float32", *,
     ``dtype`` and state kept as ``state_dtype``, for calls of ``sizes`` values (by default
     both kinds: one chunk, serial, and more, parallel).
 
+    The compiled kernels, even for calls small enough to take the NumPy form
+    (:mod:`.small_updates`) when a job makes them.
+
     Args:
       dtype: float32 or float64.
       state_dtype: float32 (the values' type), bfloat16 or int8.
       stochastic: the kernels that round stochastically.
       sizes: the numbers of values of the calls to prepare for.
     """
+    with forms.compiled_only():
+        _warmup(dtype, state_dtype, stochastic, sizes)
+
+
+def _warmup(dtype: npt.DTypeLike, state_dtype: str, stochastic: bool,
+            sizes: tuple[int, ...]) -> None:
     for n in sizes:
         w = np.zeros(n, dtype)
         offsets = np.array([0, n], np.int64)

@@ -42,7 +42,9 @@ kernels run on the same C math library; only the rare slow-path values, which ca
 
 Here are the keys and the checks of a fill's arguments; the compiled fillers are in
 :mod:`.rng_kernels`, loaded (and numba with them) on the first fill that writes values, so a
-fill with ``check_only`` (``paramserver check``) loads neither.
+fill with ``check_only`` (``paramserver check``) loads neither. A small uniform fill (at most
+:data:`.rng_arrays.SMALL_FILL` values in one call) is written by NumPy instead, the same
+values bit for bit, so that a small job need not load numba's compiler (:mod:`.rng_arrays`).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from typing import Any
 import numpy as np
 
 from ..config import ParamError
+from . import forms, rng_arrays
 
 __all__ = [
     "fill_constant_segments",
@@ -251,6 +254,9 @@ def _draw(flat: np.ndarray, offset: int, k0: np.uint64, k1: np.uint64, method: s
     them, loaded on the first fill that writes values)."""
     if check_only or flat.size == 0:
         return
+    if method == "UNIFORM" and flat.size <= rng_arrays.SMALL_FILL and forms.numpy_allowed():
+        rng_arrays.uniform(flat, offset, int(k0), int(k1), prm)
+        return
     from . import rng_kernels
 
     rng_kernels.run(flat, offset, k0, k1, getattr(rng_kernels, method), prm)
@@ -267,6 +273,11 @@ def _run_segments(out: np.ndarray, starts: Any, sizes: Any, keys: Any, method: s
         raise ParamError(f"{starts.size} segments, {keys.size} keys and {len(prms)} "
                          "parameters: one of each per segment")
     if not starts.size:
+        return
+    if method == "UNIFORM" and starts.size <= rng_arrays.FEW_SEGMENTS \
+            and int(sizes.sum()) <= rng_arrays.SMALL_FILL and forms.numpy_allowed():
+        for lo, n, key, prm in zip(starts.tolist(), sizes.tolist(), keys.tolist(), prms):
+            rng_arrays.uniform(out[lo:lo + n], 0, key & 0xFFFFFFFF, key >> 32, prm)
         return
     from . import rng_kernels
 

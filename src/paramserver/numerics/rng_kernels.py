@@ -18,6 +18,7 @@ import numpy as np
 from numba import prange
 
 from .cache import njit
+from .rng_arrays import FEW_SEGMENTS
 
 __all__ = ["NORMAL", "TRUNCATED", "UNIFORM", "constant_segments", "run", "run_segments"]
 
@@ -561,11 +562,10 @@ _SEGMENTS = {(is32, truncated): _segments_kernel(is32, truncated)
              for is32 in (True, False) for truncated in (False, True)}
 
 
-#: Up to this many short segments, :func:`run_segments` calls the chunk filler once for each
-#: from Python (microseconds a call) instead of its compiled loop over segments: the loop's
-#: compile (about a second, once per machine) is worth it only for many small Params, and a
-#: job of a few Params (the main job: 4) then compiles only the filler it needs anyway.
-FEW_SEGMENTS = 256
+# Up to FEW_SEGMENTS short segments, :func:`run_segments` calls the chunk filler once for each
+# from Python (microseconds a call) instead of its compiled loop over segments: the loop's
+# compile (about a second, once per machine) is worth it only for many small Params, and a
+# job of a few Params (the main job: 4) then compiles only the filler it needs anyway.
 
 
 def run_segments(out: np.ndarray, starts: np.ndarray, sizes: np.ndarray, k0s: np.ndarray,
