@@ -24,6 +24,11 @@ Contenders and jobs alternate round after round (``--rounds``, at least 5 for fi
 the table gives min / median / max and the load average.
 
     python benchmarks/singa_peer.py [--rounds 5] [--short 10] [--long 40] [--jobs mlp conv]
+        [--before SRC]
+
+``--before SRC`` adds an earlier paramserver as a third contender, run from the source folder
+``SRC`` (e.g. ``git worktree add /tmp/before <commit>``, then ``/tmp/before/src``), in the
+same rounds: the before and after of a change, measured side by side.
 """
 
 from __future__ import annotations
@@ -96,14 +101,15 @@ class Contenders:
         self.count = 0
         self.env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
 
-    def paramserver(self, job: str, steps: int) -> Run:
+    def paramserver(self, job: str, steps: int, src: Path = ROOT / "src") -> Run:
         self.count += 1
         ws = f"examples/ps{self.count}"
         path = self.folder / f"ps{self.count}.conf"
         path.write_text(job_text(job, steps, ws))
         try:
             return run_process([sys.executable, "-m", "paramserver", "train", path.name,
-                                "--quiet", "--no-tensorboard"], self.folder, self.env)
+                                "--quiet", "--no-tensorboard"], self.folder,
+                               dict(self.env, PYTHONPATH=str(src)))
         finally:
             shutil.rmtree(self.folder / ws, ignore_errors=True)
 
@@ -146,6 +152,8 @@ def main() -> int:
     # build.sh's own default place (BASE=${TMPDIR:-/tmp}/singa-peer), unless SINGA_HOME says
     p.add_argument("--singa", type=Path, default=Path(os.environ.get("SINGA_HOME") or Path(
         os.environ.get("TMPDIR") or "/tmp") / "singa-peer" / "singa-v0.2.0"))
+    p.add_argument("--before", type=Path, default=None,
+                   help="the src folder of an earlier paramserver, measured beside this one")
     args = p.parse_args()
     singa: Path | None = args.singa
     if not (args.singa / ".libs" / "singa").is_file():
@@ -164,18 +172,27 @@ def main() -> int:
                             "--split", split], cwd=folder, env=dict(os.environ, PYTHONPATH=str(
                                 ROOT / "src")), check=True, stdout=subprocess.DEVNULL)
         c = Contenders(folder, singa)
-        names = ["paramserver", *(["SINGA"] if singa else [])]
+        names = ["paramserver", *(["before"] if args.before else []),
+                 *(["SINGA"] if singa else [])]
+        runners = {"paramserver": c.paramserver, "SINGA": c.singa_run,
+                   "before": lambda job, steps: c.paramserver(job, steps, args.before)}
         keys = [(j, n) for j in args.jobs for n in names]
         per_step: dict[tuple[str, str], list[float]] = {k: [] for k in keys}
         startup: dict[tuple[str, str], list[float]] = {k: [] for k in keys}
         rss: dict[tuple[str, str], list[float]] = {k: [] for k in keys}
         base: list[float] = []
         loads = []
+        # One short run of each first, untimed: a first run compiles its kernels into the
+        # cache (numba keys them by the source file's path, so a new source tree compiles
+        # anew), which would count as start-up or, in the shorter run, make CPU per step < 0.
+        for job in args.jobs:
+            for name in names:
+                runners[name](job, args.short * SCALE[job])
         for r in range(args.rounds):
             base.append(c.imports_only().rss_mb)
             for job in args.jobs:
                 for name in (names if r % 2 == 0 else names[::-1]):
-                    runner = c.paramserver if name == "paramserver" else c.singa_run
+                    runner = runners[name]
                     n_short, n_long = args.short * SCALE[job], args.long * SCALE[job]
                     short, long = runner(job, n_short), runner(job, n_long)
                     step = (long.cpu - short.cpu) / (n_long - n_short)
@@ -194,7 +211,7 @@ def main() -> int:
     base_mb = statistics.median(base)
     for job in args.jobs:
         for name in names:
-            own = "" if name != "paramserver" else spread(
+            own = "" if name == "SINGA" else spread(
                 [x - base_mb for x in rss[job, name]], "{:.0f}")
             print(f"| {job} | {name} | {spread([1000 * x for x in per_step[job, name]], '{:.1f}')}"
                   f" | {spread(startup[job, name], '{:.2f}')} | "
@@ -205,6 +222,12 @@ def main() -> int:
             own_ratio = ((statistics.median(rss[job, "paramserver"]) - base_mb)
                          / statistics.median(rss[job, "SINGA"]))
             print(f"| {job} | paramserver / SINGA | {ratio:.2f}x | | | {own_ratio:.2f}x |")
+            if args.before:
+                ratio = (statistics.median(per_step[job, "before"])
+                         / statistics.median(per_step[job, "SINGA"]))
+                own_ratio = ((statistics.median(rss[job, "before"]) - base_mb)
+                             / statistics.median(rss[job, "SINGA"]))
+                print(f"| {job} | before / SINGA | {ratio:.2f}x | | | {own_ratio:.2f}x |")
     return 0
 
 
