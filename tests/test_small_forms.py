@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from paramserver.numerics import forms, quant, rng, rng_arrays, rng_kernels, small_updates
 from paramserver.numerics import kernels as K
-from paramserver.numerics import quant, rng, rng_arrays, rng_kernels, small_updates
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -100,8 +100,10 @@ def test_the_numpy_update_is_the_compiled_kernel(rule: str, dtype: type) -> None
 
 def test_the_public_kernels_take_the_numpy_form_for_small_calls(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Through ``kernels.adam``: a small call and the same call compiled (the form's limit
-    set to 0) write the same values; a bfloat16 state is never in the NumPy form."""
+    """Through ``kernels.adam``: a small call and the same call compiled write the same
+    values; once a compiled kernel has been loaded, every call takes the compiled kernels; a
+    bfloat16 state, a master copy, a rule with branches, a large call never take NumPy."""
+    monkeypatch.setattr(forms, "_compiler_loaded", False)  # as in a process that loaded none
     calls = []
     real = small_updates.update
     monkeypatch.setattr(small_updates, "update", lambda *a: calls.append(1) or real(*a))
@@ -117,16 +119,24 @@ def test_the_public_kernels_take_the_numpy_form_for_small_calls(
 
     small = run()
     assert calls == [1, 1, 1]
-    monkeypatch.setattr(small_updates, "SMALL_UPDATE", 0)
-    compiled = run()
+    with forms.compiled_only():
+        compiled = run()
     assert calls == [1, 1, 1]
+    monkeypatch.setattr(forms, "_compiler_loaded", False)  # those compiled calls loaded it
     for a, b in zip(small, compiled):
         assert np.array_equal(_bits(a), _bits(b))
+    assert small_updates.applies("adam", 10, 1, ("float", "float"), False)
     assert not small_updates.applies("adam", 10, 1, ("bfloat16", "bfloat16"), False)
     assert not small_updates.applies("adam", 10, 1, ("float", "float"), True)  # master
     assert not small_updates.applies("amsgrad", 10, 1, ("float",) * 3, False)
     assert not small_updates.applies("adam", small_updates.SMALL_UPDATE + 1, 1,
                                      ("float", "float"), False)
+    assert not small_updates.applies("adam", 10, small_updates.MOST_SEGMENTS + 1,
+                                     ("float", "float"), False)
+    forms.note_compiler()  # a compiled kernel loaded: the compiled kernels from then on
+    assert not small_updates.applies("adam", 10, 1, ("float", "float"), False)
+    assert run()[0].tobytes() == small[0].tobytes()
+    assert calls == [1, 1, 1]
 
 
 PROBE = """
@@ -163,3 +173,15 @@ def test_a_small_singa_job_never_loads_the_compiler(tmp_path: Path) -> None:
         cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "COMPILED []" in out.stdout, out.stdout[-2000:]
+
+
+def test_the_first_compiled_kernel_ends_the_numpy_forms() -> None:
+    """In a fresh process: small calls take the NumPy forms until a compiled kernel (here a
+    normal fill's) is loaded; from then on, the compiled kernels."""
+    code = ("import numpy as np\nfrom paramserver.numerics import forms, rng\n"
+            "a = np.empty(100, np.float32)\n"
+            "rng.fill_uniform(a, 1)\nprint(forms.numpy_allowed())\n"
+            "rng.fill_normal(a, 2)\nprint(forms.numpy_allowed())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["True", "False"]

@@ -76,6 +76,8 @@ from numba.core.caching import (
     NullCache as _NumbaNullCache,
 )
 
+from . import forms
+
 try:
     import fcntl
 except ImportError:  # not on POSIX: numba's own atomic renames only
@@ -364,6 +366,7 @@ class _KernelCache(FunctionCache):
         return (*super()._index_key(sig, codegen), self._options)
 
     def load_overload(self, sig: Any, target_context: Any) -> Any:
+        forms.note_compiler()
         _start_thread_pool()
         args = tuple(sigutils.normalize_signature(sig)[0])
         try:
@@ -406,6 +409,7 @@ class NullCache(_NumbaNullCache):
     compile would start it, as numba's, changing torch's thread count)."""
 
     def load_overload(self, sig: Any, target_context: Any) -> Any:
+        forms.note_compiler()
         _start_thread_pool()
         return None
 
