@@ -216,18 +216,12 @@ def main() -> int:
             print(f"| {job} | {name} | {spread([1000 * x for x in per_step[job, name]], '{:.1f}')}"
                   f" | {spread(startup[job, name], '{:.2f}')} | "
                   f"{spread(rss[job, name], '{:.0f}')} | {own} |")
-        if singa:
-            ratio = (statistics.median(per_step[job, "paramserver"])
+        for name in (n for n in names if singa and n != "SINGA"):
+            ratio = (statistics.median(per_step[job, name])
                      / statistics.median(per_step[job, "SINGA"]))
-            own_ratio = ((statistics.median(rss[job, "paramserver"]) - base_mb)
+            own_ratio = ((statistics.median(rss[job, name]) - base_mb)
                          / statistics.median(rss[job, "SINGA"]))
-            print(f"| {job} | paramserver / SINGA | {ratio:.2f}x | | | {own_ratio:.2f}x |")
-            if args.before:
-                ratio = (statistics.median(per_step[job, "before"])
-                         / statistics.median(per_step[job, "SINGA"]))
-                own_ratio = ((statistics.median(rss[job, "before"]) - base_mb)
-                             / statistics.median(rss[job, "SINGA"]))
-                print(f"| {job} | before / SINGA | {ratio:.2f}x | | | {own_ratio:.2f}x |")
+            print(f"| {job} | {name} / SINGA | {ratio:.2f}x | | | {own_ratio:.2f}x |")
     return 0
 
 

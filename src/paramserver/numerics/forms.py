@@ -5,9 +5,9 @@ compiled kernels write, bit for bit, so that a small job need not load numba's c
 (about 85 MB). They are taken only while no compiled kernel has been loaded in the process:
 once one has (:func:`note_compiler`, from :mod:`.cache`), the compiler's memory is spent, and
 the compiled kernels are the faster (SINGA's momentum over 9,610 values in four Params, the
-main job's update: 75 µs compiled against 238 µs in NumPy, medians of 9 interleaved rounds
-on a loaded machine; NumPy's time is mostly the Python around each Param's operations). :func:`compiled_only` turns them off for a block:
-for :func:`.kernels.warmup`, whose work is to compile, and for tests of the compiled kernels
+main job's update: 78 µs compiled against 238 µs in NumPy, medians of 9 interleaved rounds
+on a quiet machine). :func:`compiled_only` turns them off for a block: for
+:func:`.kernels.warmup`, whose work is to compile, and for tests of the compiled kernels
 themselves.
 """
 
