@@ -16,9 +16,11 @@ process; CPU time is the process's user + system time
 
 * CPU per step = (CPU(long) − CPU(short)) / (long − short): start-up cancels out;
 * start-up CPU = CPU(short) − short · CPU per step (reading the job, building the net, and
-  for paramserver importing torch and numba);
+  for paramserver importing torch, and numba where the job needs it);
 * peak RSS: the process's maximum resident set (``ru_maxrss``), and for paramserver its own
-  share: less that of a process that only imports torch and numba (measured each round).
+  share two ways: less that of a process that only imports torch and numba (issue 36's
+  measure), and less that of one that only imports torch (a job that never imports numba,
+  as LeNet's, saves numba's import too; measured each round).
 
 Contenders and jobs alternate round after round (``--rounds``, at least 5 for figures);
 the table gives min / median / max and the load average.
@@ -133,9 +135,8 @@ class Contenders:
         finally:
             shutil.rmtree(self.folder / ws, ignore_errors=True)
 
-    def imports_only(self) -> Run:
-        return run_process([sys.executable, "-c", "import torch, numba"], self.folder,
-                           self.env)
+    def imports_only(self, modules: str = "torch, numba") -> Run:
+        return run_process([sys.executable, "-c", f"import {modules}"], self.folder, self.env)
 
 
 def spread(values: list[float], fmt: str) -> str:
@@ -181,6 +182,7 @@ def main() -> int:
         startup: dict[tuple[str, str], list[float]] = {k: [] for k in keys}
         rss: dict[tuple[str, str], list[float]] = {k: [] for k in keys}
         base: list[float] = []
+        torch_base: list[float] = []
         loads = []
         # One short run of each first, untimed: a first run compiles its kernels into the
         # cache (numba keys them by the source file's path, so a new source tree compiles
@@ -190,6 +192,7 @@ def main() -> int:
                 runners[name](job, args.short * SCALE[job])
         for r in range(args.rounds):
             base.append(c.imports_only().rss_mb)
+            torch_base.append(c.imports_only("torch").rss_mb)
             for job in args.jobs:
                 for name in (names if r % 2 == 0 else names[::-1]):
                     runner = runners[name]
@@ -203,25 +206,29 @@ def main() -> int:
                           f"start-up {short.cpu - n_short * step:6.2f} s  "
                           f"peak RSS {rss[job, name][-1]:7.1f} MB", flush=True)
             loads.append(os.getloadavg()[0])
-    print(f"\nimport torch, numba alone: peak RSS {spread(base, '{:.0f}')} MB")
+    print(f"\nimport torch, numba alone: peak RSS {spread(base, '{:.0f}')} MB; "
+          f"import torch alone: {spread(torch_base, '{:.0f}')} MB")
     print(f"load average (1 min) during the rounds: {spread(loads, '{:.1f}')}\n")
     print("| job | contender | CPU per step, ms (min / median / max) | start-up CPU, s | "
-          "peak RSS, MB | own RSS, MB |")
-    print("|---|---|---|---|---|---|")
+          "peak RSS, MB | own RSS, MB (less torch, numba) | own RSS, MB (less torch) |")
+    print("|---|---|---|---|---|---|---|")
     base_mb = statistics.median(base)
+    torch_mb = statistics.median(torch_base)
     for job in args.jobs:
         for name in names:
-            own = "" if name == "SINGA" else spread(
-                [x - base_mb for x in rss[job, name]], "{:.0f}")
+            own, own_torch = ("", "") if name == "SINGA" else (
+                spread([x - b for x in rss[job, name]], "{:.0f}") for b in (base_mb, torch_mb))
             print(f"| {job} | {name} | {spread([1000 * x for x in per_step[job, name]], '{:.1f}')}"
                   f" | {spread(startup[job, name], '{:.2f}')} | "
-                  f"{spread(rss[job, name], '{:.0f}')} | {own} |")
+                  f"{spread(rss[job, name], '{:.0f}')} | {own} | {own_torch} |")
         for name in (n for n in names if singa and n != "SINGA"):
             ratio = (statistics.median(per_step[job, name])
                      / statistics.median(per_step[job, "SINGA"]))
-            own_ratio = ((statistics.median(rss[job, name]) - base_mb)
-                         / statistics.median(rss[job, "SINGA"]))
-            print(f"| {job} | {name} / SINGA | {ratio:.2f}x | | | {own_ratio:.2f}x |")
+            own_ratio, torch_ratio = ((statistics.median(rss[job, name]) - b)
+                                      / statistics.median(rss[job, "SINGA"])
+                                      for b in (base_mb, torch_mb))
+            print(f"| {job} | {name} / SINGA | {ratio:.2f}x | | | {own_ratio:.2f}x | "
+                  f"{torch_ratio:.2f}x |")
     return 0
 
 

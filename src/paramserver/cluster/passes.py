@@ -21,6 +21,7 @@ cache, on first use.
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -31,15 +32,21 @@ if TYPE_CHECKING:
 
 #: Below this many elements a parallel launch costs more than the work: NumPy does it.
 _SMALL = 1 << 16
-_launch_lock = threading.Lock()
+_launch_lock = threading.RLock()  # re-entered when a guarded call checks or sums inside
 _guarded: bool | None = None
 
 
 def kernel_guard() -> contextlib.AbstractContextManager[Any]:
     """Serialise parallel kernel launches where numba's threading layer needs it: the
-    launch lock there, else a shared empty context (this is on every update call)."""
+    launch lock there, else a shared empty context (this is on every update call).
+
+    Until numba is loaded the layer is not asked (asking would load numba, 55 MB, in a job
+    whose calls all take their NumPy forms): the lock is taken meanwhile, so that the call
+    that loads numba, and launches the process's first parallel kernel, is serialised too."""
     global _guarded
     if _guarded is None:
+        if "numba" not in sys.modules:
+            return _launch_lock
         from ..numerics.cache import threading_layer
 
         _guarded = threading_layer() == "workqueue"
@@ -93,7 +100,7 @@ def sum_into(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> int:
             np.add(a, b, out=out)
         return int(out.size - np.count_nonzero(np.isfinite(out)))
     from ..numerics import sums
-    from ..numerics.kernels import threads_for
+    from ..numerics.fused import threads_for
 
     with kernel_guard(), threads_for(out.size, sums.CHUNK):
         return sums.add(out, a, b)

@@ -76,7 +76,7 @@ from numba.core.caching import (
     NullCache as _NumbaNullCache,
 )
 
-from . import forms
+from . import compile_events, forms
 
 try:
     import fcntl
@@ -229,10 +229,8 @@ def _locked(folder: str, exclusive: bool) -> Iterator[None]:
 
 
 class _CompileListener(numba.core.event.Listener):
-    """Passes numba's compile events (a dispatcher compiling: not found in the cache) on."""
-
-    def __init__(self, callback: Callable[[str, bool], None]) -> None:
-        self.callback = callback
+    """Passes numba's compile events (a dispatcher compiling: not found in the cache) on to
+    :mod:`.compile_events`' listeners."""
 
     def on_start(self, event: Any) -> None:
         self._tell(event, True)
@@ -243,22 +241,12 @@ class _CompileListener(numba.core.event.Listener):
     def _tell(self, event: Any, starting: bool) -> None:
         dispatcher = (event.data or {}).get("dispatcher")
         py_func = getattr(dispatcher, "py_func", None)
-        name = (f"{getattr(py_func, '__module__', '')}:"
-                f"{getattr(py_func, '__qualname__', 'a kernel')}")
-        try:
-            self.callback(name, starting)
-        except Exception:  # a display's trouble never stops a compile
-            pass
+        compile_events.tell(f"{getattr(py_func, '__module__', '')}:"
+                            f"{getattr(py_func, '__qualname__', 'a kernel')}", starting)
 
 
-@contextlib.contextmanager
-def reporting(callback: Callable[[str, bool], None]) -> Iterator[None]:
-    """While the block runs, call ``callback(name, True)`` when a kernel starts compiling
-    (it was not in the cache, or there is none) and ``callback(name, False)`` when it is
-    done, from the thread that compiles. ``name`` is ``module:qualname`` of the function
-    compiled; the functions a kernel calls compile inside its compile (nested calls)."""
-    with numba.core.event.install_listener("numba:compile", _CompileListener(callback)):
-        yield
+numba.core.event.register("numba:compile", _CompileListener())  # for the life of the process
+reporting = compile_events.reporting
 
 
 # -- numba's cache with these rules ---------------------------------------------------------

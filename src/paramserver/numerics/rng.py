@@ -361,10 +361,13 @@ def fill_constant_segments(out: np.ndarray, starts: Any, sizes: Any, values: Any
     one call."""
     starts, sizes = _segments(out, starts, sizes)
     values = np.ascontiguousarray(np.broadcast_to(np.asarray(values, np.float64), starts.shape))
-    if starts.size:
-        from . import rng_kernels
+    if starts.size <= rng_arrays.FEW_SEGMENTS:  # from Python: no numba, nothing compiled
+        for lo, n, value in zip(starts.tolist(), sizes.tolist(), values.tolist()):
+            out[lo:lo + n] = value
+        return
+    from . import rng_kernels
 
-        rng_kernels.constant_segments(out, starts, sizes, values)
+    rng_kernels.constant_segments(out, starts, sizes, values)
 
 
 def param_keys(seed: int, names: Sequence[str]) -> np.ndarray:

@@ -600,10 +600,6 @@ def _constant_segments(out, starts, sizes, values):  # type: ignore[no-untyped-d
 
 def constant_segments(out: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
                       values: np.ndarray) -> None:
-    """Segment ``s`` of ``out`` set to ``values[s]`` (checked by :mod:`.rng`): by a compiled
-    loop for more than :data:`FEW_SEGMENTS` segments, else from Python (no compile)."""
-    if starts.size > FEW_SEGMENTS:
-        _constant_segments(out, starts, sizes, values)
-        return
-    for lo, n, value in zip(starts.tolist(), sizes.tolist(), values.tolist()):
-        out[lo:lo + n] = value
+    """Segment ``s`` of ``out`` set to ``values[s]`` (checked by :mod:`.rng`) by a compiled
+    loop: for more segments than :data:`FEW_SEGMENTS`, which :mod:`.rng` sets from Python."""
+    _constant_segments(out, starts, sizes, values)

@@ -7,7 +7,7 @@ the values and of the state is read once and written once; nothing else is read 
 
 Per element of a touched row, the order is SPEC §5's (the dense kernels'): clip, scale by
 ``gscale``, add ``wd × w`` (not for AdamW), then the method's rule — the very per-element
-rule functions of :mod:`paramserver.kernels` (``_sgd_rule``, ``_adam_rule``, ...), compiled
+rule functions of :mod:`.rules` (``_sgd_rule``, ``_adam_rule``, ...), compiled
 into this driver, so a touched row ends exactly as a dense update of that row would leave it.
 
 Lazy semantics (as MXNet's ``lazy_update`` and ``torch.optim.SparseAdam``): the state of an
@@ -37,7 +37,8 @@ from numba.extending import intrinsic, register_jitable
 
 from ..config import ParamError
 from .cache import njit
-from .kernels import (
+from .fused import read_only, threads_for
+from .rules import (
     CHUNK,
     _adadelta_rule,
     _adagrad_rule,
@@ -49,8 +50,6 @@ from .kernels import (
     _nesterov_rule,
     _rmsprop_rule,
     _sgd_rule,
-    read_only,
-    threads_for,
 )
 
 __all__ = ["adadelta", "adagrad", "adam", "adamax", "check_rows", "id_order",

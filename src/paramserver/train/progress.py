@@ -232,9 +232,9 @@ class CompileNotice:
         self._context: Any = None
 
     def __enter__(self) -> CompileNotice:
-        from ..numerics import cache
+        from ..numerics import compile_events  # numba only where a kernel needs it
 
-        self._context = cache.reporting(self._event)
+        self._context = compile_events.reporting(self._event)
         self._context.__enter__()
         return self
 
