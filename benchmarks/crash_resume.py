@@ -70,7 +70,7 @@ cluster {{ nworkers_per_group: 2 nservers_per_group: 2 timeout: 60 workspace: "w
 """
 # (cluster { workspace }: a SINGA job, so that SINGA's checkpoints are written and checked)
 PRELOAD = ["paramserver.cli", "paramserver.train.trainer", "paramserver.cluster",
-           "paramserver.numerics.kernels", "matplotlib.pyplot", "tensorboardX.summary"]
+           "paramserver.numerics.fused", "PIL.PngImagePlugin", "tensorboardX.summary"]
 KILLED = -9
 RUN_TIMEOUT = 300.0
 
@@ -214,7 +214,7 @@ class Harness:
 
 def _files(ws: Path) -> dict[str, bytes | None]:
     """What must match: the bytes of every checkpoint, SINGA checkpoint and metrics.csv;
-    metrics.png present (its bytes are matplotlib's); temporaries and set-aside files (which
+    metrics.png present (its bytes are Pillow's); temporaries and set-aside files (which
     the reference has none of) by name."""
     out: dict[str, bytes | None] = {}
     for path in sorted(ws.rglob("*")):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import logging
 import re
 import sys
@@ -21,6 +22,7 @@ from paramserver.config.job import parse_job
 from paramserver.train import progress
 from paramserver.train import trainer as trainer_module
 from paramserver.train.metrics import MetricsLog, Row, accuracy_limits
+from paramserver.train.plot import COLORS, Series, log_ticks, tick_labels, ticks
 from paramserver.train.progress import Progress, Rate
 from paramserver.train.trainer import Trainer, default_disp_freq
 
@@ -401,49 +403,57 @@ def test_accuracy_axis_zooms_to_the_data_and_lr_is_plotted(tmp_path: Path) -> No
     lo, hi = accuracy_limits([0.97, 0.985, 0.997])
     assert 0.9 < lo < 0.97 and 0.997 < hi <= 1.0
     assert accuracy_limits([]) == (0.0, 1.0) and accuracy_limits([0.1, 0.9])[0] >= 0.0
-    import matplotlib.pyplot as plt
-
     log = MetricsLog(tmp_path / "metrics.csv")
     log.rows = [Row(s, "train", 1.0 / s, 0.97 + s / 10000, 0.1 * 0.5 ** (s // 20))
                 for s in range(10, 101, 10)] + [Row(50, "test", 0.1, 0.99, 0.1)]
-    figures = []
-    real = plt.subplots
-    plt.subplots = lambda *a, **k: figures.append(real(*a, **k)) or figures[-1]  # type: ignore[assignment]
-    try:
-        path = log.plot(tmp_path / "metrics.png", "t")
-    finally:
-        plt.subplots = real  # type: ignore[assignment]
-    assert path is not None and path.read_bytes()[:4] == b"\x89PNG"
-    _, ((_, ax_acc, ax_lr),) = figures[0]
-    assert ax_acc.get_ylim()[0] > 0.9 and ax_lr.get_title() == "learning rate"
-    assert np.allclose(ax_lr.lines[0].get_ydata(), [r.lr for r in log.rows[:10]])
-    assert ax_lr.get_yscale() == "log"
+    _, acc, lr = log.panels()
+    assert acc.ylimits()[0] > 0.9 and acc.percent and lr.title == "learning rate"
+    assert [s.label for s in acc.series] == ["train", "test"] and acc.series[1].marker == "o"
+    assert np.allclose(lr.series[0].ys, [r.lr for r in log.rows[:10]]) and lr.log
+    path = log.plot(tmp_path / "metrics.png", "t")
+    assert path is not None and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from PIL import Image
+
+    with Image.open(path) as image:
+        assert image.size == (3 * 470, 400)
+        colors = {c for _, c in image.getcolors(1 << 20)}
+    assert {COLORS["train"], COLORS["test"]} <= colors  # both curves drawn
 
 
 def test_a_step_schedule_is_drawn_as_steps_and_a_metric_never_computed_has_no_panel(
         tmp_path: Path) -> None:
     """Issue 26: a kStep rate was drawn as ramps between display rows, and an RBM's
     accuracy (NaN: not computed) as an empty panel."""
-    import matplotlib.pyplot as plt
-
     log = MetricsLog(tmp_path / "metrics.csv")
     log.rows = [Row(s, "train", 1.0 / s, float("nan"), 0.1 * 0.5 ** ((s - 1) // 30))
                 for s in range(10, 101, 10)]
-    figures = []
-    real = plt.subplots
-    plt.subplots = lambda *a, **k: figures.append(real(*a, **k)) or figures[-1]  # type: ignore[assignment]
-    try:
-        assert log.plot(tmp_path / "metrics.png", "t") is not None
-    finally:
-        plt.subplots = real  # type: ignore[assignment]
-    _, grid = figures[0]
-    axes = list(grid[0])
-    assert [ax.get_title() for ax in axes] == ["loss", "learning rate"]
-    line = axes[1].lines[0]
-    assert line.get_drawstyle() == "steps-pre"  # each row's rate holds over its window
+    panels = log.panels()
+    assert [p.title for p in panels] == ["loss", "learning rate"]
+    line = panels[1].series[0]
+    assert line.steps  # each row's rate holds over its window
     # the drawn path: flat runs joined by vertical jumps, not ramps from row to row
-    path = line._get_transformed_path().get_fully_transformed_path().vertices
+    path = line.path()
     assert len(path) == 2 * len(log.rows) - 1
+    assert all(a[0] == b[0] or a[1] == b[1] for a, b in itertools.pairwise(path))
+    assert log.plot(tmp_path / "metrics.png", "t") is not None
+
+
+def test_the_plots_ticks_and_labels() -> None:
+    values, step = ticks(0.0, 1.0)
+    assert values == [0.0, 0.2, 0.4, 0.6, 0.8, 1.0] and step == 0.2
+    assert tick_labels(values, step) == ["0.0", "0.2", "0.4", "0.6", "0.8", "1.0"]
+    values, step = ticks(-75.0, 1575.0)
+    assert values == [0.0, 500.0, 1000.0, 1500.0]
+    assert tick_labels(values, step) == ["0", "500", "1000", "1500"]
+    values, step = ticks(0.9, 1.0)
+    assert tick_labels(values, step, percent=True) == ["90%", "92%", "94%", "96%", "98%",
+                                                       "100%"]
+    assert tick_labels(*ticks(0.0, 1.0, 4)) == ["0.00", "0.25", "0.50", "0.75", "1.00"]
+    assert log_ticks(5e-4, 0.2) == [1e-3, 1e-2, 1e-1]
+    assert log_ticks(0.011, 0.09) == [0.02, 0.05]  # fewer than two decades: 2× and 5×
+    assert tick_labels([1e-3, 1e-2, 0.1], None) == ["0.001", "0.01", "0.1"]
+    staircase = Series("x", (1.0, 2.0, 3.0), (5.0, 4.0, 3.0), (0, 0, 0), steps=True)
+    assert staircase.path() == [(1, 5), (1, 4), (2, 4), (2, 3), (3, 3)]
 
 
 def test_a_run_with_no_metric_plots_its_learning_rate(tmp_path: Path) -> None:
@@ -474,13 +484,13 @@ def test_the_nets_own_metrics_and_nan_ones(tmp_path: Path) -> None:
         "10,val,2.5,nan,0.1,12.18", "20,test,2.5,0.5,0.1,nan"]) + "\n"
 
 
-def test_missing_matplotlib_is_a_plain_message(tmp_path: Path,
-                                               monkeypatch: pytest.MonkeyPatch,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib fails
+def test_missing_pillow_is_a_plain_message(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "PIL", None)  # import PIL fails
     assert main(["train", str(_job_file(tmp_path)), "--workspace", str(tmp_path / "ws"),
                  "--no-tensorboard", "--steps", "3"]) == 0
     err = capsys.readouterr().err
-    assert "warning: no metrics.png: matplotlib is not installed (pip install " in err
+    assert "warning: no metrics.png: Pillow is not installed (pip install " in err
     assert "Warning" not in err and "warnings.warn" not in err
     assert not (tmp_path / "ws" / "metrics.png").exists()

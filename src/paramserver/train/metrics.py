@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..atomic import write_atomically
 from ..config import ParamError
+from .plot import COLORS, Panel, Series, render
 
 COLUMNS = ("step", "phase", "loss", "accuracy", "lr")
 PHASES = ("train", "val", "test")  # the phases of rows
@@ -142,64 +143,54 @@ class MetricsLog:
         steps = [*range(0, last, stride), *([last - 1] if (last - 1) % stride else [])]
         return [s + 1 for s in steps], [float(lr(s)) for s in steps]
 
-    def plot(self, path: str | os.PathLike[str], title: str,
-             lr: Callable[[int], float] | None = None) -> Path | None:
-        """A PNG of loss, accuracy and learning rate against the step, train, test and val;
-        None without matplotlib (the ``examples`` extra).
+    def panels(self, lr: Callable[[int], float] | None = None) -> list[Panel]:
+        """What :meth:`plot` draws: loss, accuracy and learning rate against the step, a
+        curve per phase (train a line, test circles on a line, val squares on a dashed line).
 
         A metric the net does not compute (NaN: an RBM's accuracy) has no panel. The
         learning rate is the schedule ``lr`` at every step (:meth:`lr_points`): a kInverse
-        schedule a smooth curve, a kStep one a staircase. The accuracy axis spans the data
-        (97 % and 99.7 % look different), not 0 to 1.
+        schedule a smooth curve, a kStep one a staircase; without it the train rows' rates,
+        each held over its display window. On a log scale where it spans more than a decade.
+        The accuracy axis spans the data (97 % and 99.7 % look different), not 0 to 1.
         """
-        try:
-            import matplotlib
-
-            matplotlib.use("Agg", force=True)
-            import matplotlib.pyplot as plt
-            from matplotlib.ticker import PercentFormatter
-        except ImportError:
-            log.warning("no metrics.png: matplotlib is not installed (pip install "
-                        "'paramserver[examples]')")
-            return None
-        panels = [name for name in ("loss", "accuracy")
-                  if any(not math.isnan(getattr(r, name)) for r in self.rows)]
-        fig, grid = plt.subplots(1, len(panels) + 1, figsize=(4.7 * (len(panels) + 1), 4),
-                                 squeeze=False)
-        axes = list(grid[0])
-        by_name = dict(zip([*panels, "lr"], axes))
-        for phase, style in (("train", "-"), ("test", "o-"), ("val", "s--")):
+        names = [name for name in ("loss", "accuracy")
+                 if any(not math.isnan(getattr(r, name)) for r in self.rows)]
+        panels = [Panel(name, name) for name in names]
+        by_name = dict(zip(names, panels, strict=True))
+        for phase, marker, dashed in (("train", "", False), ("test", "o", False),
+                                      ("val", "s", True)):
             rows = [r for r in self.rows if r.phase == phase]
-            for name in panels:
-                points = [(r.step, getattr(r, name)) for r in rows
+            for name in names:
+                points = [(float(r.step), float(getattr(r, name))) for r in rows
                           if not math.isnan(getattr(r, name))]
                 if points:
-                    by_name[name].plot(*zip(*points), style, label=phase, markersize=3)
-        ax_lr = by_name["lr"]
+                    xs, ys = zip(*points, strict=True)
+                    by_name[name].series.append(Series(phase, xs, ys, COLORS[phase], marker,
+                                                       dashed))
+        if "accuracy" in by_name:
+            by_name["accuracy"].ylim = accuracy_limits([r.accuracy for r in self.rows])
+            by_name["accuracy"].percent = True
+        lr_panel = Panel("learning rate", "learning rate")
         steps, rates = self.lr_points(lr)
         if steps:
-            ax_lr.plot(steps, rates, "-", label="train",
-                       drawstyle="default" if lr is not None else "steps-pre")
-            if _spans_decades(rates):
-                ax_lr.set_yscale("log")
-        if "loss" in by_name:
-            by_name["loss"].set(xlabel="step", ylabel="loss", title="loss")
-        if "accuracy" in by_name:
-            ax_acc = by_name["accuracy"]
-            ax_acc.set(xlabel="step", ylabel="accuracy", title="accuracy",
-                       ylim=accuracy_limits([r.accuracy for r in self.rows]))
-            ax_acc.yaxis.set_major_formatter(PercentFormatter(1.0))
-        ax_lr.set(xlabel="step", ylabel="learning rate", title="learning rate")
-        for ax in axes:
-            ax.grid(alpha=0.3)
-            if ax.lines:
-                ax.legend()
-        fig.suptitle(title)
-        fig.tight_layout()
+            lr_panel.series.append(Series("train", tuple(map(float, steps)),
+                                          tuple(map(float, rates)), COLORS["train"],
+                                          steps=lr is None))
+            lr_panel.log = _spans_decades(rates)
+        return [*panels, lr_panel]
+
+    def plot(self, path: str | os.PathLike[str], title: str,
+             lr: Callable[[int], float] | None = None) -> Path | None:
+        """A PNG of :meth:`panels` under ``title``; None without Pillow (the ``examples``
+        extra)."""
+        panels = self.panels(lr)
         try:
-            return write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
-        finally:
-            plt.close(fig)
+            image = render(panels, title)
+        except ImportError:
+            log.warning("no metrics.png: Pillow is not installed (pip install "
+                        "'paramserver[examples]')")
+            return None
+        return write_atomically(path, lambda tmp: image.save(tmp, format="PNG"))
 
 
 def accuracy_limits(values: Sequence[float]) -> tuple[float, float]:
