@@ -112,7 +112,7 @@ def test_a_run_after_indexes_were_damaged_heals_them(trained_cache: Path, tmp_pa
     cache = tmp_path / "cache"
     shutil.copytree(trained_cache, cache)
     # the update kernel's index, and two of the random fills', each damaged its own way
-    indexes = [*sorted(cache.rglob("kernels.*.nbi")), *sorted(cache.rglob("rng_kernels.*.nbi"))]
+    indexes = [*sorted(cache.rglob("fused.*.nbi")), *sorted(cache.rglob("rng_kernels.*.nbi"))]
     damaged = dict(zip(DAMAGE, indexes))
     assert len(damaged) == len(DAMAGE) and "rng_kernels" not in damaged["empty"].name
     for kind, index in damaged.items():

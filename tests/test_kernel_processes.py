@@ -97,7 +97,7 @@ def test_every_kernel_is_keyed_alike_in_every_process(tmp_path: Path) -> None:
     assert first == second
     stateless = {"sgd", "signsgd"}  # MXNet's signSGD keeps no state either
     for rule in _RULES:  # each rule's 20 kernels (a rule without state: 4)
-        made = [k for k in first if f"kernels:_{rule}_kernel" in k]
+        made = [k for k in first if f"fused:_{rule}_kernel" in k]
         assert len(made) == (4 if rule in stateless else 20), rule
 
 
