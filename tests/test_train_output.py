@@ -456,6 +456,24 @@ def test_the_plots_ticks_and_labels() -> None:
     assert staircase.path() == [(1, 5), (1, 4), (2, 4), (2, 3), (3, 3)]
 
 
+def test_the_legend_hides_no_line() -> None:
+    """The legend goes to the corner of the plot area that hides the least of the lines,
+    counted along them, not only at their points: a curve that rises to 100 % at its last
+    point keeps every column it had without a legend."""
+    from paramserver.train.plot import Panel, render
+
+    xs, ys = (0.0, 1000.0, 1500.0), (0.84, 0.95, 1.0)  # no point, but a line, up right
+
+    def top_columns(label: str) -> np.ndarray:
+        image = np.asarray(render([Panel("accuracy", "accuracy", [
+            Series(label, xs, ys, COLORS["train"])], ylim=(0.82, 1.0))], "t"))
+        top = image[: image.shape[0] // 2].astype(int)
+        return (np.abs(top - np.array(COLORS["train"])).sum(axis=2) < 60).any(axis=0)
+
+    line = top_columns("")  # no label: no legend
+    assert line.sum() > 150 and top_columns("train")[line].all()
+
+
 def test_a_run_with_no_metric_plots_its_learning_rate(tmp_path: Path) -> None:
     """A sampling job (char-rnn's sample.conf) computes neither loss nor accuracy: one
     panel, no error."""

@@ -278,9 +278,14 @@ class _Axes:
         self.image.paste(label, (int(self.x0 + 8 * self.s),
                                  int((self.top + self.bottom - label.height) / 2)))
 
+    def _pixels(self, series: Series, dx: float, dy: float) -> list[tuple[float, float]]:
+        """The vertices of ``series``' line, in pixels of the plot area (moved by ``dx``,
+        ``dy``); points that cannot be drawn (NaN, not positive on a log axis) left out."""
+        return [(self.x(x) + dx, self.y(y) + dy) for x, y in series.path()
+                if math.isfinite(x) and math.isfinite(y) and (y > 0 or not self.panel.log)]
+
     def _curve(self, d: Any, series: Series, dx: float, dy: float) -> None:
-        points = [(self.x(x) + dx, self.y(y) + dy) for x, y in series.path()
-                  if math.isfinite(x) and math.isfinite(y) and (y > 0 or not self.panel.log)]
+        points = self._pixels(series, dx, dy)
         width = max(1, round(_LINE * self.s))
         if len(points) > 1:
             if series.dashed:
@@ -293,8 +298,8 @@ class _Axes:
                 _marker(d, series.marker, x, y, _MARKER * self.s / 2, series.color)
 
     def _legend(self, d: Any, size: tuple[int, int]) -> None:
-        """The curves' labels in a box at the corner of the plot area that hides the fewest
-        of their points."""
+        """The curves' labels in a box at the corner of the plot area that hides the least
+        of their lines."""
         labelled = [sr for sr in self.panel.series if sr.label]
         if not labelled:
             return
@@ -307,9 +312,8 @@ class _Axes:
         margin = 6 * s
         corners = [(size[0] - margin - w, margin), (margin, margin),
                    (margin, size[1] - margin - h), (size[0] - margin - w, size[1] - margin - h)]
-        points = [(self.x(x) - self.left, self.y(y) - self.top)
-                  for sr in self.panel.series for x, y in zip(sr.xs, sr.ys, strict=True)
-                  if math.isfinite(x) and math.isfinite(y) and (y > 0 or not self.panel.log)]
+        points = [p for sr in self.panel.series
+                  for p in _along(self._pixels(sr, -self.left, -self.top), 4 * s)]
 
         def hidden(corner: tuple[float, float]) -> int:
             cx, cy = corner
@@ -329,6 +333,17 @@ class _Axes:
             if sr.marker:
                 _marker(d, sr.marker, (x1 + x2) / 2, ym, _MARKER * s / 2, sr.color)
             _text(d, (x2 + 6 * s, ym), sr.label, font, "lm")
+
+
+def _along(points: Sequence[tuple[float, float]], spacing: float
+           ) -> list[tuple[float, float]]:
+    """Points along a polyline, at most ``spacing`` apart, its vertices among them: where
+    the line runs (a legend must not hide it between its data points either)."""
+    out = list(points[:1])
+    for (x0, y0), (x1, y1) in itertools.pairwise(points):
+        n = max(1, math.ceil(math.hypot(x1 - x0, y1 - y0) / spacing))
+        out += [(x0 + (x1 - x0) * i / n, y0 + (y1 - y0) * i / n) for i in range(1, n + 1)]
+    return out
 
 
 def _marked(series: Series) -> list[bool]:
