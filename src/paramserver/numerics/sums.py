@@ -38,7 +38,7 @@ def _add(out, a, b):  # type: ignore[no-untyped-def]
 
 def add(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> int:
     """``out[i] = a[i] + b[i]`` (``out`` may be ``a``); the number of non-finite sums. The
-    caller chooses the thread count (:func:`~paramserver.numerics.kernels.threads_for`)."""
+    caller chooses the thread count (:func:`~paramserver.numerics.fused.threads_for`)."""
     return int(_add(out, a, b))
 
 
