@@ -330,7 +330,7 @@ def main() -> None:
     ap.add_argument("--keys", action="store_true", help="print every kernel's cache key "
                     "(compiling nothing) instead")
     args = ap.parse_args()
-    from paramserver.numerics import cache
+    from paramserver.numerics import compile_events
 
     if args.keys:
         print(json.dumps(cache_keys()))
@@ -346,8 +346,8 @@ def main() -> None:
     from paramserver.numerics import forms
 
     # compiled_only: the compiled kernels even where a small call would take a NumPy form
-    with cache.reporting(lambda name, starting: compiled.append(name) if starting else None), \
-            forms.compiled_only():
+    with compile_events.reporting(lambda name, starting: compiled.append(name) if starting
+                                  else None), forms.compiled_only():
         for name in names:
             results[name] = _digest(cases[name]())
     stats = [d.stats for d in _dispatchers()]

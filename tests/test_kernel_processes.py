@@ -168,12 +168,15 @@ def test_the_issues_scripts_run_three_times_in_a_row(
 def test_the_kernel_guard_knows_the_threading_layer_without_compiling(tmp_path: Path) -> None:
     """Under numba's workqueue layer (which aborts when two threads launch parallel kernels
     at once) the cluster serialises its launches; it learns the layer without compiling."""
-    code = ("from paramserver.cluster import passes\n"
-            "from paramserver.numerics import cache\n"
+    code = ("import sys\nfrom paramserver.cluster import passes\n"
+            # before numba is loaded: the lock, and numba not loaded to ask the layer
+            "assert passes.kernel_guard() is passes._launch_lock\n"
+            "assert 'numba' not in sys.modules and passes._guarded is None\n"
+            "from paramserver.numerics import cache, compile_events  # numba: the layer\n"
             "compiled = []\n"
-            "with cache.reporting(lambda n, s: compiled.append(n)):\n"
+            "with compile_events.reporting(lambda n, s: compiled.append(n)):\n"
             "    assert passes.kernel_guard() is passes._launch_lock\n"
-            "assert compiled == [], compiled\n")
+            "assert compiled == [] and passes._guarded is True, compiled\n")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=_env(tmp_path, NUMBA_THREADING_LAYER="workqueue"), timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]

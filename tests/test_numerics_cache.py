@@ -16,6 +16,7 @@ import pytest
 from numba.core import config as numba_config
 
 import paramserver.numerics.cache as nc
+from paramserver.numerics import compile_events
 
 
 @pytest.fixture
@@ -113,7 +114,7 @@ def _fresh(folder: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
 def test_an_entry_is_loaded_by_the_next_process_and_reported_only_when_compiled(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[tuple[str, bool]] = []
-    with nc.reporting(lambda name, starting: seen.append((name, starting))):
+    with compile_events.reporting(lambda name, starting: seen.append((name, starting))):
         first = _fresh(tmp_path, monkeypatch)
         assert first(np.arange(3.0), 2.0).tolist() == [0.0, 2.0, 4.0]
         assert any(name.endswith("scaled") for name, starting in seen if starting)
@@ -169,7 +170,8 @@ def test_two_builds_of_one_function_keep_their_own_entries(
         return (nc.njit(cache=True, fastmath=True)(_body),
                 nc.njit(cache=True, error_model="numpy")(_body))
 
-    with nc.reporting(lambda name, starting: compiled.append(name) if starting else None):
+    with compile_events.reporting(lambda name, starting: compiled.append(name) if starting
+                                  else None):
         first = builds()
         for build in first:
             assert build(np.arange(3.0), 2.0).tolist() == [0.0, 2.0, 4.0]

@@ -43,7 +43,7 @@ short or garbled by a full disk or a copy that stopped) is as good as missing: c
 and written anew (atomically), never a failed run.
 
 :func:`njit` is ``numba.njit`` with this cache in place of numba's for ``cache=True``;
-:func:`reporting` lets a progress display say when a kernel is being compiled;
+:mod:`.compile_events` hears, from here, when a kernel is being compiled;
 :func:`threading_layer` starts numba's thread pool and names its layer.
 """
 
@@ -246,7 +246,6 @@ class _CompileListener(numba.core.event.Listener):
 
 
 numba.core.event.register("numba:compile", _CompileListener())  # for the life of the process
-reporting = compile_events.reporting
 
 
 # -- numba's cache with these rules ---------------------------------------------------------
@@ -404,5 +403,5 @@ class NullCache(_NumbaNullCache):
 
 configure()
 
-__all__ = ["CACHE_DIR", "caching", "configure", "get_num_threads", "njit", "reporting",
+__all__ = ["CACHE_DIR", "caching", "configure", "get_num_threads", "njit",
            "threading_layer"]

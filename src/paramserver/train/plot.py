@@ -173,7 +173,7 @@ def render(panels: Sequence[Panel], title: str) -> Any:
     figure = Image.new("RGB", (w * max(1, len(panels)), h), _WHITE)
     for i, panel in enumerate(panels):
         image = Image.new("RGB", (w * scale, h * scale), _WHITE)
-        _Axes(image, ImageDraw.Draw(image), panel, 0, scale, fonts).draw()
+        _Axes(image, ImageDraw.Draw(image), panel, scale, fonts).draw()
         figure.paste(image.reduce(scale) if scale > 1 else image, (i * w, 0))
     _text(ImageDraw.Draw(figure), (figure.width / 2, 6), title,
           ImageFont.load_default(size=_TITLE), "mt")
@@ -194,10 +194,10 @@ def _text(draw: Any, xy: tuple[float, float], text: str, font: Any, anchor: str,
 
 
 class _Axes:
-    """One panel drawn at ``x0`` of the figure: title, frame, ticks and their labels, axis
+    """One panel, drawn on an image of its own: title, frame, ticks and their labels, axis
     labels, grid, curves and legend."""
 
-    def __init__(self, image: Any, draw: Any, panel: Panel, x0: int, scale: int,
+    def __init__(self, image: Any, draw: Any, panel: Panel, scale: int,
                  fonts: dict[str, Any]) -> None:
         self.image, self.d, self.panel, self.s, self.fonts = image, draw, panel, scale, fonts
         self.xlo, self.xhi = panel.xlim()
@@ -215,11 +215,11 @@ class _Axes:
                       default=0)
         text_h = draw.textbbox((0, 0), "0", font=font)[3]
         s = scale
-        self.left = x0 + 8 * s + text_h + 8 * s + label_w + 6 * s
-        self.right = x0 + (PANEL_SIZE[0] - 12) * s
+        self.left = 8 * s + text_h + 8 * s + label_w + 6 * s
+        self.right = (PANEL_SIZE[0] - 12) * s
         self.top = 58 * s
         self.bottom = (PANEL_SIZE[1] - 14) * s - 2 * text_h - 8 * s
-        self.x0, self.text_h = x0, text_h
+        self.text_h = text_h
 
     def x(self, v: float) -> float:
         return self.left + (v - self.xlo) / (self.xhi - self.xlo) * (self.right - self.left)
@@ -275,7 +275,7 @@ class _Axes:
         ImageDraw.Draw(label).text((-left + 1, -top + 1), self.panel.ylabel, font=font,
                                    fill=_BLACK)
         label = label.rotate(90, expand=True)
-        self.image.paste(label, (int(self.x0 + 8 * self.s),
+        self.image.paste(label, (8 * self.s,
                                  int((self.top + self.bottom - label.height) / 2)))
 
     def _pixels(self, series: Series, dx: float, dy: float) -> list[tuple[float, float]]:
