@@ -368,7 +368,6 @@ def test_csv_and_record_output(tmp_path: Path) -> None:
 
 # -- convolution, pooling, LRN --------------------------------------------------------------
 
-# One channel takes torch's im2col kernel for its backward pass, more take oneDNN's.
 @pytest.mark.parametrize("channels", [2, 1])
 @pytest.mark.parametrize("type_", ["kConvolution", "kCConvolution", "kCudnnConv"])
 def test_convolution_layout_values_and_gradients(type_: str, channels: int) -> None:
@@ -390,6 +389,52 @@ def test_convolution_layout_values_and_gradients(type_: str, channels: int) -> N
                     want[n, f, i, j] = (patch * w[f]).sum() + b[f]
     np.testing.assert_allclose(arr(conv.data), want, rtol=1e-10)
     check_gradients(conv)
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+def test_a_float32_conv_stack_on_the_cpu_is_autograds_planar_one(channels: int) -> None:
+    """Convolution and max pooling work channels-last on the CPU (oneDNN's kernels, in
+    float32): their outputs and every gradient are what autograd gives for the same layers
+    on planar images, within float32's rounding, and each layer hands on channels-last
+    memory (a one-channel image needs no copy for it)."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((4, channels, 12, 12)).astype(np.float32)
+    conv1 = make("kCConvolution", [Source(x)], "conv1", dtype=np.float32,
+                 convolution_conf={"num_filters": 5, "kernel": 3, "pad": 1})
+    pool = make("kCPooling", [conv1], "pool1", dtype=np.float32, params=False,
+                pooling_conf={"pool": "MAX", "kernel": 2, "stride": 2})
+    conv2 = make("kCConvolution", [pool], "conv2", dtype=np.float32, seed=8,
+                 convolution_conf={"num_filters": 6, "kernel": 3})
+    stack = [conv1, pool, conv2]
+    for layer in stack:
+        layer.requires_grad = True
+        run(layer, training=True)
+        assert layer.data.is_contiguous(memory_format=torch.channels_last), layer.name
+    if channels == 1:  # one channel is channels-last as it lies: no copy
+        assert conv1.images().data_ptr() == conv1.srcs[0].data.data_ptr()
+    g = torch.from_numpy(rng.standard_normal((4, *conv2.out_shape)).astype(np.float32))
+    conv2.grad = g
+    for layer in stack:
+        layer.srcs[0].grad = None
+        for w in layer.weights:
+            w.grad.zero_()
+    with torch.no_grad():
+        for layer in reversed(stack):
+            layer.backward()
+
+    f = torch.nn.functional
+    leaf = torch.from_numpy(x.copy()).requires_grad_(True)
+    w1, b1 = (torch.from_numpy(p.data.copy()).requires_grad_(True) for p in conv1.params)
+    w2, b2 = (torch.from_numpy(p.data.copy()).requires_grad_(True) for p in conv2.params)
+    y1 = f.conv2d(leaf, w1.view(5, channels, 3, 3), b1, padding=1)
+    y2 = f.conv2d(f.max_pool2d(y1, 2, 2), w2.view(6, 5, 3, 3), b2)
+    y2.backward(g)
+    close = {"rtol": 1e-4, "atol": 1e-4}  # sums of a few hundred float32 products of ~1
+    torch.testing.assert_close(conv2.data, y2.detach(), **close)
+    torch.testing.assert_close(conv1.srcs[0].grad.reshape(leaf.shape), leaf.grad, **close)
+    for layer, want in ((conv1, (w1, b1)), (conv2, (w2, b2))):
+        for got, w in zip(layer.weights, want, strict=True):
+            torch.testing.assert_close(got.grad, w.grad, **close)
 
 
 def test_convolution_kernel_x_y_and_no_bias() -> None:

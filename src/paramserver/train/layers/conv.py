@@ -7,6 +7,16 @@ pooling call torch's backward kernels directly (:meth:`ConvolutionLayer.backward
 :meth:`PoolingLayer.forward` say which, and why); average pooling and LRN take autograd's
 gradient. The cuDNN-named types run on the GPU when the job's ``gpu`` asks for one and
 torch sees one (cuDNN is then torch's), else on the CPU.
+
+On the CPU, convolution and max pooling work on images laid out **channels-last** (each
+pixel's channels side by side in memory: torch's ``channels_last``), and hand their outputs
+and their sources' gradients on in that layout; torch's kernels for it (oneDNN's for
+convolution) are the faster ones. LeNet's step on one thread, 64 images, medians of 200
+interleaved calls: conv2's backward 10.4 against 13.3 ms planar, its forward 3.6 against
+4.4, pool1's forward 1.0 against 2.6 (no conversion there and back), conv1's weight gradient
+1.9 against 2.5 ms for the im2col + GEMM kernel planar (7.1 for oneDNN's planar): the conv
+stack's step 25.4 against 31.6 ms. The layout is only the memory's: every value, index and
+shape is the planar one's, and a layer that needs planar memory gets it from ``reshape``.
 """
 
 from __future__ import annotations
@@ -39,6 +49,23 @@ def _image_shape(layer: Layer) -> tuple[int, int, int]:
         return 1, shape[0], shape[1]
     raise layer.error(f"srclayer '{layer.srcs[0].name}' gives shape {shape_text(shape)}; "
                       f"{layer.type} reads images (channels, height, width)")
+
+
+def _channels_last(x: Any) -> Any:
+    """``x`` (n, c, h, w) laid out channels-last: a copy unless it is already; one channel's
+    planar memory is channels-last memory as it lies (only the strides say which, and
+    torch's kernels read them), so it is given those strides without a copy."""
+    torch = require_torch()
+    if x.shape[1] == 1:
+        x = x.contiguous()
+        return x.as_strided(x.shape, (x.stride(0), 1, x.shape[3], 1))
+    return x.contiguous(memory_format=torch.channels_last)
+
+
+def _on_cpu(x: Any) -> Any:
+    """``x`` channels-last where it is on the CPU (see the module's docstring); on a GPU as
+    it is (cuDNN's choice is torch's)."""
+    return _channels_last(x) if x.device.type == "cpu" else x
 
 
 def _out_size(layer: Layer, size: int, kernel: int, pad: int, stride: int, what: str) -> int:
@@ -89,44 +116,44 @@ class ConvolutionLayer(Layer):
                 else {"type": "kConstant", "value": 0})
         return ParamConf.parse({"init": init})
 
+    #: The source's images as the last training forward pass convolved them (channels-last
+    #: on the CPU), kept for :meth:`backward`.
+    _x: Any = None
+
+    def images(self) -> Any:
+        """The source's data as ``(batch, channels, h, w)``, channels-last on the CPU."""
+        src = self.srcs[0].data
+        return _on_cpu(src.reshape(src.shape[0], self.channels, *src.shape[-2:]))
+
     def compute(self, x: Any) -> Any:
         torch = require_torch()
-        x = x.reshape(x.shape[0], self.channels, *x.shape[-2:])
+        x = _on_cpu(x.reshape(x.shape[0], self.channels, *x.shape[-2:]))
         w = self.weights[0].view(-1, self.channels, *self.kernel)
         bias = self.weights[1] if self.own.bias_term else None
         return torch.nn.functional.conv2d(x, w, bias, self.stride, self.pad)
 
     def forward(self, phase: str, rng: np.random.Generator | None) -> None:
-        self.data = self.compute(self.srcs[0].data)
+        x = self.images()
+        self._x = x if self.training else None
+        self.data = self.compute(x)
 
     def backward(self) -> None:
         """The gradients of the input, the weight and the bias in one call of torch's
         convolution backward (what autograd would call), added into the weights' ``.grad``
-        without an autograd graph.
-
-        Images of one channel on the CPU (LeNet's conv1, on MNIST) take torch's im2col +
-        GEMM kernel (``_slow_conv2d_backward``: SINGA's and Caffe's algorithm) instead of
-        oneDNN's, whose weight gradient is slow for a single input channel (64 × 1 × 28 ×
-        28, 20 filters 5 × 5, one thread: 3.5–4 against 7.5–9 ms). From three channels on
-        oneDNN's is the faster (CIFAR-10's conv1: 10 against 17.5 ms; LeNet's conv2, 20
-        channels: 6.7 against 8.2 ms), and is kept.
-        """
+        without an autograd graph; on the CPU channels-last, oneDNN's kernel for every
+        number of channels (planar, one input channel's weight gradient was 3× slower there
+        than im2col + GEMM; channels-last it is the faster: the module's docstring)."""
         torch = require_torch()
-        src = self.srcs[0].data
-        x = src.reshape(src.shape[0], self.channels, *src.shape[-2:])
+        x = self._x if self._x is not None else self.images()
+        self._x = None
         w = self.weights[0]
         w4 = w.view(-1, self.channels, *self.kernel)
         bias = self.own.bias_term
         mask = [self.wants_grad(0), True, bool(bias)]
-        g = self.grad
-        slow = getattr(torch.ops.aten, "_slow_conv2d_backward", None)
-        if self.channels == 1 and x.device.type == "cpu" and slow is not None:
-            gx, gw, gb = slow(g, x, w4, list(self.kernel), list(self.stride), list(self.pad),
-                              mask)
-        else:
-            gx, gw, gb = torch.ops.aten.convolution_backward(
-                g, x, w4, [w4.shape[0]] if bias else None, list(self.stride),
-                list(self.pad), [1, 1], False, [0, 0], 1, mask)
+        g = _on_cpu(self.grad)
+        gx, gw, gb = torch.ops.aten.convolution_backward(
+            g, x, w4, [w4.shape[0]] if bias else None, list(self.stride), list(self.pad),
+            [1, 1], False, [0, 0], 1, mask)
         w.grad.add_(gw.reshape(w.grad.shape))
         if bias:
             self.weights[1].grad.add_(gb)
@@ -182,24 +209,22 @@ class PoolingLayer(Layer):
         """Max pooling keeps the indices of the maxima for its backward pass (torch's
         kernels, no autograd graph); average pooling is autograd's.
 
-        On the CPU the images are pooled channels-last: torch's kernel then runs along the
-        channels, and the copy there and back costs less than the kernel saves (LeNet's
-        pool1, 64 × 20 × 24 × 24, one thread: 3.2–3.7 ms with the copies against 4.9–5.3).
-        Values and indices are those of the planar layout (the indices count within each
-        channel's image).
+        On the CPU the images are pooled channels-last, and the output stays so (the
+        module's docstring): torch's kernel then runs along the channels (LeNet's pool1, 64
+        × 20 × 24 × 24, one thread: 1.0 ms against 2.6 converting a planar input there and
+        back). Values and indices are those of the planar layout (the indices count within
+        each channel's image).
         """
         if self.own.pool != "MAX":
             super().forward(phase, rng)
             return
         torch = require_torch()
         x = self.srcs[0].data
-        x = x.reshape(x.shape[0], self.channels, *x.shape[-2:])
-        if x.device.type == "cpu" and self.channels > 1:
-            x = x.contiguous(memory_format=torch.channels_last)
+        x = _on_cpu(x.reshape(x.shape[0], self.channels, *x.shape[-2:]))
         out, where = torch.nn.functional.max_pool2d_with_indices(x, self.kernel, self.stride,
                                                                  self.pad)
-        self.data = out.contiguous()
-        self._where = where.contiguous() if self.training else None
+        self.data = out
+        self._where = where if self.training else None
 
     def backward(self) -> None:
         if self.own.pool != "MAX":
@@ -209,7 +234,7 @@ class PoolingLayer(Layer):
             return
         torch = require_torch()
         src = self.srcs[0].data
-        x = src.reshape(src.shape[0], self.channels, *src.shape[-2:])
+        x = _on_cpu(src.reshape(src.shape[0], self.channels, *src.shape[-2:]))
         g = torch.ops.aten.max_pool2d_with_indices_backward(
             self.grad, x, list(self.kernel), list(self.stride), list(self.pad), [1, 1],
             False, self._where)
