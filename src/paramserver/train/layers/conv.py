@@ -68,6 +68,12 @@ def _on_cpu(x: Any) -> Any:
     return _channels_last(x) if x.device.type == "cpu" else x
 
 
+def _images(x: Any, channels: int) -> Any:
+    """A source's data ``x`` as ``(batch, channels, h, w)`` (2-D samples: one channel),
+    channels-last on the CPU."""
+    return _on_cpu(x.reshape(x.shape[0], channels, *x.shape[-2:]))
+
+
 def _out_size(layer: Layer, size: int, kernel: int, pad: int, stride: int, what: str) -> int:
     if kernel < 1 or stride < 1:
         raise layer.error(f"kernel and stride must be at least 1 (got {kernel}, {stride})")
@@ -122,20 +128,21 @@ class ConvolutionLayer(Layer):
 
     def images(self) -> Any:
         """The source's data as ``(batch, channels, h, w)``, channels-last on the CPU."""
-        src = self.srcs[0].data
-        return _on_cpu(src.reshape(src.shape[0], self.channels, *src.shape[-2:]))
+        return _images(self.srcs[0].data, self.channels)
 
     def compute(self, x: Any) -> Any:
-        torch = require_torch()
-        x = _on_cpu(x.reshape(x.shape[0], self.channels, *x.shape[-2:]))
+        return self._convolve(_images(x, self.channels))
+
+    def _convolve(self, x: Any) -> Any:
+        """The convolution of images ``x`` as :meth:`images` gives them."""
         w = self.weights[0].view(-1, self.channels, *self.kernel)
         bias = self.weights[1] if self.own.bias_term else None
-        return torch.nn.functional.conv2d(x, w, bias, self.stride, self.pad)
+        return require_torch().nn.functional.conv2d(x, w, bias, self.stride, self.pad)
 
     def forward(self, phase: str, rng: np.random.Generator | None) -> None:
         x = self.images()
         self._x = x if self.training else None
-        self.data = self.compute(x)
+        self.data = self._convolve(x)
 
     def backward(self) -> None:
         """The gradients of the input, the weight and the bias in one call of torch's
@@ -219,8 +226,7 @@ class PoolingLayer(Layer):
             super().forward(phase, rng)
             return
         torch = require_torch()
-        x = self.srcs[0].data
-        x = _on_cpu(x.reshape(x.shape[0], self.channels, *x.shape[-2:]))
+        x = _images(self.srcs[0].data, self.channels)
         out, where = torch.nn.functional.max_pool2d_with_indices(x, self.kernel, self.stride,
                                                                  self.pad)
         self.data = out
@@ -233,8 +239,7 @@ class PoolingLayer(Layer):
         if self._where is None or not self.wants_grad(0):
             return
         torch = require_torch()
-        src = self.srcs[0].data
-        x = _on_cpu(src.reshape(src.shape[0], self.channels, *src.shape[-2:]))
+        x = _images(self.srcs[0].data, self.channels)
         g = torch.ops.aten.max_pool2d_with_indices_backward(
             self.grad, x, list(self.kernel), list(self.stride), list(self.pad), [1, 1],
             False, self._where)
