@@ -15,8 +15,9 @@ convolution) are the faster ones. LeNet's step on one thread, 64 images, medians
 interleaved calls: conv2's backward 10.4 against 13.3 ms planar, its forward 3.6 against
 4.4, pool1's forward 1.0 against 2.6 (no conversion there and back), conv1's weight gradient
 1.9 against 2.5 ms for the im2col + GEMM kernel planar (7.1 for oneDNN's planar): the conv
-stack's step 25.4 against 31.6 ms. The layout is only the memory's: every value, index and
-shape is the planar one's, and a layer that needs planar memory gets it from ``reshape``.
+stack's step 25.4 against 31.6 ms (300 interleaved steps). The layout is only the
+memory's: every value, index and shape is the planar one's, and a layer that needs planar
+memory gets it from ``reshape``.
 """
 
 from __future__ import annotations
