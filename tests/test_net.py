@@ -217,6 +217,59 @@ def test_train_step_zeroes_gradients_first() -> None:
     np.testing.assert_allclose(pset.grads, 2 * first, rtol=1e-6, atol=1e-9)
 
 
+def test_gradients_written_whole_are_the_added_ones_and_never_stale(tmp_path: Path) -> None:
+    # A step that zeroes first lets the only writer of a gradient write it (no zeroing
+    # pass); a layer no gradient reaches ("side") must still end the step with zeros.
+    # (Params that several layers add into, unrolled copies', are
+    # test_rnn.py::test_bptt_against_a_plain_pytorch_reference.)
+    rng = np.random.default_rng(3)
+    np.savez(tmp_path / "img.npz", x=rng.standard_normal((16, 2, 6, 6)).astype(np.float32),
+             y=np.arange(16) % 4)
+    net = npz_net(tmp_path / "img.npz", """
+        layer { name: "conv" type: kConvolution srclayers: "data"
+                convolution_conf { num_filters: 3 kernel: 3 } }
+        layer { name: "fc1" type: kInnerProduct srclayers: "conv"
+                innerproduct_conf { num_output: 8 } param { name: "w" } }
+        layer { name: "act" type: kSTanh srclayers: "fc1" }
+        layer { name: "side" type: kInnerProduct srclayers: "act"
+                innerproduct_conf { num_output: 5 } }
+        layer { name: "fc2" type: kInnerProduct srclayers: "act"
+                innerproduct_conf { num_output: 4 } }
+        layer { name: "loss" type: kSoftmaxLoss srclayers: "fc2" }""")
+    pset = net.make_params()
+    assert [x.name for x in net._net("kTrain").fresh] == ["conv", "fc1", "side", "fc2"]
+    pset.zero_grads()
+    net.train_step(0, zero_grads=False)  # every gradient added into zeros
+    added = pset.grads.copy()
+    pset.grads.fill(np.nan)  # what an earlier step left, at its worst
+    net.train_step(0)
+    np.testing.assert_array_equal(pset.grads, added)
+    assert not pset["side_0"].grad.any() and not pset["side_1"].grad.any()
+    assert pset["w"].grad.any() and pset["conv_0"].grad.any()
+    assert not any(x.fresh_grads for x in net.layers)
+    # a failed backward pass leaves no stale gradient behind either
+    pset.grads.fill(np.nan)
+    fc2 = net["fc2"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fc2, "backward", lambda: (_ for _ in ()).throw(RuntimeError("boom")))
+        with pytest.raises(RuntimeError, match="boom"):
+            net.train_step(0)
+    for name in ("w", "conv_0", "side_0", "fc2_0"):
+        assert not np.isnan(pset[name].grad).any(), name
+    assert not any(x.fresh_grads for x in net.layers)
+
+
+def test_only_writers_of_a_whole_gradient_skip_its_zeroing() -> None:
+    pset = ParamSet([("a", (3,)), ("b", (2, 2)), ("c", (4,)), ("d", (3,), {"share_from": "a"})])
+    pset.grads.fill(7)
+    pset.zero_grads(keep=[pset["c"], pset["a"]])
+    assert pset["a"].grad.tolist() == [7, 7, 7] and pset["c"].grad.tolist() == [7] * 4
+    assert not pset["b"].grad.any() and not pset["d"].grad.any()
+    other = ParamSet([("a", (3,))])
+    with pytest.raises(ParamError, match="'a' is not a dense Param of this ParamSet"):
+        pset.zero_grads(keep=[other["a"]])
+
+
 def test_evaluate_whole_split_or_some_batches() -> None:
     net, _ = mlp()
     assert net.dataset.num_test == 359 and net.dataset.num_train == 1438

@@ -630,8 +630,22 @@ class ParamSet:
         for p in self._sharers:
             p.owner.grad += p.grad.reshape(p.owner.shape)  # type: ignore[union-attr]
 
-    def zero_grads(self) -> None:
-        self.grads.fill(0)
+    def zero_grads(self, keep: Iterable[Param] = ()) -> None:
+        """Zero every gradient (the tables' too), except those of ``keep``: dense Params of
+        this set whose gradients the caller is about to write whole (zeroing them first
+        would be a pass over memory for nothing)."""
+        spans = []
+        for p in keep:
+            if p._set is not self or isinstance(p, TableParam):
+                raise ParamError(f"Param '{p.name}' is not a dense Param of this ParamSet")
+            spans.append((p._at, p._at + p.size))
+        at = 0
+        for a, b in sorted(spans):
+            if a > at:
+                self.grads[at:a] = 0
+            at = max(at, b)
+        if at < self.grads.size:
+            self.grads[at:] = 0
         for t in self.tables:
             t.zero_grad()
 

@@ -47,7 +47,7 @@ from ..config.components import layers as layer_registry
 from ..config.job import LayerConf, NetConf, conf_from, unbuilt_error
 from ..config.singa_enums import PHASE
 from ..init import init_params
-from ..params import Param, ParamSet, ParamSpec
+from ..params import Param, ParamSet, ParamSpec, TableParam
 from .data import Batch, Dataset, derive_rng
 from .layers.base import Layer, phase_name, require_torch
 from .layers.connection import SliceLayer, SlicePart
@@ -89,6 +89,10 @@ class _Phase:
 
     def __post_init__(self) -> None:
         self.losses_checked = False
+        #: the layers that write their weights' gradients whole in a step whose gradients
+        #: start at zero (Layer.fresh_grads), and their Params; set by Net.bind
+        self.fresh: list[Layer] = []
+        self.fresh_params: list[Param] = []
         self.short = phase_name(self.name)
         base = Layer.metrics
         self.reporting = [x for x in self.layers if type(x).metrics is not base]
@@ -447,6 +451,7 @@ class Net:
                     continue
                 layer.bind(mine, tensors)
                 params += [p for p in mine if all(p is not q for q in params)]
+            _find_fresh(net, on_host=not weights.dev)
         self.params = params
         self._pset = pset
         self._weights = weights
@@ -506,21 +511,34 @@ class Net:
         what is there unless ``zero_grads``)."""
         torch = require_torch()
         net = self._net(phase)
-        if zero_grads:
-            self.zero_grads()
-        with torch.no_grad():
-            for layer in net.layers:
-                layer.grad = None
-            for layer in reversed(net.layers):
-                if layer.requires_grad and (layer.is_loss or layer.grad is not None
-                                            or getattr(layer, "collective", False)):
-                    layer.backward()
+        fresh: list[Layer] = []
+        if zero_grads:  # but not the gradients their only writers write whole
+            fresh = net.fresh if self._pset is not None else []
+            self.zero_grads(keep=net.fresh_params if fresh else ())
+        for layer in fresh:
+            layer.fresh_grads = True
+        try:
+            with torch.no_grad():
+                for layer in net.layers:
+                    layer.grad = None
+                for layer in reversed(net.layers):
+                    if layer.requires_grad and (layer.is_loss or layer.grad is not None
+                                                or getattr(layer, "collective", False)):
+                        layer.backward()
+                        layer.fresh_grads = False
+        finally:
+            for layer in fresh:  # skipped (no gradient reached it), or the pass failed
+                if layer.fresh_grads:
+                    layer.fresh_grads = False
+                    for w in layer.weights:
+                        w.grad.zero_()
         self.grads_to_host()
 
-    def zero_grads(self) -> None:
-        """Zero the bound Params' gradients (and their device copies)."""
+    def zero_grads(self, keep: Sequence[Param] = ()) -> None:
+        """Zero the bound Params' gradients (and their device copies), except those of
+        ``keep`` (:meth:`ParamSet.zero_grads`)."""
         if self._pset is not None:
-            self._pset.zero_grads()
+            self._pset.zero_grads(keep)
         if self._weights is not None:
             self._weights.zero_device_grads()
 
@@ -673,6 +691,24 @@ class Weights:
     def grads_to_host(self) -> None:
         for n, d in self.dev.items():
             self.host[n].grad.add_(d.grad.to("cpu"))
+
+
+def _find_fresh(net: _Phase, on_host: bool) -> None:
+    """Set ``net.fresh``: the layers of ``net`` that may write their weights' gradients
+    whole in a step whose gradients start at zero (:attr:`Layer.fresh_grads`): layers that
+    write every element of them (:attr:`Layer.writes_whole_grads`), bound to whole dense
+    Params no other layer of the phase uses; none when the layers compute on a device (the
+    host's gradients are added from the device's copies)."""
+    uses: dict[int, int] = {}
+    for layer in net.layers:
+        for p in layer.params:
+            uses[id(p)] = uses.get(id(p), 0) + 1
+    net.fresh = [
+        x for x in net.layers
+        if on_host and x.writes_whole_grads and x.params
+        and getattr(x, "template", None) is None
+        and all(uses[id(p)] == 1 and not isinstance(p, TableParam) for p in x.params)]
+    net.fresh_params = [p for x in net.fresh for p in x.params]
 
 
 def _unroll(confs: list[LayerConf], net_unroll: int) -> list[_Node]:

@@ -21,7 +21,11 @@ SINGA's (``Setup``, ``ComputeFeature``, ``ComputeGradient``):
    (:meth:`Layer.give_grad`: the first is kept as it is, later ones are added, so no
    buffer is zeroed) and *adds* into its weights' ``.grad`` (the net zeroes those first).
    A layer whose ``grad`` is still None when its turn comes got no gradient: its
-   backward is skipped.
+   backward is skipped. A layer whose backward sets every element of its weights'
+   gradients (:attr:`Layer.writes_whole_grads`: fully connected, convolution) is told by
+   :attr:`Layer.fresh_grads` when it is their only writer in a step whose gradients start
+   at zero: it then *writes* them, and the net does not zero them first (a pass over the
+   memory saved; the net zeroes them after a backward pass that skipped the layer).
 
 The computation of most layers is :meth:`Layer.compute`, a differentiable function of the
 inputs and the weights, and their gradient is PyTorch's autograd of it
@@ -141,6 +145,9 @@ class Layer:
     #: by row id, and the layer's weight is then the :class:`~paramserver.params.TableParam`
     #: itself, not a tensor.
     row_sparse_params: ClassVar[tuple[int, ...]] = ()
+    #: Whether :meth:`backward` sets every element of its weights' gradients (so that, told
+    #: :attr:`fresh_grads`, it can write them rather than add to zeros).
+    writes_whole_grads: ClassVar[bool] = False
 
     def __init__(self, conf: LayerConf, srcs: Sequence[Layer] = (), *, dtype: Any = np.float32,
                  seed: int = 0, base_dir: str | os.PathLike[str] | None = None):
@@ -166,6 +173,10 @@ class Layer:
         #: False when the net is built to be checked (``paramserver check``): input layers
         #: then tell their data's layout without reading its values (set before setup).
         self.read_data = True
+        #: Set by the net for one backward pass: this layer is the only writer of its
+        #: weights' gradients and they were not zeroed, so :meth:`backward` writes them
+        #: (:meth:`put_grad`) instead of adding (only for :attr:`writes_whole_grads`).
+        self.fresh_grads = False
         self._graph: tuple[list[Any], Any] | None = None
 
     # -- set-up -----------------------------------------------------------------------------
@@ -303,6 +314,15 @@ class Layer:
                 src.data.shape)
         else:
             src.grad.add_(g.reshape(src.grad.shape))
+
+    def put_grad(self, i: int, g: Any) -> None:
+        """Put ``g`` (of weight ``i``'s shape) into weight ``i``'s gradient: written when
+        :attr:`fresh_grads`, else added."""
+        grad = self.weights[i].grad
+        if self.fresh_grads:
+            grad.copy_(g.reshape(grad.shape))
+        else:
+            grad.add_(g.reshape(grad.shape))
 
     def metrics(self) -> dict[str, float]:
         """Numbers this layer reports after :meth:`forward` (a loss layer's loss, ...)."""

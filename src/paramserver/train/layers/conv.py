@@ -98,6 +98,7 @@ class ConvolutionLayer(Layer):
     """
 
     Config = ConvolutionConf
+    writes_whole_grads = True
 
     def setup(self) -> None:
         super().setup()
@@ -147,7 +148,7 @@ class ConvolutionLayer(Layer):
 
     def backward(self) -> None:
         """The gradients of the input, the weight and the bias in one call of torch's
-        convolution backward (what autograd would call), added into the weights' ``.grad``
+        convolution backward (what autograd would call), put into the weights' ``.grad``
         without an autograd graph; on the CPU channels-last, oneDNN's kernel for every
         number of channels (planar, one input channel's weight gradient was 3× slower there
         than im2col + GEMM; channels-last it is the faster: the module's docstring)."""
@@ -162,9 +163,9 @@ class ConvolutionLayer(Layer):
         gx, gw, gb = torch.ops.aten.convolution_backward(
             g, x, w4, [w4.shape[0]] if bias else None, list(self.stride), list(self.pad),
             [1, 1], False, [0, 0], 1, mask)
-        w.grad.add_(gw.reshape(w.grad.shape))
+        self.put_grad(0, gw)
         if bias:
-            self.weights[1].grad.add_(gb)
+            self.put_grad(1, gb)
         if gx is not None:
             self.give_grad(0, gx)
 
