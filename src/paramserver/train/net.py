@@ -427,8 +427,9 @@ class Net:
     def bind(self, pset: ParamSet) -> None:
         """Use the Params of ``pset`` (by name) from now on, in every phase: each layer gets
         them and torch tensors viewing their values and gradients
-        (:mod:`paramserver.torch`'s binding). :meth:`train_step` writes their gradients
-        and zeroes every gradient of ``pset`` first."""
+        (:mod:`paramserver.torch`'s binding). :meth:`train_step` writes their gradients:
+        it zeroes those of ``pset`` first, but for the ones that a layer, their only writer,
+        writes whole (:attr:`Layer.fresh_grads`)."""
         if pset.dtype != self.dtype:
             raise ParamError(f"the ParamSet is {pset.dtype.name} but the net computes in "
                              f"{self.dtype.name}")
