@@ -90,9 +90,8 @@ class _Phase:
     def __post_init__(self) -> None:
         self.losses_checked = False
         #: the layers that write their weights' gradients whole in a step whose gradients
-        #: start at zero (Layer.fresh_grads), and their Params; set by Net.bind
+        #: start at zero (Layer.fresh_grads); set by Net.bind
         self.fresh: list[Layer] = []
-        self.fresh_params: list[Param] = []
         self.short = phase_name(self.name)
         base = Layer.metrics
         self.reporting = [x for x in self.layers if type(x).metrics is not base]
@@ -512,10 +511,9 @@ class Net:
         what is there unless ``zero_grads``)."""
         torch = require_torch()
         net = self._net(phase)
-        fresh: list[Layer] = []
+        fresh = net.fresh if zero_grads else []
         if zero_grads:  # but not the gradients their only writers write whole
-            fresh = net.fresh if self._pset is not None else []
-            self.zero_grads(keep=net.fresh_params if fresh else ())
+            self.zero_grads(keep=[p for x in fresh for p in x.params])
         for layer in fresh:
             layer.fresh_grads = True
         try:
@@ -709,7 +707,6 @@ def _find_fresh(net: _Phase, on_host: bool) -> None:
         if on_host and x.writes_whole_grads and x.params
         and getattr(x, "template", None) is None
         and all(uses[id(p)] == 1 and not isinstance(p, TableParam) for p in x.params)]
-    net.fresh_params = [p for x in net.fresh for p in x.params]
 
 
 def _unroll(confs: list[LayerConf], net_unroll: int) -> list[_Node]:
