@@ -16,10 +16,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from safetensors.numpy import load_file
 
 import paramserver.kv as kv
 from paramserver import ClusterError, ParamError
-from paramserver.cluster.keys import plan_key
+from paramserver.cluster.keys import KeyServer, plan_key
 from paramserver.cluster.transport import LocalTransport, MeteredTransport
 from paramserver.init import init_params
 from paramserver.params import ParamSet
@@ -109,6 +110,50 @@ def test_row_sparse_pushes_sum_repeated_ids_and_touch_only_their_rows(local: kv.
     table = local.pull("emb")
     assert table[4].tolist() == [-2.0] * DIM and table[1].tolist() == [-2.0] * DIM
     assert np.count_nonzero(table) == 2 * DIM
+
+
+def test_a_tables_push_in_one_process_is_applied_at_once_as_its_message_would_be(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store the only worker of servers in its process: a push of one table's rows goes
+    straight to its server (KeyServer.push_rows), and ends as the push as a message ends,
+    bit for bit (values, versions, updater state); a NaN still refuses the push and names
+    the key, and a table on two servers goes as messages."""
+    real = KeyServer.push_rows
+    taken: list[bool] = []
+
+    def spy(self: KeyServer, *args: Any) -> bool:
+        taken.append(real(self, *args))
+        return taken[-1]
+
+    def run(shortcut: bool, servers: int = 1) -> dict[str, np.ndarray]:
+        with monkeypatch.context() as m:
+            m.setattr(KeyServer, "push_rows", spy if shortcut else lambda *_: False)
+            with kv.create("local", num_servers=servers, bound=ROWS * DIM // 2) as store:
+                store.init("emb", kv.Fill((ROWS, DIM), {"type": "kGaussian", "std": 1.0}),
+                           row_sparse=True)
+                store.set_updater(ADAM)
+                for step in range(4):
+                    store.push("emb", rows(0, step))  # unsorted ids, with repeats
+                    store.row_sparse_pull("emb", row_ids=[3, 1, 3])
+                store.push("emb", (np.array([9, 2]), np.ones((2, DIM))))  # float64 rows
+                bad = np.ones((1, DIM), np.float32)
+                bad[0, 2] = np.nan
+                with pytest.raises(ClusterError, match=r"non-finite .* 'emb' \(1 NaN\)"):
+                    store.push("emb", kv.RowSparse([5], bad))  # (two servers: refused here)
+                    store.wait()
+                store.save(tmp_path / f"{shortcut}-{servers}.safetensors")
+        return load_file(tmp_path / f"{shortcut}-{servers}.safetensors")
+
+    want = run(False)
+    got = run(True)
+    assert taken == [True] * 5 + [False]  # the NaN: as a message, which names it
+    assert want.keys() == got.keys() and "emb/state/m" in want
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    taken.clear()
+    two = run(True, servers=2)
+    assert not taken  # two pieces: as messages
+    np.testing.assert_array_equal(two["emb/values"], want["emb/values"])
 
 
 def test_only_the_rows_pushed_and_pulled_travel() -> None:

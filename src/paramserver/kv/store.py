@@ -41,6 +41,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
 import numpy as np
@@ -81,6 +82,7 @@ from ..paths import shown
 from ..updaters import Updater, create_updater
 from .modes import MODES, mode_of
 from .plans import Plan, gather, make_plan, outs_fit, scatter, values_fit
+from .rowsparse import place_rows, pull_plan, row_ids_of
 from .values import Fill, RowResidual, RowSparse, value_dtype
 
 FORMAT = "paramserver-kv/1"
@@ -175,17 +177,16 @@ class _Batch:
         ``sends_copy`` -- the transport copies as it sends, or the arrays are the store's
         own -- and there is one part)."""
         data = offsets = None
+        # (the bounds summed in Python: np.cumsum of a list of a few sizes costs more)
         if self.data:
-            offsets = np.zeros(len(self.data) + 1, np.int64)
-            np.cumsum([p.size for p in self.data], out=offsets[1:])
+            offsets = np.array([0, *accumulate(p.size for p in self.data)], np.int64)
             one = self.data[0]
             data = (one if sends_copy and len(self.data) == 1 and one.dtype == dtype
                     else np.concatenate(self.data, dtype=dtype))
         tables = ids = id_offsets = None
         if any(self.tables):
             tables = np.array(self.tables, np.bool_)
-            id_offsets = np.zeros(len(self.ids) + 1, np.int64)
-            np.cumsum([i.size for i in self.ids], out=id_offsets[1:])
+            id_offsets = np.array([0, *accumulate(i.size for i in self.ids)], np.int64)
             ids = (self.ids[0] if sends_copy and len(self.ids) == 1
                    else np.concatenate(self.ids, dtype=np.int64))
         return KeyBatch(KEY_SEPARATOR.join(self.names), request, offsets, data, tables, ids,
@@ -559,6 +560,8 @@ class KVStore:
             plan = self._plan(key)
             if plan is not None and values_fit(plan, value) and self._push_planned(plan, value):
                 return
+        if self._in_process and not _is_list(key) and self._push_rows(key, value):
+            return
         pairs = self._pairs(key, value, "push")
         if not self._push_batch(pairs):
             for k, v in pairs:  # every dense array checked before any key is pushed
@@ -632,6 +635,27 @@ class KVStore:
         for k in keys:
             k.pending = [pendings[s] for s, _, _ in k.pieces]
         return True
+
+    def _push_rows(self, key: Any, value: Any) -> bool:
+        """A table's rows handed to its server in this process, which applies them at once
+        (:meth:`KeyServer.push_rows`), as :meth:`_push_batch` would send them; False, with
+        nothing pushed, when they go that way (several pieces, compression, a check of
+        NaN and Inf here, or a step the server does not apply at once). Called with this
+        store the only worker of servers in this process (``_in_process``)."""
+        if isinstance(value, tuple) and len(value) == 2:
+            value = RowSparse(*value)
+        if (not isinstance(value, RowSparse) or self._compression.codec
+                or workers_check(self._conf)):
+            return False
+        k = self._key(key)
+        if not k.row_sparse or len(k.pieces) != 1 or k.dtype.kind != "f":
+            return False
+        ids, rows = value.coalesced(k.num_rows, k.dim, k.dtype, f"push of key {key!r}")
+        self._finish(k)
+        s, lo, _ = k.pieces[0]
+        server = self._transport.servers[(0, s)]  # type: ignore[attr-defined]
+        return bool(server.push_rows(k.name, self._group, self._index,
+                                     ids - lo if lo else ids, rows))
 
     def _plan(self, keys: Sequence[Any]) -> Plan | None:
         """The plan of a list of keys (:mod:`.plans`), made on its first call; None: the
@@ -939,8 +963,6 @@ class KVStore:
         MXNet's (:mod:`paramserver.kv.rowsparse`). Only the rows asked for travel: one
         message per server for every key of the call (each server's rows of every key in
         one buffer)."""
-        from .rowsparse import place_rows, pull_plan, row_ids_of
-
         plan = pull_plan(key, out, row_ids)
         self._prefetch([k for k, _, _ in plan])
         wanted = []
