@@ -1036,12 +1036,20 @@ class KVStore:
                 a = starts[(s, e)]
                 rows = batches[s].reply[a:a + n * dim].reshape(n, dim)  # type: ignore[index]
             else:
-                rows = np.empty((unique.size, dim), k.dtype)
+                # the pieces' rows straight into an out of one row per id, in their order
+                # (no copy of them all between: 1 MB less to write a step of 4,096 rows)
+                direct = (at is None and isinstance(out_, np.ndarray) and out_.shape != k.shape
+                          and out_.dtype == k.dtype)  # (checked C-contiguous)
+                rows = (out_.reshape(unique.size, dim) if direct
+                        else np.empty((unique.size, dim), k.dtype))
                 row = 0
                 for s, e, n in mine:
                     a = starts[(s, e)]
                     rows[row:row + n] = batches[s].reply[a:a + n * dim].reshape(n, dim)  # type: ignore[index]
                     row += n
+                if direct:
+                    got.append(out_)
+                    continue
             got.append(place_rows(out_, k.shape, ids, unique, at, rows, k.dtype))
         if out is not None:
             return out
