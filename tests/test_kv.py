@@ -9,6 +9,7 @@ and updater state) saves and loads; a synchronous run is the same bit for bit on
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -136,6 +137,10 @@ def test_a_tables_push_in_one_process_is_applied_at_once_as_its_message_would_be
                     store.push("emb", rows(0, step))  # unsorted ids, with repeats
                     store.row_sparse_pull("emb", row_ids=[3, 1, 3])
                 store.push("emb", (np.array([9, 2]), np.ones((2, DIM))))  # float64 rows
+                ids = np.array([1, 7, 30, 48])  # (on both servers of two)
+                out = np.full((4, DIM), np.nan, np.float32)
+                assert store.row_sparse_pull("emb", out=out, row_ids=ids) is out
+                np.testing.assert_array_equal(out, store.pull("emb")[ids])
                 bad = np.ones((1, DIM), np.float32)
                 bad[0, 2] = np.nan
                 with pytest.raises(ClusterError, match=r"non-finite .* 'emb' \(1 NaN\)"):
@@ -259,8 +264,8 @@ def test_updaters_are_declarations() -> None:
 
 # -- workers ------------------------------------------------------------------------------------
 
-def _run_sync(backend: str, updater: dict[str, Any] = ADAM, steps: int = 4
-              ) -> dict[str, np.ndarray]:
+def _run_sync(backend: str, updater: dict[str, Any] = ADAM, steps: int = 4,
+              threads: list[str | None] | None = None) -> dict[str, np.ndarray]:
     with kv.create("dist_sync", num_workers=3, num_servers=2, bound=30,
                    backend=backend) as store:
         store.init(["w", "emb"], [np.linspace(-1, 1, 20, dtype=np.float32).reshape(4, 5),
@@ -268,13 +273,16 @@ def _run_sync(backend: str, updater: dict[str, Any] = ADAM, steps: int = 4
                    row_sparse=[False, True])
         store.set_updater(updater)
 
-        def train(s: kv.KVStore) -> None:
+        def train(s: kv.KVStore) -> str | None:
             for step in range(steps):
                 s.push("w", grad(s.rank, step))
                 s.push("emb", rows(s.rank, step))
                 s.row_sparse_pull("emb", row_ids=rows(s.rank, step + 1).ids)
+            return os.environ.get("NUMBA_NUM_THREADS")
 
-        store.run(train)
+        found = store.run(train)
+        if threads is not None:
+            threads += found
         return {"w": store.pull("w"), "emb": store.pull("emb")}
 
 
@@ -452,9 +460,13 @@ def test_save_and_load_continue_bit_for_bit_on_any_number_of_servers(tmp_path: P
 # -- Ray ----------------------------------------------------------------------------------------
 
 def test_a_synchronous_sparse_run_is_the_same_on_ray(ray_session: Any) -> None:
-    got, want = _run_sync("ray"), _run_sync("local")
+    threads: list[str | None] = []
+    got, want = _run_sync("ray", threads=threads), _run_sync("local")
     for name in want:
         np.testing.assert_array_equal(got[name], want[name])
+    # each actor's kernels run on the cluster's CPUs per actor (3 workers, 2 servers)
+    per_actor = max(1, int(ray_session.cluster_resources()["CPU"]) // 5)
+    assert threads == [str(min(per_actor, os.cpu_count() or 1))] * 3
 
 
 # -- one message per server per call (ps-lite's key ranges) --------------------------------

@@ -302,9 +302,14 @@ class RayBackend:
             warnings.warn(f"components registered in __main__ ({', '.join(main)}) cannot be "
                           "imported by Ray actors; define them in a module (paramserver "
                           "--import MODULE)", RuntimeWarning, stacklevel=4)
+        actors = c.nworker_groups * c.nworkers_per_group + c.nserver_groups * sum(
+            1 for L in self.layouts if L.size or self.keys)
+        cpus = int(ray.cluster_resources().get("CPU", 0))
         common: dict[str, Any] = {
             "cluster": c.to_json(), "modules": sorted({*user_modules(), *modules}),
-            "sys_path": [os.getcwd(), *(p for p in sys.path if isinstance(p, str))]}
+            "sys_path": [os.getcwd(), *(p for p in sys.path if isinstance(p, str))],
+            # each actor's kernels: on the cluster's CPUs per actor (ray_actors._passive_threads)
+            "threads": max(1, cpus // actors) if cpus and actors else None}
 
         def options(base: dict[str, Any], resource: str | None, extra: Options,
                     key: Any) -> dict[str, Any]:
