@@ -161,6 +161,17 @@ def test_a_tables_push_in_one_process_is_applied_at_once_as_its_message_would_be
     np.testing.assert_array_equal(two["emb/values"], want["emb/values"])
 
 
+def test_a_closed_store_refuses_a_tables_push_and_pull_in_one_process() -> None:
+    # (they go to the server without a message, whose sending would have said so)
+    store = kv.create("local")
+    store.init("emb", np.zeros((ROWS, DIM), np.float32), row_sparse=True)
+    store.close()
+    with pytest.raises(ParamError, match="the key-value store is closed"):
+        store.push("emb", kv.RowSparse([1], np.ones((1, DIM), np.float32)))
+    with pytest.raises(ParamError, match="the key-value store is closed"):
+        store.row_sparse_pull("emb", out=np.empty((1, DIM), np.float32), row_ids=[1])
+
+
 def test_only_the_rows_pushed_and_pulled_travel() -> None:
     meter: list[MeteredTransport] = []
 

@@ -642,6 +642,7 @@ class KVStore:
         nothing pushed, when they go that way (several pieces, compression, a check of
         NaN and Inf here, or a step the server does not apply at once). Called with this
         store the only worker of servers in this process (``_in_process``)."""
+        self._check_open()  # (no message goes: nothing else would say so)
         if isinstance(value, tuple) and len(value) == 2:
             value = RowSparse(*value)
         if (not isinstance(value, RowSparse) or self._compression.codec
@@ -980,6 +981,7 @@ class KVStore:
                                                      "per row id)"))
             wanted.append((k, ids, unique, at))
         if len(wanted) == 1 and self._in_process and self._lag() is None:
+            self._check_open()  # (no message goes: nothing else would say so)
             self._finish_keys([k for k, *_ in wanted])
             k, ids, unique, at = wanted[0]
             out_ = plan[0][1]
