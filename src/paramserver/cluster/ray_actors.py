@@ -69,7 +69,7 @@ from .server import Server
 from .worker import Worker
 
 
-def _passive_threads(threads: int | None = None) -> None:
+def _thread_policy(threads: int | None = None) -> None:
     """Idle OpenMP threads sleep instead of spinning, and (``threads``: the spec's, the
     cluster's CPUs per actor) numba's kernels run on at most that many threads — unless the
     environment says otherwise. An actor runs its kernels in bursts between messages;
@@ -109,7 +109,7 @@ class ServerActor:
     """
 
     def __init__(self, spec: Mapping[str, Any]):
-        _passive_threads(spec.get("threads"))
+        _thread_policy(spec.get("threads"))
         import_modules(spec["modules"], spec["sys_path"])
         layout = layout_from_data(spec["layout"])
         prepare_channels(layout.size * np.dtype(layout.dtype).itemsize)
@@ -285,7 +285,7 @@ class WorkerActor:
     """
 
     def __init__(self, spec: Mapping[str, Any], servers: Mapping[Address, Any]):
-        _passive_threads(spec.get("threads"))
+        _thread_policy(spec.get("threads"))
         import_modules(spec["modules"], spec["sys_path"])
         self._fns = GradFnCache()
         if spec.get("build") is not None:  # the run's gradient function, while this starts

@@ -302,13 +302,18 @@ class RayBackend:
             warnings.warn(f"components registered in __main__ ({', '.join(main)}) cannot be "
                           "imported by Ray actors; define them in a module (paramserver "
                           "--import MODULE)", RuntimeWarning, stacklevel=4)
-        actors = c.nworker_groups * c.nworkers_per_group + c.nserver_groups * sum(
-            1 for L in self.layouts if L.size or self.keys)
+        def hosted(L: ServerLayout) -> bool:
+            """Whether the server of ``L`` is an actor: a cluster's server of an empty range
+            is not (as embedded: only its state)."""
+            return bool(L.size) or bool(self.keys)
+
+        actors = (c.nworker_groups * c.nworkers_per_group
+                  + c.nserver_groups * sum(map(hosted, self.layouts)))
         cpus = int(ray.cluster_resources().get("CPU", 0))
         common: dict[str, Any] = {
             "cluster": c.to_json(), "modules": sorted({*user_modules(), *modules}),
             "sys_path": [os.getcwd(), *(p for p in sys.path if isinstance(p, str))],
-            # each actor's kernels: on the cluster's CPUs per actor (ray_actors._passive_threads)
+            # each actor's kernels: on the cluster's CPUs per actor (ray_actors._thread_policy)
             "threads": max(1, cpus // actors) if cpus and actors else None}
 
         def options(base: dict[str, Any], resource: str | None, extra: Options,
@@ -325,15 +330,15 @@ class RayBackend:
         # Requests that can wait in a server at once: one per worker it serves, their
         # diagnoses, the syncs of the other server groups, and the driver's.
         threads = 2 * c.nworker_groups * c.nworkers_per_group + c.nserver_groups + 16
-        if self.keys:  # every push of every key may wait for its step (threads come as needed)
-            threads = max(threads, 4096)
+        if self.keys:  # every push of every key may wait for its step (Ray 2.60 makes all
+            threads = max(threads, 4096)  # of them as the actor starts: memory, no CPU)
         masters: dict[Address, str] = {(0, L.index): self._names[(0, L.index)]
                                        for L in self.layouts}
         for g in range(c.nserver_groups):
             for L in self.layouts:
                 address = (g, L.index)
                 folder = server_folder(self.checkpoint_dir, address)
-                if L.size == 0 and not self.keys:  # as embedded: no actor, only its state
+                if not hosted(L):
                     assert self.updater is not None
                     self._idle[address] = Server(L, self.updater, c, g, folder)
                     continue
